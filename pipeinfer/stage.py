@@ -1,0 +1,236 @@
+"""A pipeline stage: one contiguous slice of a model's layers, evaluated by stock llama.cpp.
+
+A stage file comes from slicing.py. Non-final stages take activations (or, for the whole-model
+case, token ids) and return the activations after their last layer, captured by the native eval
+callback; the final stage returns logits. KV operations and cancellation act on the stage's own
+llama.cpp context.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from dataclasses import dataclass
+from typing import Sequence
+
+import llama_cpp
+import numpy as np
+
+from . import _native, llama_lib
+from .llama_lib import LlamaError
+
+DECODE_OK, DECODE_NO_SLOT, DECODE_ABORTED = 0, 1, 2
+
+
+@dataclass(frozen=True)
+class StageConfig:
+    n_ctx: int = 2048
+    n_batch: int = 512        # largest batch one decode accepts (also n_ubatch: one graph)
+    n_seq_max: int = 64       # sequence ids 0..n_seq_max-1 (kv_unified: no memory cost)
+    n_threads: int = 1
+
+
+class StageAborted(Exception):
+    """A decode was cancelled mid-way; the KV cache is as it was before it."""
+
+
+class Stage:
+    """Owner of one llama.cpp model + context pair evaluating a slice of layers."""
+
+    def __init__(self, path: str | os.PathLike, config: StageConfig = StageConfig(),
+                 *, final: bool | None = None, label: str = "stage"):
+        llama_lib.init()
+        self.path = str(path)
+        self.config = config
+        self.label = label
+        self._model = self._ctx = None
+        self._state = 0
+        self._batches: dict[bool, _Batch] = {}
+        try:
+            self._load(final)
+        except BaseException:
+            self.close()
+            raise
+
+    # --- lifetime -------------------------------------------------------------------------
+    def _load(self, final: bool | None) -> None:
+        mparams = llama_cpp.llama_model_default_params()
+        mparams.n_gpu_layers = 0
+        if llama_lib.amx_compiled():
+            mparams.use_extra_bufts = False  # AMX repacking crashes where tiles do not work
+        self._model = llama_cpp.llama_model_load_from_file(self.path.encode(), mparams)
+        if not self._model:
+            raise LlamaError(f"{self.label}: llama.cpp could not load {self.path}: "
+                             f"{llama_lib.recent_log(3)}")
+        vocab = llama_cpp.llama_model_get_vocab(self._model)
+        self.n_vocab = llama_cpp.llama_vocab_n_tokens(vocab)
+        self.n_embd = llama_cpp.llama_model_n_embd(self._model)
+        self.n_layer = llama_cpp.llama_model_n_layer(self._model)
+        self.final = self.n_vocab > 1 if final is None else final
+
+        cfg = self.config
+        cparams = llama_cpp.llama_context_default_params()
+        cparams.n_ctx = cfg.n_ctx
+        cparams.n_batch = cparams.n_ubatch = cfg.n_batch
+        cparams.n_seq_max = cfg.n_seq_max
+        cparams.n_threads = cparams.n_threads_batch = cfg.n_threads
+        cparams.kv_unified = True  # split batches in token order; seq copies are metadata only
+        cparams.no_perf = True
+        get_name, nbytes, tensor_get = llama_lib.ggml_function_addresses()
+        self._state = _native.state_new(f"l_out-{self.n_layer - 1}".encode(),
+                                        get_name, nbytes, tensor_get)
+        if not self.final:
+            cparams.cb_eval = llama_cpp.ggml_backend_sched_eval_callback(
+                llama_lib.EVAL_CALLBACK_ADDRESS)
+            cparams.cb_eval_user_data = ctypes.c_void_p(self._state)
+        self._ctx = llama_cpp.llama_init_from_model(self._model, cparams)
+        if not self._ctx:
+            raise LlamaError(f"{self.label}: llama.cpp could not create a context for "
+                             f"{self.path} (n_ctx={cfg.n_ctx}): {llama_lib.recent_log(3)}")
+        self._abort_cb = llama_cpp.ggml_abort_callback(llama_lib.ABORT_CALLBACK_ADDRESS)
+        llama_cpp.llama_set_abort_callback(self._ctx, self._abort_cb, ctypes.c_void_p(self._state))
+        self._mem = llama_cpp.llama_get_memory(self._ctx)
+
+    def close(self) -> None:
+        """Free the context, then the model. Safe to call twice."""
+        for batch in self._batches.values():
+            batch.free()
+        self._batches.clear()
+        if self._ctx:
+            llama_cpp.llama_free(self._ctx)
+            self._ctx = None
+        if self._model:
+            llama_cpp.llama_model_free(self._model)
+            self._model = None
+        if self._state:
+            _native.state_free(self._state)
+            self._state = 0
+
+    def __enter__(self) -> "Stage":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # --- compute --------------------------------------------------------------------------
+    def decode(self, positions: Sequence[int], seq_ids: Sequence[Sequence[int]], *,
+               embd: np.ndarray | None = None, tokens: Sequence[int] | None = None,
+               logit_rows: Sequence[bool] | None = None, run_id: int = 0) -> np.ndarray:
+        """Evaluate one batch. Returns float32 activations [n, n_embd] (non-final stage) or
+        logits [rows asked, n_vocab] (final stage; every row unless `logit_rows` says which).
+        Raises StageAborted if `cancel(run_id)` was called before or during the decode."""
+        n = len(positions)
+        if n == 0 or n > self.config.n_batch:
+            raise LlamaError(f"{self.label}: batch of {n} tokens (allowed 1..{self.config.n_batch})")
+        if (embd is None) == (tokens is None):
+            raise ValueError("give exactly one of embd or tokens")
+        batch = self._batch(embd is not None)
+        rows = [True] * n if logit_rows is None or not self.final else list(logit_rows)
+        batch.fill(positions, seq_ids, rows, embd=embd, tokens=tokens)
+        out = None
+        if not self.final:
+            out = np.empty((n, self.n_embd), dtype=np.float32)
+            _native.state_reset(self._state, out.ctypes.data, out.nbytes)
+        _native.set_active_run(self._state, run_id)
+        try:
+            rc = llama_cpp.llama_decode(self._ctx, batch.batch)
+        finally:
+            _native.set_active_run(self._state, -1)
+        if rc == DECODE_ABORTED:
+            self._forget(positions, seq_ids)
+            raise StageAborted(run_id)
+        if rc != DECODE_OK:
+            reason = "no free KV cache slot (context full)" if rc == DECODE_NO_SLOT else \
+                llama_lib.recent_log(2)
+            raise LlamaError(f"{self.label}: llama_decode failed ({rc}): {reason}")
+        if out is not None:
+            used, overflow = _native.state_captured(self._state)
+            if overflow or used != out.nbytes:
+                raise LlamaError(f"{self.label}: captured {used} of {out.nbytes} activation "
+                                 "bytes (n_ubatch smaller than the batch?)")
+            return out
+        n_out = sum(rows)
+        ptr = llama_cpp.llama_get_logits(self._ctx)
+        return np.ctypeslib.as_array(ptr, shape=(n_out * self.n_vocab,)).reshape(
+            n_out, self.n_vocab).copy()
+
+    def _forget(self, positions: Sequence[int], seq_ids: Sequence[Sequence[int]]) -> None:
+        """After an abort, drop whatever the batch left in the cache for its sequences."""
+        first: dict[int, int] = {}
+        for pos, seqs in zip(positions, seq_ids):
+            for s in seqs:
+                first[s] = min(pos, first.get(s, pos))
+        for s, p0 in first.items():
+            llama_cpp.llama_memory_seq_rm(self._mem, s, p0, -1)
+
+    def _batch(self, with_embd: bool) -> "_Batch":
+        if with_embd not in self._batches:
+            self._batches[with_embd] = _Batch(self.config.n_batch,
+                                              self.n_embd if with_embd else 0,
+                                              self.config.n_seq_max)
+        return self._batches[with_embd]
+
+    def cancel(self, run_id: int) -> None:
+        """Abort `run_id` if it is being decoded now, or make its decode abort at once.
+        Thread-safe: meant to be called while another thread is inside decode()."""
+        _native.set_abort_run(self._state, run_id)
+
+    @property
+    def abort_polls(self) -> int:
+        return _native.polls(self._state)
+
+    # --- KV cache -------------------------------------------------------------------------
+    def seq_cp(self, src: int, dst: int, p0: int = -1, p1: int = -1) -> None:
+        llama_cpp.llama_memory_seq_cp(self._mem, src, dst, p0, p1)
+
+    def seq_rm(self, seq: int, p0: int = -1, p1: int = -1) -> None:
+        if not llama_cpp.llama_memory_seq_rm(self._mem, seq, p0, p1):
+            raise LlamaError(f"{self.label}: seq_rm({seq}, {p0}, {p1}) refused")
+
+    def seq_keep(self, seq: int) -> None:
+        llama_cpp.llama_memory_seq_keep(self._mem, seq)
+
+    def seq_pos_max(self, seq: int) -> int:
+        """Last cached position of `seq`, -1 when it has none."""
+        return llama_cpp.llama_memory_seq_pos_max(self._mem, seq)
+
+    def clear(self) -> None:
+        llama_cpp.llama_memory_clear(self._mem, True)
+
+
+class _Batch:
+    """A llama_batch allocated once and refilled through numpy views of its arrays."""
+
+    def __init__(self, capacity: int, n_embd: int, n_seq_max: int):
+        self.capacity, self.n_embd, self.n_seq_max = capacity, n_embd, n_seq_max
+        self.batch = llama_cpp.llama_batch_init(capacity, n_embd, n_seq_max)
+        b = self.batch
+        self.pos = np.ctypeslib.as_array(b.pos, shape=(capacity,))
+        self.n_seq_id = np.ctypeslib.as_array(b.n_seq_id, shape=(capacity,))
+        self.logits = np.ctypeslib.as_array(b.logits, shape=(capacity,))
+        self.seq_id = [np.ctypeslib.as_array(b.seq_id[i], shape=(n_seq_max,))
+                       for i in range(capacity)]
+        self.embd = np.ctypeslib.as_array(b.embd, shape=(capacity, n_embd)) if n_embd else None
+        self.token = None if n_embd else np.ctypeslib.as_array(b.token, shape=(capacity,))
+
+    def fill(self, positions, seq_ids, rows, *, embd=None, tokens=None) -> None:
+        n = len(positions)
+        self.batch.n_tokens = n
+        self.pos[:n] = positions
+        self.logits[:n] = rows
+        for i, seqs in enumerate(seq_ids):
+            if not 0 < len(seqs) <= self.n_seq_max:
+                raise ValueError(f"token {i}: {len(seqs)} sequence ids (1..{self.n_seq_max})")
+            self.n_seq_id[i] = len(seqs)
+            self.seq_id[i][:len(seqs)] = seqs
+        if embd is not None:
+            if embd.shape != (n, self.n_embd):
+                raise ValueError(f"activations of shape {embd.shape}, expected {(n, self.n_embd)}")
+            self.embd[:n] = embd
+        else:
+            self.token[:n] = tokens
+
+    def free(self) -> None:
+        if self.batch is not None:
+            llama_cpp.llama_batch_free(self.batch)
+            self.batch = None
