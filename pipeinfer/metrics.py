@@ -1,0 +1,106 @@
+"""Timing and counters of one generation, and the CSV row it becomes (DESIGN.md section 6)."""
+
+from __future__ import annotations
+
+import csv
+import os
+import time
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+
+
+@dataclass
+class Timeline:
+    """Wall-clock marks of one generation (time.perf_counter seconds)."""
+    start: float = 0.0
+    prefill_done: float = 0.0            # first logits back: the end of prefill
+    accepted: list[float] = field(default_factory=list)  # one mark per generated token
+
+    def mark_token(self, count: int = 1) -> None:
+        now = time.perf_counter()
+        self.accepted.extend([now] * count)
+
+    @property
+    def prefill_s(self) -> float:
+        return self.prefill_done - self.start
+
+    @property
+    def ttft_s(self) -> float | None:
+        """End of prefill to the first accepted token not sampled from the prefill logits."""
+        return self.accepted[1] - self.prefill_done if len(self.accepted) > 1 else None
+
+    @property
+    def gen_s(self) -> float:
+        return (self.accepted[-1] - self.prefill_done) if self.accepted else 0.0
+
+    @property
+    def speed_tps(self) -> float | None:
+        """Tokens generated after the first (which costs nothing after prefill) per second."""
+        n = len(self.accepted) - 1
+        return n / self.gen_s if n > 0 and self.gen_s > 0 else None
+
+    @property
+    def itl_s(self) -> float | None:
+        n = len(self.accepted) - 1
+        return (self.accepted[-1] - self.accepted[0]) / n if n > 0 else None
+
+
+@dataclass
+class Counters:
+    """Speculation counters (zero for strategies that do not speculate)."""
+    n_drafted: int = 0
+    n_accepted: int = 0
+    runs_started: int = 0
+    runs_speculative: int = 0
+    runs_cancelled_superfluous: int = 0
+    runs_cancelled_invalidated: int = 0
+    runs_aborted_midway: int = 0
+    microbatch_tokens: int = 0
+
+    @property
+    def accept_rate(self) -> float | None:
+        return self.n_accepted / self.n_drafted if self.n_drafted else None
+
+    @property
+    def mean_microbatch(self) -> float | None:
+        return self.microbatch_tokens / self.runs_speculative if self.runs_speculative else None
+
+
+@dataclass
+class CsvRow:
+    time: str
+    strategy: str
+    target: str
+    draft: str
+    ranks: int
+    split: str
+    threads: str
+    n_prompt: int
+    n_generated: int
+    prefill_tps: float | None
+    speed_tps: float | None
+    itl_s: float | None
+    ttft_s: float | None
+    accept_rate: float | None
+    n_drafted: int = 0
+    n_accepted: int = 0
+    runs_started: int = 0
+    runs_speculative: int = 0
+    runs_cancelled_superfluous: int = 0
+    runs_cancelled_invalidated: int = 0
+    runs_aborted_midway: int = 0
+    mean_microbatch: float | None = None
+    busy_fraction: str = ""
+    label: str = ""
+
+
+def append_csv(path: str | os.PathLike, row: CsvRow) -> None:
+    """Append one row, writing the header when the file is new or empty."""
+    path = Path(path)
+    names = [f.name for f in fields(CsvRow)]
+    new = not path.exists() or path.stat().st_size == 0
+    with open(path, "a", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=names)
+        if new:
+            writer.writeheader()
+        writer.writerow({k: ("" if v is None else v) for k, v in asdict(row).items()})

@@ -1,0 +1,210 @@
+"""MPI messaging for the pipeline: the only module that imports mpi4py.
+
+Sends are non-blocking with buffers owned until completion. Nothing here waits in a blocking
+MPI call: on a box with fewer cores than ranks, MPI's busy-waiting would steal the core a
+computing rank needs, so waits poll with Iprobe/Test and back off with short sleeps.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from typing import Any
+
+import numpy as np
+from mpi4py import MPI
+
+from .backoff import Backoff
+from .transaction import (HEADER_LEN, DecodeTx, KvOp, RunResult, Tag, TxType, encode_kv_ops,
+                          make_header)
+
+HEAD = 0
+
+
+class RankFailed(RuntimeError):
+    """Another rank reported a failure, or the job is being torn down."""
+
+    def __init__(self, rank: int, message: str):
+        super().__init__(f"rank {rank}: {message}")
+        self.rank = rank
+
+
+def world() -> tuple[int, int]:
+    comm = MPI.COMM_WORLD
+    return comm.Get_rank(), comm.Get_size()
+
+
+def hostname() -> str:
+    return socket.gethostname()
+
+
+def abort_job(code: int = 1) -> None:
+    """Tear the whole job down (used only when a rank cannot report an error in order)."""
+    MPI.COMM_WORLD.Abort(code)
+
+
+class Link:
+    """Point-to-point messaging of one rank."""
+
+    def __init__(self, comm: Any = None):
+        self.comm = comm or MPI.COMM_WORLD
+        self.rank = self.comm.Get_rank()
+        self.size = self.comm.Get_size()
+        self._pending: list[tuple[Any, Any]] = []
+        self._lock = threading.Lock()
+
+    # --- collectives used only at start-up and shutdown --------------------------------------
+    def gather(self, obj: Any) -> list[Any] | None:
+        return self.comm.gather(obj, root=HEAD)
+
+    def bcast(self, obj: Any) -> Any:
+        return self.comm.bcast(obj, root=HEAD)
+
+    # --- sends ------------------------------------------------------------------------------
+    def isend(self, buf: np.ndarray, dest: int, tag: Tag) -> None:
+        buf = np.ascontiguousarray(buf)
+        req = self.comm.Isend(buf, dest=dest, tag=int(tag))
+        with self._lock:
+            self._pending.append((req, buf))
+            self._reap_locked()
+
+    def isend_obj(self, obj: Any, dest: int, tag: Tag) -> None:
+        req = self.comm.isend(obj, dest=dest, tag=int(tag))
+        with self._lock:
+            self._pending.append((req, obj))
+
+    def _reap_locked(self) -> None:
+        if len(self._pending) > 8:
+            self._pending = [(r, b) for r, b in self._pending if not r.Test()]
+
+    def flush(self, timeout: float = 30.0) -> bool:
+        """Wait (politely) for every send to complete; False on timeout."""
+        deadline, backoff = time.monotonic() + timeout, Backoff(limit=1e-3)
+        while True:
+            with self._lock:
+                self._pending = [(r, b) for r, b in self._pending if not r.Test()]
+                if not self._pending:
+                    return True
+            if time.monotonic() > deadline:
+                return False
+            backoff.wait()
+
+    # --- receives ---------------------------------------------------------------------------
+    def probe(self, source: int, tag: Tag) -> MPI.Status | None:
+        status = MPI.Status()
+        if self.comm.Iprobe(source=source, tag=int(tag), status=status):
+            return status
+        return None
+
+    def recv_array(self, source: int, tag: Tag, dtype, wait: bool = True) -> np.ndarray | None:
+        """Receive one array message (its length from the probe); None if `wait` is False and
+        nothing is there."""
+        backoff = Backoff()
+        while (status := self.probe(source, tag)) is None:
+            if not wait:
+                return None
+            backoff.wait()
+        count = status.Get_count(MPI.BYTE) // np.dtype(dtype).itemsize
+        buf = np.empty(count, dtype=dtype)
+        self.comm.Recv(buf, source=status.Get_source(), tag=int(tag))
+        return buf
+
+    def recv_obj(self, source: int, tag: Tag) -> Any:
+        backoff = Backoff()
+        while self.probe(source, tag) is None:
+            backoff.wait()
+        return self.comm.recv(source=source, tag=int(tag))
+
+    def check_errors(self) -> None:
+        """Raise RankFailed if any rank has reported an error."""
+        status = self.probe(MPI.ANY_SOURCE, Tag.ERROR)
+        if status is not None:
+            message = self.comm.recv(source=status.Get_source(), tag=int(Tag.ERROR))
+            raise RankFailed(status.Get_source(), str(message))
+
+    def report_error(self, message: str) -> None:
+        self.isend_obj(message, HEAD, Tag.ERROR)
+
+
+class HeadTransport(Link):
+    """The head's side of the pipeline (implements the scheduler's Transport protocol)."""
+
+    def __init__(self, n_vocab: int, comm: Any = None):
+        super().__init__(comm)
+        self.n_vocab = n_vocab
+        self.first, self.last = 1, self.size - 1
+
+    def send_decode(self, tx: DecodeTx, activations: np.ndarray) -> None:
+        meta = tx.encode_meta()
+        self.isend(tx.header(meta_len=len(meta)), self.first, Tag.BEGIN)
+        self.isend(meta, self.first, Tag.DECODE_META)
+        self.isend(activations.astype(np.float32, copy=False).reshape(-1), self.first,
+                   Tag.ACTIVATIONS)
+
+    def send_kv(self, ops: list[KvOp]) -> None:
+        self.isend(make_header(TxType.KV, n_items=len(ops)), self.first, Tag.BEGIN)
+        self.isend(encode_kv_ops(ops), self.first, Tag.KV_OPS)
+
+    def send_cancel(self, run_ids: list[int]) -> None:
+        self.isend(np.array(run_ids, dtype=np.int64), self.last, Tag.CANCEL)
+
+    def poll_result(self) -> RunResult | None:
+        self.check_errors()
+        header = self.recv_array(self.last, Tag.RESULT, np.int64, wait=False)
+        if header is None:
+            return None
+        run_id, n_rows, skipped = int(header[1]), int(header[2]), bool(header[4])
+        if skipped:
+            return RunResult(run_id, None)
+        logits = self.recv_array(self.last, Tag.LOGITS, np.float32)
+        return RunResult(run_id, logits.reshape(n_rows, self.n_vocab))
+
+    def shutdown(self) -> list[dict]:
+        """Stop every worker and collect their statistics (rank order)."""
+        self.isend(make_header(TxType.SHUTDOWN), self.first, Tag.BEGIN)
+        stats = [self.recv_obj(rank, Tag.STATS) for rank in range(1, self.size)]
+        self.flush()
+        return stats
+
+
+class WorkerLink(Link):
+    """A worker's side: begin/payload from the previous rank, forward to the next, results to
+    the head, cancellations from the next rank (or the head, for the last rank) upstream."""
+
+    def __init__(self, comm: Any = None):
+        super().__init__(comm)
+        self.prev = self.rank - 1
+        self.next = self.rank + 1 if self.rank + 1 < self.size else None
+        self.cancel_source = self.next if self.next is not None else HEAD
+
+    def poll_begin(self) -> np.ndarray | None:
+        return self.recv_array(self.prev, Tag.BEGIN, np.int64, wait=False)
+
+    def recv_payload(self, tag: Tag, dtype) -> np.ndarray:
+        return self.recv_array(self.prev, tag, dtype)
+
+    def forward(self, header: np.ndarray, *payload: tuple[np.ndarray, Tag]) -> None:
+        self.isend(header, self.next, Tag.BEGIN)
+        for buf, tag in payload:
+            self.isend(buf, self.next, tag)
+
+    def send_result(self, run_id: int, logits: np.ndarray | None) -> None:
+        n_rows = 0 if logits is None else logits.shape[0]
+        header = make_header(TxType.LOGITS, run_id, n_rows, flags=int(logits is None))
+        self.isend(header, HEAD, Tag.RESULT)
+        if logits is not None:
+            self.isend(logits.reshape(-1), HEAD, Tag.LOGITS)
+
+    def poll_cancel(self) -> np.ndarray | None:
+        return self.recv_array(self.cancel_source, Tag.CANCEL, np.int64, wait=False)
+
+    def cancel_upstream(self, run_ids: np.ndarray) -> None:
+        if self.prev >= 1:
+            self.isend(run_ids, self.prev, Tag.CANCEL)
+
+    def send_stats(self, stats: dict) -> None:
+        self.isend_obj(stats, HEAD, Tag.STATS)
+
+
+assert HEADER_LEN == len(make_header(TxType.SHUTDOWN))

@@ -1,0 +1,179 @@
+"""`pipeinfer run` on every rank: set up the rank's stage, agree that all ranks are ready, then
+run the head's strategy (rank 0) or the worker loop (ranks 1..N-1)."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from . import llama_lib
+from .embedding import Embedder
+from .generation import Generation, Request
+from .head import Pipeline
+from .llama_lib import LlamaError
+from .metrics import CsvRow, append_csv
+from .models import ModelError, resolve_model
+from .mpi_transport import HeadTransport, Link, RankFailed, WorkerLink, abort_job, hostname
+from .partition import PartitionError, StageRange, even_split, format_split, partition
+from .report import summary_line, result_json
+from .sampling import Sampler, SamplingParams
+from .slicing import model_info, open_model
+from .stage import Stage, StageConfig
+from .stage_cache import stage_file
+from .strategies import NEEDS_DRAFT, STRATEGIES
+from .tokenizer import TextStream, Tokenizer
+from .worker import Worker
+
+SETUP_ERRORS = (ModelError, PartitionError, LlamaError, ValueError, OSError)
+
+
+class UsageError(Exception):
+    """A problem with the command line or inputs; reported without a traceback."""
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    model: str
+    prompt: str
+    n_predict: int = 128
+    n_ctx: int = 2048
+    n_batch: int = 512
+    draft: str | None = None
+    strategy: str = "iterative"
+    split: tuple[float, ...] | None = None
+    threads: tuple[int, ...] = (1,)
+    sampling: SamplingParams = SamplingParams()
+    ignore_eos: bool = False
+    chat: bool = False
+    csv: str | None = None
+    json: bool = False
+    verbose: int = 0
+    label: str = ""
+
+    def threads_for(self, rank: int) -> int:
+        return self.threads[rank] if len(self.threads) > 1 else self.threads[0]
+
+
+@dataclass
+class HeadSetup:
+    tokenizer: Tokenizer
+    prompt: list[int]
+    pipeline: Pipeline
+
+
+def main(cfg: RunConfig) -> int:
+    link = Link()
+    rank, size = link.rank, link.size
+    say = _progress(rank, cfg.verbose)
+    llama_lib.set_log_echo(cfg.verbose >= 2)
+    setup, stage, error = None, None, None
+    try:
+        ranges, model = _plan(cfg, size, say)
+        stage = _load_stage(cfg, model, ranges[rank], size, say)
+        if rank == 0:
+            setup = _head_setup(cfg, model, stage, size)
+    except SETUP_ERRORS as err:
+        error = str(err)
+    statuses = link.gather((rank, hostname(), error))
+    failure = link.bcast(_first_failure(statuses) if rank == 0 else None)
+    if failure:
+        if rank == 0:
+            print(f"pipeinfer: error: {failure}", file=sys.stderr)
+        return 1
+    if rank != 0:
+        Worker(WorkerLink(), stage).run()
+        return 0
+    return _run_head(cfg, setup, ranges, size)
+
+
+def _first_failure(statuses) -> str | None:
+    for rank, host, error in statuses:
+        if error:
+            return error if rank == 0 else f"rank {rank} ({host}): {error}"
+    return None
+
+
+def _progress(rank: int, verbose: int) -> Callable[[str], None]:
+    def say(message: str) -> None:
+        if rank == 0 or verbose:
+            print(f"pipeinfer[{rank}]: {message}", file=sys.stderr, flush=True)
+    return say
+
+
+def _plan(cfg: RunConfig, size: int, say) -> tuple[list[StageRange], Path]:
+    if cfg.strategy not in STRATEGIES:
+        raise ValueError(f"unknown strategy {cfg.strategy!r}")
+    if cfg.strategy in NEEDS_DRAFT and not cfg.draft:
+        raise ValueError(f"strategy {cfg.strategy} needs a draft model (-md)")
+    fractions = list(cfg.split) if cfg.split else even_split(size)
+    if len(fractions) != size:
+        raise PartitionError(f"--layer-split has {len(fractions)} fractions but the job has "
+                             f"{size} ranks; give one fraction per rank")
+    if len(cfg.threads) not in (1, size):
+        raise ValueError(f"-t has {len(cfg.threads)} values for {size} ranks")
+    model = resolve_model(cfg.model, progress=say)
+    info = model_info(open_model(model), model)
+    return partition(info.n_layer, fractions), model
+
+
+def _load_stage(cfg: RunConfig, model: Path, rng: StageRange, size: int, say) -> Stage | None:
+    if rng.n_layer == 0:
+        return None
+    config = StageConfig(n_ctx=cfg.n_ctx, n_batch=cfg.n_batch, n_threads=cfg.threads_for(rng.rank))
+    label = f"rank {rng.rank} layers [{rng.first},{rng.last})"
+    if size == 1:
+        return Stage(model, config, final=True, label=label)
+    return Stage(stage_file(model, rng, say), config, final=rng.final, label=label)
+
+
+def _head_setup(cfg: RunConfig, model: Path, stage: Stage | None, size: int) -> HeadSetup:
+    tokenizer = Tokenizer(model)
+    text = tokenizer.apply_chat_template(cfg.prompt) if cfg.chat else cfg.prompt
+    prompt = tokenizer.tokenize(text)
+    if not prompt or not cfg.prompt:
+        raise ValueError("the prompt is empty")
+    if cfg.n_predict <= 0:
+        raise ValueError(f"-n must be positive (got {cfg.n_predict})")
+    if len(prompt) >= cfg.n_ctx:
+        raise ValueError(f"the prompt has {len(prompt)} tokens but the context (-c) holds "
+                         f"{cfg.n_ctx}; raise -c or shorten the prompt")
+    transport = HeadTransport(tokenizer.n_vocab) if size > 1 else None
+    embed = None if size == 1 else Embedder(model)
+    return HeadSetup(tokenizer, prompt, Pipeline(embed, stage, transport, whole_model=size == 1))
+
+
+def _run_head(cfg: RunConfig, setup: HeadSetup, ranges: list[StageRange], size: int) -> int:
+    stream = TextStream(setup.tokenizer)
+    on_token = (lambda t: None) if cfg.json else \
+        (lambda t: (sys.stdout.write(stream.push(t)), sys.stdout.flush()))
+    request = Request(tuple(setup.prompt), cfg.n_predict, cfg.n_ctx, cfg.ignore_eos)
+    gen = Generation(request, setup.tokenizer.is_eog, on_token)
+    t0 = time.perf_counter()
+    try:
+        STRATEGIES[cfg.strategy](setup.pipeline, gen, Sampler(cfg.sampling), cfg.n_batch,
+                                 config=cfg)
+        worker_stats = setup.pipeline.shutdown()
+    except (RankFailed, LlamaError) as err:
+        print(f"\npipeinfer: error: {err}", file=sys.stderr, flush=True)
+        if size > 1:
+            abort_job(1)
+        return 1
+    wall = time.perf_counter() - t0
+    if not cfg.json:
+        sys.stdout.write(stream.finish() + "\n")
+        sys.stdout.flush()
+    if gen.stop_reason == "context":
+        print(f"pipeinfer: stopped at the context limit ({cfg.n_ctx} tokens, -c)", file=sys.stderr)
+    stats = [{"rank": 0, "busy_s": setup.pipeline.busy_s, "wall_s": wall}] + worker_stats
+    result = result_json(cfg, gen, setup, ranges, stats, wall)
+    if cfg.json:
+        print(json.dumps(result))
+    print(summary_line(result), file=sys.stderr)
+    if cfg.csv:
+        append_csv(cfg.csv, CsvRow(**{k: result[k] for k in CsvRow.__dataclass_fields__
+                                      if k in result}))
+    return 0

@@ -1,0 +1,81 @@
+"""Content-keyed cache of stage files, so each rank slices a model once per layer range.
+
+The key is a digest of the model file's bytes (memoised per path, size, mtime and inode, so a
+1 GB file is hashed once) plus the layer range. Files are written under an exclusive lock to a
+temporary name and renamed, so concurrent runs never read a half-written stage.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Callable, Iterator
+
+from .models import ModelError, cache_dir
+from .partition import StageRange
+from .slicing import model_info, open_model, write_stage
+
+SLICER_VERSION = 1  # bump when the stage file layout changes
+
+
+def stages_dir() -> Path:
+    return cache_dir() / "stages"
+
+
+@contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    with open(path, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def content_digest(model: str | os.PathLike) -> str:
+    """sha256 of the file's bytes, memoised in the cache by (path, size, mtime, inode)."""
+    path = Path(model).resolve()
+    st = path.stat()
+    memo_dir = stages_dir() / "digests"
+    memo_dir.mkdir(parents=True, exist_ok=True)
+    identity = f"{path}|{st.st_size}|{st.st_mtime_ns}|{st.st_ino}"
+    memo = memo_dir / (hashlib.sha256(identity.encode()).hexdigest()[:24] + ".json")
+    try:
+        return json.loads(memo.read_text())["sha256"]
+    except (OSError, ValueError, KeyError):
+        pass
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while chunk := handle.read(8 << 20):
+            digest.update(chunk)
+    tmp = memo.with_suffix(f".tmp{os.getpid()}")
+    tmp.write_text(json.dumps({"identity": identity, "sha256": digest.hexdigest()}))
+    os.replace(tmp, memo)
+    return digest.hexdigest()
+
+
+def stage_file(model: str | os.PathLike, stage: StageRange,
+               progress: Callable[[str], None] | None = None) -> Path:
+    """Path of the stage file for `stage` of `model`, writing it on first use."""
+    out = stages_dir()
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        key = f"{content_digest(model)[:32]}-v{SLICER_VERSION}-{stage.first}-{stage.last}" + \
+              ("-final" if stage.final else "")
+        dst = out / f"{key}.gguf"
+        if dst.exists():
+            return dst
+        with _locked(out / f"{key}.lock"):
+            if not dst.exists():
+                reader = open_model(model)
+                if progress:
+                    progress(f"slicing {Path(model).name}: layers [{stage.first}, {stage.last})")
+                write_stage(reader, model_info(reader, model), stage, dst)
+        return dst
+    except PermissionError as err:
+        raise ModelError(f"stage cache {out} is not writable ({err.strerror}); "
+                         "set PIPEINFER_CACHE to a writable directory") from None

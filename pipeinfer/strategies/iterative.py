@@ -1,0 +1,19 @@
+"""Iterative pipeline-parallel decoding: one token per pass through the pipeline."""
+
+from __future__ import annotations
+
+from ..generation import CANONICAL_SEQ, Generation, prefill
+from ..head import Pipeline
+from ..sampling import Sampler
+from ..transaction import DecodeTx
+
+
+def run(pipe: Pipeline, gen: Generation, sampler: Sampler, n_batch: int, **_) -> None:
+    logits = prefill(pipe, gen, n_batch)
+    gen.accept([sampler.sample(logits)])
+    while not gen.done:
+        pos = gen.n_past - 1  # the newest token has not been evaluated yet
+        tx = DecodeTx(gen.next_run_id(), (pos,), ((CANONICAL_SEQ,),), (True,))
+        pipe.decode(tx, [gen.tokens[-1]])
+        gen.counters.runs_started += 1
+        gen.accept([sampler.sample(pipe.wait().logits[0])])

@@ -1,0 +1,98 @@
+"""The interface between the head's scheduler and the worker pipeline.
+
+The scheduler never calls MPI: it talks to a `Pipeline` (head.py), which talks to a Transport.
+`mpi_transport.HeadTransport` is the real one; `LocalTransport` runs worker stages in-process,
+so schedulers can be tested and simulated without MPI.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Protocol
+
+import numpy as np
+
+from .stage import Stage, StageAborted
+from .transaction import DecodeTx, KvOp, KvOpType, RunResult
+
+
+class Transport(Protocol):
+    def send_decode(self, tx: DecodeTx, activations: np.ndarray) -> None: ...
+    def send_kv(self, ops: list[KvOp]) -> None: ...
+    def send_cancel(self, run_ids: list[int]) -> None: ...
+    def poll_result(self) -> RunResult | None: ...
+    def shutdown(self) -> list[dict]: ...
+
+
+def apply_kv(stage: Stage, ops: list[KvOp]) -> None:
+    for op in ops:
+        if op.kind == KvOpType.KV_SEQ_CP:
+            stage.seq_cp(op.seq, op.dst, op.p0, op.p1)
+        elif op.kind == KvOpType.KV_SEQ_RM:
+            stage.seq_rm(op.seq, op.p0, op.p1)
+        else:
+            stage.seq_keep(op.seq)
+
+
+class LocalTransport:
+    """Worker stages evaluated in this process, in order, when their transaction is sent.
+
+    With `delay` > 0 results are held back until that many later transactions were sent, which
+    lets a test exercise a scheduler's handling of results arriving while it speculates, and of
+    cancellations reaching runs that have not been computed yet.
+    """
+
+    def __init__(self, stages: list[Stage], delay: int = 0):
+        self.stages = stages
+        self.delay = delay
+        self._queue: deque[tuple[DecodeTx | None, object]] = deque()
+        self._results: deque[RunResult] = deque()
+        self._cancelled: set[int] = set()
+        self.stats = [{"rank": i + 1, "computed": 0, "skipped": 0, "aborted": 0, "busy_s": 0.0,
+                       "kv_ops": 0} for i in range(len(stages))]
+
+    def send_decode(self, tx: DecodeTx, activations: np.ndarray) -> None:
+        self._queue.append((tx, activations))
+        self._drain(self.delay)
+
+    def send_kv(self, ops: list[KvOp]) -> None:
+        self._queue.append((None, list(ops)))
+        self._drain(self.delay)
+
+    def send_cancel(self, run_ids: list[int]) -> None:
+        self._cancelled.update(run_ids)
+
+    def poll_result(self) -> RunResult | None:
+        if not self._results:
+            self._drain(0)
+        return self._results.popleft() if self._results else None
+
+    def shutdown(self) -> list[dict]:
+        self._drain(0)
+        return self.stats
+
+    def _drain(self, keep: int) -> None:
+        while len(self._queue) > keep:
+            tx, payload = self._queue.popleft()
+            if tx is None:
+                for stage, stats in zip(self.stages, self.stats):
+                    apply_kv(stage, payload)
+                    stats["kv_ops"] += len(payload)
+                continue
+            self._results.append(self._run(tx, payload))
+
+    def _run(self, tx: DecodeTx, x) -> RunResult:
+        for stage, stats in zip(self.stages, self.stats):
+            if tx.run_id in self._cancelled:
+                stats["skipped"] += 1
+                x = None
+                continue
+            try:
+                x = stage.decode(tx.positions, tx.seq_ids, embd=x, logit_rows=tx.logit_rows,
+                                 run_id=tx.run_id)
+                stats["computed"] += 1
+            except StageAborted:
+                stats["aborted"] += 1
+                x = None
+        self._cancelled.discard(tx.run_id)
+        return RunResult(tx.run_id, x)

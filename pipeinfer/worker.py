@@ -1,0 +1,140 @@
+"""A worker rank: applies the head's transactions to its stage, in order, and forwards them.
+
+Cancellations arrive on a side thread (they travel backwards, independent of the begin
+stream); a run named by one is skipped if not started, or aborted at the next graph node
+through llama.cpp's abort callback if it is being computed.
+"""
+
+from __future__ import annotations
+
+import resource
+import threading
+import time
+
+import numpy as np
+
+from .backoff import Backoff
+from .mpi_transport import WorkerLink
+from .stage import Stage, StageAborted
+from .transaction import DecodeFlag, DecodeTx, Tag, TxType, decode_kv_ops
+from .transport import apply_kv
+
+
+class Worker:
+    def __init__(self, link: WorkerLink, stage: Stage):
+        self.link, self.stage = link, stage
+        self.is_last = link.next is None
+        self._cancelled: set[int] = set()
+        self._done_through = -1          # highest run id already processed here
+        self._active = -1                # run id being decoded now
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self.stats = {"rank": link.rank, "computed": 0, "skipped": 0, "aborted": 0,
+                      "busy_s": 0.0, "kv_ops": 0}
+
+    # --- main loop --------------------------------------------------------------------------
+    def run(self) -> dict:
+        watcher = threading.Thread(target=self._watch_cancels, name="cancel-watcher", daemon=True)
+        watcher.start()
+        started = time.monotonic()
+        handlers = {TxType.DECODE: self._decode, TxType.KV: self._kv}
+        backoff = Backoff()
+        try:
+            while True:
+                header = self.link.poll_begin()
+                if header is None:
+                    backoff.wait()
+                    continue
+                backoff.reset()
+                kind = TxType(int(header[0]))
+                if kind == TxType.SHUTDOWN:
+                    if not self.is_last:
+                        self.link.forward(header)
+                    break
+                handler = handlers.get(kind)
+                if handler is None:
+                    raise RuntimeError(f"unexpected transaction type {kind.name}")
+                handler(header)
+        finally:
+            self._stop.set()
+            watcher.join()
+        self.stats["wall_s"] = time.monotonic() - started
+        self.stats["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        self.link.send_stats(self.stats)
+        self.link.flush()
+        return self.stats
+
+    def _decode(self, header: np.ndarray) -> None:
+        meta = self.link.recv_payload(Tag.DECODE_META, np.int32)
+        tx = DecodeTx.from_wire(header, meta)
+        skipped = bool(int(header[4]) & DecodeFlag.SKIPPED)
+        x = None
+        if not skipped:
+            x = self.link.recv_payload(Tag.ACTIVATIONS, np.float32).reshape(tx.n_tokens, -1)
+        if x is None or self._take_cancel(tx.run_id):
+            out = None
+            self._skip(tx.run_id)
+        else:
+            out = self._compute(tx, x)
+        if self.is_last:
+            self.link.send_result(tx.run_id, out)
+        elif out is None:
+            self.link.forward(tx.header(skipped=True, meta_len=len(meta)), (meta, Tag.DECODE_META))
+        else:
+            self.link.forward(header, (meta, Tag.DECODE_META), (out.reshape(-1), Tag.ACTIVATIONS))
+
+    def _compute(self, tx: DecodeTx, x: np.ndarray) -> np.ndarray | None:
+        with self._lock:
+            self._active = tx.run_id
+            if tx.run_id in self._cancelled:  # cancelled since the check in _decode
+                self.stage.cancel(tx.run_id)
+        t0 = time.perf_counter()
+        try:
+            out = self.stage.decode(tx.positions, tx.seq_ids, embd=x, logit_rows=tx.logit_rows,
+                                    run_id=tx.run_id)
+            self.stats["computed"] += 1
+            return out
+        except StageAborted:
+            self.stats["aborted"] += 1
+            return None
+        finally:
+            self.stats["busy_s"] += time.perf_counter() - t0
+            with self._lock:
+                self._active = -1
+                self._done_through = max(self._done_through, tx.run_id)
+                self._cancelled.discard(tx.run_id)
+
+    def _take_cancel(self, run_id: int) -> bool:
+        """True if `run_id` was cancelled before this rank started it."""
+        with self._lock:
+            return run_id in self._cancelled
+
+    def _skip(self, run_id: int) -> None:
+        self.stats["skipped"] += 1
+        with self._lock:
+            self._cancelled.discard(run_id)
+            self._done_through = max(self._done_through, run_id)
+
+    def _kv(self, header: np.ndarray) -> None:
+        buf = self.link.recv_payload(Tag.KV_OPS, np.int32)
+        apply_kv(self.stage, decode_kv_ops(buf))
+        self.stats["kv_ops"] += len(buf) // 5
+        if not self.is_last:
+            self.link.forward(header, (buf, Tag.KV_OPS))
+
+    # --- cancellations ----------------------------------------------------------------------
+    def _watch_cancels(self) -> None:
+        backoff = Backoff(limit=500e-6)
+        while not self._stop.is_set():
+            ids = self.link.poll_cancel()
+            if ids is None:
+                backoff.wait()
+                continue
+            backoff.reset()
+            self.link.cancel_upstream(ids)
+            with self._lock:
+                for run_id in (int(i) for i in ids):
+                    if run_id == self._active:
+                        self.stage.cancel(run_id)
+                    elif run_id > self._done_through:
+                        self._cancelled.add(run_id)
