@@ -3,6 +3,7 @@ errors become one-line messages and exit codes here."""
 
 from __future__ import annotations
 
+import logging
 import sys
 from pathlib import Path
 
@@ -73,8 +74,42 @@ def main() -> None:
 @click.option("-t", "--threads", default="1", callback=_parse_threads,
               help="Threads per rank: one number for all, or a comma list with one per rank.")
 @click.option("--layer-split", "split", default=None, callback=_parse_split, help=SPLIT_HELP)
-@click.option("--strategy", default="iterative", type=click.Choice(["iterative"]),
-              help="iterative: pipeline-parallel decoding, one token per pass.")
+@click.option("--strategy", default="iterative",
+              type=click.Choice(["iterative", "speculative", "pipeinfer"]),
+              help="iterative: pipeline-parallel decoding, one token per pass. speculative: "
+                   "draft a token tree, verify it in one pass, repeat (synchronous). pipeinfer: "
+                   "asynchronous continuous speculation in micro-batches with KV multibuffering "
+                   "and early cancellation. All are exact under greedy sampling.")
+@click.option("--draft", "draft_max", default=4, type=click.IntRange(1, 64),
+              help="Most draft tokens per speculative run (tree depth; micro-batch size).")
+@click.option("-pa", "--p-accept", default=0.3, type=float,
+              help="Keep drafting while the draft's top probability is at least this "
+                   "(pipeinfer: plus p_adjust).")
+@click.option("-ps", "--p-split", default=0.3, type=float,
+              help="Branch the draft tree when the runner-up candidate's probability exceeds "
+                   "this.")
+@click.option("-np", "--n-parallel", default=1, type=click.IntRange(1, 16),
+              help="Most branches per draft tree.")
+@click.option("-pr", "--p-recovery", default=0.05, type=float,
+              help="pipeinfer: cutoff increase per speculative run started; reset to 0 when a "
+                   "run's result is verified.")
+@click.option("-pd", "--p-decay", default=0.01, type=float,
+              help="pipeinfer: cutoff decrease whenever drafting yields nothing while no "
+                   "result is waiting.")
+@click.option("--max-runs", default=6, type=click.IntRange(2, 64),
+              help="pipeinfer: most runs in flight in the target pipeline at once.")
+@click.option("--partitions", default=8, type=click.IntRange(1, 64),
+              help="KV sequence partitions for speculative runs (x --n-parallel sequence ids; "
+                   "at most 255 in all).")
+@click.option("--kv-size", default=0, type=click.IntRange(0, None),
+              help="Speculative strategies: KV cache cells per stage (0 = 4x -c). Cells of "
+                   "rejected tokens are not reused within a generation (that keeps results "
+                   "bit-exact), so generation stops early with a notice when they run out.")
+@click.option("--no-continuous", is_flag=True,
+              help="pipeinfer ablation: one speculative run in flight at a time, micro-batches "
+                   "up to 2x --draft.")
+@click.option("--no-cancel", is_flag=True,
+              help="pipeinfer ablation: never cancel runs; useless results are just dropped.")
 @click.option("--ignore-eos", is_flag=True, help="Keep generating past end-of-generation tokens.")
 @click.option("--chat", is_flag=True, help="Wrap the prompt in the model's chat template.")
 @click.option("--csv", "csv_path", type=click.Path(dir_okay=False), default=None,
@@ -85,11 +120,18 @@ def main() -> None:
 @click.option("-v", "--verbose", count=True,
               help="-v: progress of every rank; -vv: also llama.cpp's log; tracebacks.")
 def run(model, draft, prompt, prompt_file, n_predict, n_ctx, n_batch, seed, temp, top_k, top_p,
-        threads, split, strategy, ignore_eos, chat, csv_path, as_json, label, verbose):
+        threads, split, strategy, draft_max, p_accept, p_split, n_parallel, p_recovery, p_decay,
+        max_runs, partitions, kv_size, no_continuous, no_cancel, ignore_eos, chat, csv_path, as_json,
+        label, verbose):
     """Generate text from a prompt. Under mpirun every rank runs this same command: rank 0 is
     the head (tokenizer, sampling, its share of layers), ranks 1..N-1 each evaluate one
     contiguous slice of the target's layers. Text streams to stdout; a summary (prompt t/s,
     generation t/s, TTFT, ITL) goes to stderr.
+
+    Sampling with --temp > 0 stays lossless under speculation: at every position the target
+    samples a token from its own distribution (one draw per position, in order, so a seed
+    gives the same text as the iterative strategy); a drafted token is accepted only if it
+    equals that sample.
 
     Metrics: generation speed counts the tokens after the first (which is sampled from the
     prompt's logits) over the time from the end of prefill to the last token; TTFT is the
@@ -97,6 +139,12 @@ def run(model, draft, prompt, prompt_file, n_predict, n_ctx, n_batch, seed, temp
     """
     from .runner import RunConfig, main as run_main
     from .sampling import SamplingParams
+    from .strategies import SpecOptions
+
+    if partitions * n_parallel > 255:
+        _fail("--partitions x --n-parallel must be at most 255 (llama.cpp's sequence limit)", 2)
+    logging.basicConfig(level=logging.DEBUG if verbose else logging.WARNING,
+                        format="%(relativeCreated)9.1f ms %(name)s: %(message)s")
 
     if (prompt is None) == (prompt_file is None):
         _fail("give the prompt with exactly one of -p or -f", 2)
@@ -110,6 +158,9 @@ def run(model, draft, prompt, prompt_file, n_predict, n_ctx, n_batch, seed, temp
     cfg = RunConfig(model=model, prompt=prompt, n_predict=n_predict, n_ctx=n_ctx,
                     n_batch=n_batch, draft=draft, strategy=strategy, split=split,
                     threads=threads, sampling=SamplingParams(temp, top_k, top_p, seed),
+                    spec=SpecOptions(draft_max, p_accept, p_split, n_parallel, p_recovery,
+                                     p_decay, not no_continuous, not no_cancel, max_runs,
+                                     partitions, kv_size),
                     ignore_eos=ignore_eos, chat=chat, csv=csv_path, json=as_json,
                     verbose=verbose, label=label)
     sys.exit(run_main(cfg))

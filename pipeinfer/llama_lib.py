@@ -117,7 +117,9 @@ def dequantize_rows(raw: np.ndarray, ggml_type: GGMLQuantizationType, n_cols: in
     elif ggml_type == GGMLQuantizationType.BF16:
         fn = ggml_base.ggml_bf16_to_fp32_row
     else:
-        fn = getattr(ggml_base, f"dequantize_row_{ggml_type.name.lower()}", None)
+        name = ggml_type.name.lower()  # ggml's symbols: dequantize_row_q4_0, ..._q4_K, ..._iq4_xs
+        name = name[:-1] + "K" if name.endswith("_k") else name
+        fn = getattr(ggml_base, f"dequantize_row_{name}", None)
         if fn is None:
             raise LlamaError(f"cannot dequantize tensor type {ggml_type.name}")
     fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]

@@ -55,11 +55,22 @@ class Link:
         self._lock = threading.Lock()
 
     # --- collectives used only at start-up and shutdown --------------------------------------
+    # Blocking collectives spin while ranks wait for a slower one (the head reads the tokenizer
+    # after loading its stage): a polite barrier first, so the collective itself is quick.
     def gather(self, obj: Any) -> list[Any] | None:
+        self.barrier()
         return self.comm.gather(obj, root=HEAD)
 
     def bcast(self, obj: Any) -> Any:
+        self.barrier()
         return self.comm.bcast(obj, root=HEAD)
+
+    def barrier(self) -> None:
+        """MPI barrier that waits with Test and sleeps instead of spinning."""
+        req = self.comm.Ibarrier()
+        backoff = Backoff(limit=2e-3)
+        while not req.Test():
+            backoff.wait()
 
     # --- sends ------------------------------------------------------------------------------
     def isend(self, buf: np.ndarray, dest: int, tag: Tag) -> None:

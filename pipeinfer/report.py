@@ -45,6 +45,9 @@ def result_json(cfg, gen, setup, ranges, stats, wall: float) -> dict:
         "busy_fraction": ",".join(f"{b:.3f}" for b in busy),
         "rank_stats": stats,
         "wall_s": _round(wall, 4),
+        "partitions_free": setup.pool.all_free if setup.pool else None,
+        "stage_computations": {k: sum(s.get(k, 0) for s in stats)
+                               for k in ("computed", "skipped", "aborted")},
         "label": cfg.label,
     }
 

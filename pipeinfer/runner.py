@@ -24,7 +24,9 @@ from .sampling import Sampler, SamplingParams
 from .slicing import model_info, open_model
 from .stage import Stage, StageConfig
 from .stage_cache import stage_file
-from .strategies import NEEDS_DRAFT, STRATEGIES
+from .drafter import Drafter
+from .partition_pool import PartitionPool
+from .strategies import NEEDS_DRAFT, STRATEGIES, SpecOptions
 from .tokenizer import TextStream, Tokenizer
 from .worker import Worker
 
@@ -47,6 +49,7 @@ class RunConfig:
     split: tuple[float, ...] | None = None
     threads: tuple[int, ...] = (1,)
     sampling: SamplingParams = SamplingParams()
+    spec: SpecOptions = SpecOptions()
     ignore_eos: bool = False
     chat: bool = False
     csv: str | None = None
@@ -57,12 +60,30 @@ class RunConfig:
     def threads_for(self, rank: int) -> int:
         return self.threads[rank] if len(self.threads) > 1 else self.threads[0]
 
+    @property
+    def speculates(self) -> bool:
+        return self.strategy in NEEDS_DRAFT
+
+    def pool(self) -> PartitionPool | None:
+        return PartitionPool(self.spec.partitions, self.spec.n_parallel) if self.speculates \
+            else None
+
+    @property
+    def kv_size(self) -> int:
+        """KV cells per stage. Speculative strategies never reuse a cell within a generation
+        (partition_pool explains why), so they need room for rejected tokens too."""
+        if not self.speculates:
+            return self.n_ctx
+        return self.spec.kv_size or 4 * self.n_ctx
+
 
 @dataclass
 class HeadSetup:
     tokenizer: Tokenizer
     prompt: list[int]
     pipeline: Pipeline
+    drafter: Drafter | None
+    pool: PartitionPool | None
 
 
 def main(cfg: RunConfig) -> int:
@@ -123,7 +144,9 @@ def _plan(cfg: RunConfig, size: int, say) -> tuple[list[StageRange], Path]:
 def _load_stage(cfg: RunConfig, model: Path, rng: StageRange, size: int, say) -> Stage | None:
     if rng.n_layer == 0:
         return None
-    config = StageConfig(n_ctx=cfg.n_ctx, n_batch=cfg.n_batch, n_threads=cfg.threads_for(rng.rank))
+    pool = cfg.pool()
+    config = StageConfig(n_ctx=cfg.kv_size, n_batch=cfg.n_batch,
+                         n_seq_max=pool.n_seq if pool else 1, n_threads=cfg.threads_for(rng.rank))
     label = f"rank {rng.rank} layers [{rng.first},{rng.last})"
     if size == 1:
         return Stage(model, config, final=True, label=label)
@@ -141,9 +164,23 @@ def _head_setup(cfg: RunConfig, model: Path, stage: Stage | None, size: int) -> 
     if len(prompt) >= cfg.n_ctx:
         raise ValueError(f"the prompt has {len(prompt)} tokens but the context (-c) holds "
                          f"{cfg.n_ctx}; raise -c or shorten the prompt")
+    drafter = _load_drafter(cfg, tokenizer) if cfg.speculates else None
     transport = HeadTransport(tokenizer.n_vocab) if size > 1 else None
     embed = None if size == 1 else Embedder(model)
-    return HeadSetup(tokenizer, prompt, Pipeline(embed, stage, transport, whole_model=size == 1))
+    return HeadSetup(tokenizer, prompt, Pipeline(embed, stage, transport, whole_model=size == 1),
+                     drafter, cfg.pool())
+
+
+def _load_drafter(cfg: RunConfig, tokenizer: Tokenizer) -> Drafter:
+    path = resolve_model(cfg.draft)
+    config = StageConfig(n_ctx=cfg.kv_size, n_batch=cfg.n_batch,
+                         n_seq_max=cfg.spec.n_parallel, n_threads=cfg.threads_for(0))
+    stage = Stage(path, config, final=True, label="draft model")
+    if stage.n_vocab != tokenizer.n_vocab:
+        stage.close()
+        raise ValueError(f"the draft model has {stage.n_vocab} tokens in its vocabulary but the "
+                         f"target has {tokenizer.n_vocab}; they must share one vocabulary")
+    return Drafter(stage, cfg.n_batch)
 
 
 def _run_head(cfg: RunConfig, setup: HeadSetup, ranges: list[StageRange], size: int) -> int:
@@ -154,8 +191,8 @@ def _run_head(cfg: RunConfig, setup: HeadSetup, ranges: list[StageRange], size: 
     gen = Generation(request, setup.tokenizer.is_eog, on_token)
     t0 = time.perf_counter()
     try:
-        STRATEGIES[cfg.strategy](setup.pipeline, gen, Sampler(cfg.sampling), cfg.n_batch,
-                                 config=cfg)
+        STRATEGIES[cfg.strategy](setup.pipeline, gen, Sampler(cfg.sampling), cfg,
+                                 setup.drafter, setup.pool)
         worker_stats = setup.pipeline.shutdown()
     except (RankFailed, LlamaError) as err:
         print(f"\npipeinfer: error: {err}", file=sys.stderr, flush=True)
@@ -168,7 +205,11 @@ def _run_head(cfg: RunConfig, setup: HeadSetup, ranges: list[StageRange], size: 
         sys.stdout.flush()
     if gen.stop_reason == "context":
         print(f"pipeinfer: stopped at the context limit ({cfg.n_ctx} tokens, -c)", file=sys.stderr)
+    elif gen.stop_reason == "kv-cache":
+        print(f"pipeinfer: stopped: the KV cache ({cfg.kv_size} cells, --kv-size) is full",
+              file=sys.stderr)
     stats = [{"rank": 0, "busy_s": setup.pipeline.busy_s, "wall_s": wall}] + worker_stats
+    gen.counters.runs_aborted_midway = sum(s.get("aborted", 0) for s in worker_stats)
     result = result_json(cfg, gen, setup, ranges, stats, wall)
     if cfg.json:
         print(json.dumps(result))

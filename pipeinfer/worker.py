@@ -19,6 +19,36 @@ from .stage import Stage, StageAborted
 from .transaction import DecodeFlag, DecodeTx, Tag, TxType, decode_kv_ops
 from .transport import apply_kv
 
+# Idle waiting. The main loop's sleep grows with the time it has been idle (a wake-up costs at
+# most IDLE_LATENCY_SHARE of the gap it ends, never more than MAX_SLEEP_S), so a worker that
+# waits between its passes wakes promptly while one idle for long costs next to no CPU. The
+# cancel watcher polls (fast) only while a decode it may have to abort is running.
+IDLE_LATENCY_SHARE = 0.01
+MAX_SLEEP_S = 5e-3
+WATCH_FAST_S = 500e-6
+
+
+class IdleBackoff(Backoff):
+    """Backoff whose ceiling rises from `limit` to `max_limit` the longer nothing happens."""
+
+    def __init__(self, first: float = 20e-6, limit: float = 250e-6,
+                 max_limit: float = MAX_SLEEP_S, share: float = IDLE_LATENCY_SHARE):
+        super().__init__(first, limit)
+        self.base_limit, self.max_limit, self.share = limit, max_limit, share
+        self._idle_since: float | None = None
+
+    def reset(self) -> None:
+        super().reset()
+        self._idle_since = None
+
+    def wait(self) -> None:
+        now = time.monotonic()
+        if self._idle_since is None:
+            self._idle_since = now
+        idle = now - self._idle_since
+        self.limit = min(self.max_limit, max(self.base_limit, idle * self.share))
+        super().wait()
+
 
 class Worker:
     def __init__(self, link: WorkerLink, stage: Stage):
@@ -29,6 +59,8 @@ class Worker:
         self._active = -1                # run id being decoded now
         self._lock = threading.Lock()
         self._stop = threading.Event()
+        self._computing = threading.Event()  # wakes the cancel watcher when a decode starts
+        self._cancel_lock = threading.Lock()  # one thread at a time receives cancellations
         self.stats = {"rank": link.rank, "computed": 0, "skipped": 0, "aborted": 0,
                       "busy_s": 0.0, "kv_ops": 0}
 
@@ -38,11 +70,12 @@ class Worker:
         watcher.start()
         started = time.monotonic()
         handlers = {TxType.DECODE: self._decode, TxType.KV: self._kv}
-        backoff = Backoff()
+        backoff = IdleBackoff()
         try:
             while True:
                 header = self.link.poll_begin()
                 if header is None:
+                    self._poll_cancels()
                     backoff.wait()
                     continue
                 backoff.reset()
@@ -57,6 +90,7 @@ class Worker:
                 handler(header)
         finally:
             self._stop.set()
+            self._computing.set()
             watcher.join()
         self.stats["wall_s"] = time.monotonic() - started
         self.stats["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
@@ -89,6 +123,7 @@ class Worker:
             if tx.run_id in self._cancelled:  # cancelled since the check in _decode
                 self.stage.cancel(tx.run_id)
         t0 = time.perf_counter()
+        self._computing.set()
         try:
             out = self.stage.decode(tx.positions, tx.seq_ids, embd=x, logit_rows=tx.logit_rows,
                                     run_id=tx.run_id)
@@ -98,6 +133,7 @@ class Worker:
             self.stats["aborted"] += 1
             return None
         finally:
+            self._computing.clear()
             self.stats["busy_s"] += time.perf_counter() - t0
             with self._lock:
                 self._active = -1
@@ -124,13 +160,29 @@ class Worker:
 
     # --- cancellations ----------------------------------------------------------------------
     def _watch_cancels(self) -> None:
-        backoff = Backoff(limit=500e-6)
+        """Side thread: receives cancellations while a decode runs (it may have to abort it).
+        While nothing is computed the main loop polls for them itself, so an idle worker has
+        one polling thread, not two."""
+        backoff = Backoff(limit=WATCH_FAST_S)
         while not self._stop.is_set():
+            if not self._computing.is_set():
+                self._computing.wait()
+                backoff.reset()
+                continue
+            if self._poll_cancels():
+                backoff.reset()
+            else:
+                backoff.wait()
+
+    def _poll_cancels(self) -> bool:
+        """Receive and apply one waiting cancellation message; False if there was none (or the
+        other thread is receiving one)."""
+        if not self._cancel_lock.acquire(blocking=False):
+            return False
+        try:
             ids = self.link.poll_cancel()
             if ids is None:
-                backoff.wait()
-                continue
-            backoff.reset()
+                return False
             self.link.cancel_upstream(ids)
             with self._lock:
                 for run_id in (int(i) for i in ids):
@@ -138,3 +190,6 @@ class Worker:
                         self.stage.cancel(run_id)
                     elif run_id > self._done_through:
                         self._cancelled.add(run_id)
+            return True
+        finally:
+            self._cancel_lock.release()

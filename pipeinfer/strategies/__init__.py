@@ -1,6 +1,28 @@
-"""Head scheduling strategies. Each is a module with `run(pipe, gen, sampler, n_batch, ...)`."""
+"""Head scheduling strategies. Each is a module whose `run(pipe, gen, sampler, cfg, drafter,
+pool)` drives one generation; `drafter` and `pool` are None for strategies without a draft."""
 
-from . import iterative
+from __future__ import annotations
 
-STRATEGIES = {"iterative": iterative.run}
-NEEDS_DRAFT = frozenset()
+from dataclasses import dataclass
+
+from . import iterative, pipeinfer, speculative
+
+
+@dataclass(frozen=True)
+class SpecOptions:
+    draft: int = 4             # most tokens per micro-batch (tree depth)
+    p_accept: float = 0.3      # keep drafting while the draft's top probability >= this
+    p_split: float = 0.3       # branch when the runner-up candidate's probability > this
+    n_parallel: int = 1        # most branches per tree
+    p_recovery: float = 0.05   # cutoff grows by this per speculative run started
+    p_decay: float = 0.01      # cutoff shrinks by this when drafting yields nothing while idle
+    continuous: bool = True    # several speculative runs in flight (else one, of 2x --draft)
+    cancel: bool = True        # early inference cancellation
+    max_runs: int = 6          # runs in flight at once (speculative + the non-speculative one)
+    partitions: int = 8        # KV sequence partitions for speculative runs
+    kv_size: int = 0           # KV cells per stage; 0: 4x the context
+
+
+STRATEGIES = {"iterative": iterative.run, "speculative": speculative.run,
+              "pipeinfer": pipeinfer.run}
+NEEDS_DRAFT = frozenset({"speculative", "pipeinfer"})

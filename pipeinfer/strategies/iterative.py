@@ -8,8 +8,8 @@ from ..sampling import Sampler
 from ..transaction import DecodeTx
 
 
-def run(pipe: Pipeline, gen: Generation, sampler: Sampler, n_batch: int, **_) -> None:
-    logits = prefill(pipe, gen, n_batch)
+def run(pipe: Pipeline, gen: Generation, sampler: Sampler, cfg, drafter=None, pool=None) -> None:
+    logits = prefill(pipe, gen, cfg.n_batch)
     gen.accept([sampler.sample(logits)])
     while not gen.done:
         pos = gen.n_past - 1  # the newest token has not been evaluated yet

@@ -1,0 +1,115 @@
+"""The draft model on the head: greedy token trees with a confidence cutoff and branching.
+
+The draft keeps the context it last evaluated in its sequence 0 and only evaluates what
+changed, so continuing a speculation costs one draft step per token. Branch b of a tree is
+decoded in draft sequence b and dropped afterwards; branch 0 (the greedy path) stays cached.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+from .stage import Stage
+
+
+@dataclass(frozen=True)
+class DraftParams:
+    max_tokens: int = 4        # tree depth limit (micro-batch size for a single branch)
+    p_split: float = 0.1       # fork a branch when the runner-up candidate is above this
+    n_parallel: int = 1        # at most this many branches
+
+
+def _softmax(logits: np.ndarray) -> np.ndarray:
+    z = logits.astype(np.float64)
+    z = np.exp(z - z.max())
+    return z / z.sum()
+
+
+class Drafter:
+    def __init__(self, stage: Stage, n_batch: int):
+        self.stage = stage
+        self.n_batch = n_batch
+        self.ctx: list[int] = []              # tokens held in draft sequence 0
+        self._last: np.ndarray | None = None  # draft logits after self.ctx, when known
+        self.busy_s = 0.0
+
+    def _sync(self, context: Sequence[int]) -> np.ndarray:
+        """Make sequence 0 hold `context`; return the logits after its last token."""
+        common = 0
+        limit = min(len(self.ctx), len(context))
+        while common < limit and self.ctx[common] == context[common]:
+            common += 1
+        if common == len(context) == len(self.ctx) and self._last is not None:
+            return self._last
+        keep = min(common, len(context) - 1)
+        self.stage.seq_rm(0, keep, -1)
+        logits = None
+        for start in range(keep, len(context), self.n_batch):
+            chunk = list(context[start:start + self.n_batch])
+            last = start + len(chunk) == len(context)
+            out = self.stage.decode(list(range(start, start + len(chunk))), [(0,)] * len(chunk),
+                                    tokens=chunk, logit_rows=[last and i == len(chunk) - 1
+                                                              for i in range(len(chunk))])
+            if last:
+                logits = out[-1]
+        self.ctx, self._last = list(context), logits
+        return logits
+
+    def draft(self, context: Sequence[int], params: DraftParams, cutoff: float,
+              max_tokens: int | None = None) -> tuple[list[list[int]], list[float]]:
+        """Branches continuing `context` (branch 0 first) and the draft probability of each
+        token of branch 0. Empty when the draft's first guess is under `cutoff`."""
+        limit = params.max_tokens if max_tokens is None else max_tokens
+        if limit <= 0:
+            return [], []
+        logits = [self._sync(context)]
+        branches: list[list[int]] = [[]]
+        active = [True]
+        main_probs: list[float] = []
+        base = len(context)
+        for depth in range(limit):
+            grown = []
+            for b in range(len(branches)):
+                if not active[b]:
+                    continue
+                probs = _softmax(logits[b])
+                top2 = np.argpartition(-probs, 1)[:2]
+                first, second = sorted(top2, key=lambda t: -probs[t])
+                if probs[first] < cutoff:
+                    active[b] = False
+                    continue
+                if (len(branches) < params.n_parallel and probs[second] > params.p_split
+                        and probs[second] >= cutoff):
+                    fork = branches[b][:] + [int(second)]
+                    self.stage.seq_cp(b, len(branches), -1, -1)
+                    branches.append(fork)
+                    active.append(True)
+                    logits.append(None)
+                    grown.append(len(branches) - 1)
+                branches[b].append(int(first))
+                if b == 0:
+                    main_probs.append(float(probs[first]))
+                grown.append(b)
+            if not grown:
+                break
+            if depth + 1 < limit:
+                grown.sort()
+                out = self.stage.decode([base + depth] * len(grown), [(b,) for b in grown],
+                                        tokens=[branches[b][-1] for b in grown])
+                for row, b in enumerate(grown):
+                    logits[b] = out[row]
+        # Branch 0's last token was evaluated unless it reached the depth limit.
+        self._finish(context, branches, logits[0] if len(branches[0]) < limit else None)
+        return [br for br in branches if br], main_probs
+
+    def _finish(self, context: Sequence[int], branches: list[list[int]],
+                last_logits: np.ndarray | None) -> None:
+        """Drop the side branches; keep branch 0 in sequence 0 as the new cached context."""
+        for b in range(1, len(branches)):
+            self.stage.seq_rm(b, -1, -1)
+        main = branches[0]
+        self.ctx = list(context) + (main if last_logits is not None else main[:-1])
+        self._last = last_logits

@@ -1,0 +1,106 @@
+"""Runs of the target pipeline as the head tracks them (paper IV-A-1, IV-D).
+
+A run evaluates a token tree that continues a context (the tokens at positions [0, base)).
+Tree nodes are listed parents-first; a node at depth d sits at position base + d, and belongs
+to the sequence ids of every branch through it. A non-speculative run is the one-node tree
+holding the newest accepted token, in the canonical sequence.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Sequence
+
+from .transaction import DecodeTx
+
+
+class RunState(enum.Enum):
+    VALID = "valid"                # may still decide new tokens
+    SUPERFLUOUS = "superfluous"    # every position it could decide is already accepted
+    INVALIDATED = "invalidated"    # it assumed tokens that were rejected
+
+
+@dataclass(frozen=True)
+class Node:
+    token: int
+    parent: int        # index of the parent node, -1 for a root
+    depth: int
+    seqs: tuple[int, ...]
+
+
+@dataclass
+class Run:
+    run_id: int
+    base: int
+    context: tuple[int, ...]          # tokens assumed at positions [0, base)
+    nodes: list[Node]
+    speculative: bool
+    partition: tuple[int, ...] | None = None
+    cancelled: bool = False
+    main_path: list[int] = field(default_factory=list)  # node indices of branch 0
+
+    @property
+    def max_pos(self) -> int:
+        return self.base + max(n.depth for n in self.nodes)
+
+    def pos(self, node: int) -> int:
+        return self.base + self.nodes[node].depth
+
+    def children(self, node: int) -> list[int]:
+        return [i for i, n in enumerate(self.nodes) if n.parent == node]
+
+    def tx(self) -> DecodeTx:
+        return DecodeTx(self.run_id, tuple(self.pos(i) for i in range(len(self.nodes))),
+                        tuple(n.seqs for n in self.nodes), (True,) * len(self.nodes),
+                        self.speculative)
+
+    def tokens(self) -> list[int]:
+        return [n.token for n in self.nodes]
+
+    def path_to(self, accepted: Sequence[int]) -> int | None:
+        """The node at the newest accepted position reached by following `accepted` tokens
+        from a root, or None if the accepted tokens leave the tree (or do not reach it)."""
+        node, p = -1, self.base
+        while p < len(accepted):
+            nxt = [c for c in self.children(node) if self.nodes[c].token == accepted[p]]
+            if not nxt:
+                return None
+            node, p = nxt[0], p + 1
+        return node if node >= 0 else None
+
+    def classify(self, accepted: Sequence[int]) -> RunState:
+        """Compare with the accepted tokens (prompt + generated; the last one is pending)."""
+        n = len(accepted)
+        overlap = min(self.base, n)
+        if tuple(accepted[:overlap]) != self.context[:overlap]:
+            return RunState.INVALIDATED
+        if n <= self.base:
+            return RunState.VALID  # ahead of the accepted tokens; consistent so far
+        if self.max_pos < n - 1:
+            return RunState.SUPERFLUOUS
+        return RunState.VALID if self.path_to(accepted) is not None else RunState.INVALIDATED
+
+    def describe(self) -> str:
+        kind = "spec" if self.speculative else "main"
+        return (f"run {self.run_id} ({kind}) pos {self.base}..{self.max_pos} "
+                f"{len(self.nodes)} token(s) seqs {self.partition or (0,)}")
+
+
+def tree_from_branches(branches: Sequence[Sequence[int]], seqs: Sequence[int]) -> tuple[
+        list[Node], list[int]]:
+    """Merge branches (token lists sharing prefixes) into tree nodes, parents first (by depth).
+    Branch b uses sequence id seqs[b]. Returns (nodes, node indices of branch 0)."""
+    index: dict[tuple[int, ...], int] = {}
+    members: dict[tuple[int, ...], list[int]] = {}
+    for b, branch in enumerate(branches):
+        for d in range(len(branch)):
+            members.setdefault(tuple(branch[:d + 1]), []).append(seqs[b])
+    order = sorted(members, key=len)  # stable: parents before children, branch order kept
+    nodes: list[Node] = []
+    for prefix in order:
+        index[prefix] = len(nodes)
+        parent = index[prefix[:-1]] if len(prefix) > 1 else -1
+        nodes.append(Node(prefix[-1], parent, len(prefix) - 1, tuple(members[prefix])))
+    main = [index[tuple(branches[0][:d + 1])] for d in range(len(branches[0]))] if branches else []
+    return nodes, main

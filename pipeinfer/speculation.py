@@ -1,0 +1,206 @@
+"""The head's speculation bookkeeping shared by the `speculative` and `pipeinfer` strategies:
+the run FIFO, KV multibuffering, verification and early cancellation (paper IV-C, IV-D).
+
+The head reasons about the KV cache as a sequential program: every stage applies
+transactions in the order the head issued them, so an operation issued after a run's decode
+sees that run's entries on every stage. Invariants kept here:
+- sequence 0 holds entries for positions [0, c0) of accepted tokens only; the newest accepted
+  token (the *pending* one, at position P) is evaluated by exactly one in-flight run, its
+  *cover*, and c0 == P between absorptions;
+- a speculative run's partition holds a copy of its context's entries before its decode and
+  is returned only after its result came back (so every stage is done with it);
+- a run is cancelled only if no live run copied entries from it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from typing import Sequence
+
+from .generation import CANONICAL_SEQ, Generation
+from .head import Pipeline
+from .partition_pool import PartitionPool
+from .run import Node, Run, RunState, tree_from_branches
+from .sampling import Sampler
+from .transaction import RunResult, seq_cp, seq_rm
+
+log = logging.getLogger("pipeinfer.head")
+
+
+class Speculation:
+    def __init__(self, pipe: Pipeline, gen: Generation, sampler: Sampler, pool: PartitionPool,
+                 kv_cells: int, cancel: bool = True):
+        self.pipe, self.gen, self.sampler, self.pool = pipe, gen, sampler, pool
+        self.cancel_enabled = cancel
+        # Cells are never reused within a generation (see partition_pool): count them.
+        self.kv_free = kv_cells - len(gen.request.prompt)
+        self.fifo: deque[Run] = deque()
+        self.c0 = 0                          # sequence 0 holds positions [0, c0)
+        self.sources: dict[int, int] = {}    # run id -> run id it copied its context from
+
+    # --- views -------------------------------------------------------------------------------
+    @property
+    def accepted(self) -> list[int]:
+        return list(self.gen.request.prompt) + self.gen.tokens
+
+    @property
+    def pending(self) -> int:
+        return len(self.gen.request.prompt) + len(self.gen.tokens) - 1
+
+    def live(self) -> list[Run]:
+        return [r for r in self.fifo if not r.cancelled]
+
+    def cover(self) -> Run | None:
+        """The in-flight run that evaluates the pending token, if any."""
+        accepted = self.accepted
+        for run in self.live():
+            if run.base <= self.pending and run.path_to(accepted) is not None:
+                return run
+        return None
+
+    # --- starting runs -----------------------------------------------------------------------
+    def start_main(self) -> Run:
+        """A non-speculative run of the pending token, in sequence 0."""
+        p = self.pending
+        assert self.c0 == p, (self.c0, p)
+        tokens = self.accepted
+        run = Run(self.gen.next_run_id(), p, tuple(tokens[:p]),
+                  [Node(tokens[p], -1, 0, (CANONICAL_SEQ,))], speculative=False, main_path=[0])
+        self._launch(run, [])
+        return run
+
+    def start_speculative(self, context: Sequence[int], branches: list[list[int]],
+                          source: tuple[int, int] | None, partition: tuple[int, ...]) -> Run:
+        """A run of the draft tree `branches` continuing `context`, whose entries are copied
+        from `source` = (run id, sequence id) (run id -1: sequence 0)."""
+        nodes, main = tree_from_branches(branches, partition[:len(branches)])
+        run = Run(self.gen.next_run_id(), len(context), tuple(context), nodes, speculative=True,
+                  partition=partition, main_path=main)
+        src_run, src_seq = source if source is not None else (-1, CANONICAL_SEQ)
+        grave = self.pool.graveyard
+        ops = [op for s in partition for op in (seq_cp(s, grave), seq_rm(s))]
+        ops += [seq_cp(src_seq, s, -1, run.base) for s in partition[:len(branches)]]
+        if src_run >= 0:
+            self.sources[run.run_id] = src_run
+        self._launch(run, ops)
+        c = self.gen.counters
+        c.runs_speculative += 1
+        c.microbatch_tokens += len(nodes)
+        c.n_drafted += len(nodes) - (0 if run.base > self.pending else 1)
+        return run
+
+    def fits(self, n_tokens: int) -> bool:
+        """Whether every stage's KV cache has room for n_tokens more (an upper bound)."""
+        return n_tokens <= self.kv_free
+
+    def _launch(self, run: Run, kv_ops: list) -> None:
+        if not self.fits(len(run.nodes)):
+            raise RuntimeError(f"KV cache full: {run.describe()} does not fit")
+        self.kv_free -= len(run.nodes)
+        self.pipe.kv(kv_ops)
+        self.pipe.decode(run.tx(), run.tokens())
+        self.fifo.append(run)
+        self.gen.counters.runs_started += 1
+        log.debug("start %s", run.describe())
+
+    def tip(self) -> tuple[list[int], tuple[int, int] | None]:
+        """The newest speculation consistent with the accepted tokens: its tokens and where a
+        run continuing it copies its context from, as (run id, sequence id), or None for
+        sequence 0. Needs a cover run in flight (the pending token must be evaluated)."""
+        accepted = self.accepted
+        for run in reversed(self.live()):
+            path = self._extended_path(run, accepted)
+            if path:
+                last = run.nodes[path[-1]]
+                source_seq = last.seqs[0]
+                context = list(run.context) + [run.nodes[i].token for i in path]
+                return context, ((run.run_id, source_seq) if source_seq != CANONICAL_SEQ
+                                 else None)
+        raise RuntimeError("no run in flight evaluates the pending token")
+
+    @staticmethod
+    def _extended_path(run: Run, accepted: Sequence[int]) -> list[int]:
+        """Node path through `run` following the accepted tokens, then its first children."""
+        path, node, p = [], -1, run.base
+        while True:
+            children = run.children(node)
+            if p < len(accepted):
+                children = [c for c in children if run.nodes[c].token == accepted[p]]
+            if not children:
+                return path
+            node = children[0]
+            path.append(node)
+            p += 1
+
+    # --- absorbing results -------------------------------------------------------------------
+    def absorb(self, result: RunResult) -> None:
+        """Verify a finished run, accept tokens, fix up KV, cancel runs that became useless."""
+        run = self.fifo.popleft()
+        if run.run_id != result.run_id:
+            raise RuntimeError(f"result of run {result.run_id} arrived while {run.run_id} "
+                               "was the oldest in flight")
+        if run.partition is not None:
+            self.pool.give_back(run.partition)
+        self.sources.pop(run.run_id, None)
+        if run.cancelled or result.cancelled or run.classify(self.accepted) != RunState.VALID:
+            log.debug("drop %s", run.describe())
+            return
+        self._verify(run, result)
+        if not self.gen.done:
+            self._cancel_useless()
+
+    def _verify(self, run: Run, result: RunResult) -> None:
+        node = run.path_to(self.accepted)
+        assert node is not None
+        drafted = 0
+        while not self.gen.done:
+            token = self.sampler.sample(result.logits[node])
+            child = next((c for c in run.children(node) if run.nodes[c].token == token), None)
+            self.gen.accept([token])
+            if child is None:
+                break
+            node, drafted = child, drafted + 1
+        self.gen.counters.n_accepted += drafted
+        if self.gen.done:
+            return
+        # Entries of the accepted path up to the new pending token move into sequence 0.
+        end, seq = self.pending, run.nodes[node].seqs[0]
+        if seq != CANONICAL_SEQ and end > self.c0:
+            self.pipe.kv([seq_cp(seq, CANONICAL_SEQ, self.c0, end)])
+        self.c0 = max(self.c0, end)
+        log.debug("accept via %s: %d drafted token(s), pending at %d", run.describe(), drafted,
+                  self.pending)
+
+    def _cancel_useless(self) -> None:
+        accepted = self.accepted
+        doomed = []
+        for run in self.live():
+            state = run.classify(accepted)
+            if state == RunState.VALID:
+                continue
+            run.cancelled = True
+            c = self.gen.counters
+            if state == RunState.SUPERFLUOUS:
+                c.runs_cancelled_superfluous += 1
+            else:
+                c.runs_cancelled_invalidated += 1
+            doomed.append(run)
+        live_sources = {self.sources.get(r.run_id) for r in self.live()}
+        ids = [r.run_id for r in doomed if r.speculative and r.run_id not in live_sources]
+        if ids and self.cancel_enabled:
+            self.pipe.cancel(ids)
+            log.debug("cancel %s", ids)
+        cover = self.cover()
+        if cover is not None and cover.base == self.pending and cover.speculative:
+            self.gen.counters.n_accepted += 1  # its root was the draft's guess of this token
+
+    def settle(self) -> None:
+        """After generation: absorb (and discard) every run still in flight."""
+        while self.fifo:
+            result = self.pipe.wait()
+            run = self.fifo.popleft()
+            if run.partition is not None:
+                self.pool.give_back(run.partition)
+            self.sources.pop(run.run_id, None)
+            assert run.run_id == result.run_id

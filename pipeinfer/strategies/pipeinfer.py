@@ -1,0 +1,71 @@
+"""PipeInfer (paper IV): asynchronous, continuous speculation with KV multibuffering and early
+inference cancellation.
+
+The target pipeline always has a run evaluating the newest accepted token (a non-speculative
+run, or a speculative run whose tree contains it). Whenever no result is waiting, the head
+drafts another micro-batch continuing the newest speculation and starts it as a speculative
+run. Confidence cutoff: a draft token is kept while its probability is at least
+p_accept + p_adjust; p_adjust grows by p_recovery with every speculative run started, shrinks
+by p_decay whenever drafting produced nothing while no result was waiting, and is reset to 0
+whenever a result is verified (paper IV-B-2: "reset upon acceptance of a completed run").
+"""
+
+from __future__ import annotations
+
+from ..backoff import Backoff
+from ..drafter import DraftParams
+from ..generation import prefill
+from ..speculation import Speculation
+
+
+def run(pipe, gen, sampler, cfg, drafter, pool) -> None:
+    opts = cfg.spec
+    spec = Speculation(pipe, gen, sampler, pool, cfg.kv_size, cancel=opts.cancel)
+    gen.accept([sampler.sample(prefill(pipe, gen, cfg.n_batch))])
+    spec.c0 = spec.pending
+    if gen.done:
+        return
+    spec.start_main()
+    draft_limit = opts.draft if opts.continuous else 2 * opts.draft
+    params = DraftParams(draft_limit, opts.p_split, opts.n_parallel)
+    p_adjust, failed_at, backoff = 0.0, None, Backoff()
+    while not gen.done:
+        result = pipe.poll()
+        if result is not None:
+            spec.absorb(result)
+            p_adjust, failed_at = 0.0, None
+            if not gen.done and spec.cover() is None:
+                if not spec.fits(1):
+                    gen.stop_reason = "kv-cache"
+                    break
+                spec.start_main()
+            backoff.reset()
+            continue
+        if _may_speculate(spec, pool, opts):
+            context, source = spec.tip()
+            cutoff = opts.p_accept + p_adjust
+            attempt = (len(context), source, cutoff)
+            # keep one cell for the non-speculative run a rejection may need
+            budget = min(params.max_tokens, cfg.n_ctx - len(context), spec.kv_free - 1)
+            if attempt != failed_at and budget > 0:
+                branches, _ = drafter.draft(context, params, cutoff, max_tokens=budget)
+                if branches:
+                    spec.start_speculative(context, branches, source, pool.take())
+                    p_adjust += opts.p_recovery
+                    failed_at = None
+                    backoff.reset()
+                    continue
+                failed_at = attempt
+                if opts.p_decay:
+                    p_adjust -= opts.p_decay
+                    failed_at = None  # the cutoff changed: worth another try
+        backoff.wait()
+    spec.settle()
+
+
+def _may_speculate(spec: Speculation, pool, opts) -> bool:
+    if pool.n_free == 0 or len(spec.fifo) >= opts.max_runs:
+        return False
+    if not opts.continuous and any(r.speculative for r in spec.live()):
+        return False
+    return True

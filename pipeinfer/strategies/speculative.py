@@ -1,0 +1,27 @@
+"""Synchronous speculative pipeline parallelism (SpecInfer-style baseline): draft a token tree,
+verify it in one pass through the target pipeline, accept the longest verified path plus the
+target's next token, repeat. Drafting and verification wait for each other."""
+
+from __future__ import annotations
+
+from ..drafter import DraftParams
+from ..generation import prefill
+from ..speculation import Speculation
+
+
+def run(pipe, gen, sampler, cfg, drafter, pool) -> None:
+    spec = Speculation(pipe, gen, sampler, pool, cfg.kv_size)
+    gen.accept([sampler.sample(prefill(pipe, gen, cfg.n_batch))])
+    spec.c0 = spec.pending
+    params = DraftParams(cfg.spec.draft, cfg.spec.p_split, cfg.spec.n_parallel)
+    while not gen.done:
+        context = spec.accepted
+        budget = min(params.max_tokens, cfg.n_ctx - len(context), spec.kv_free - 1)
+        if budget < 0:
+            gen.stop_reason = "kv-cache"
+            break
+        branches, _ = drafter.draft(context, params, cfg.spec.p_accept, max_tokens=budget)
+        pending = context[-1]
+        tree = [[pending] + branch for branch in branches] or [[pending]]
+        spec.start_speculative(context[:-1], tree, None, pool.take())
+        spec.absorb(pipe.wait())
