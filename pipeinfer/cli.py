@@ -185,11 +185,11 @@ def split(model, split, out_dir):
     one-row vocabulary so no output head is computed for nothing."""
     from .models import ModelError, resolve_model
     from .partition import partition
-    from .slicing import model_info, open_model, split_model
+    from .slicing import model_info, read_model, split_model
 
     try:
         path = resolve_model(model, progress=_echo)
-        ranges = partition(model_info(open_model(path), path).n_layer, list(split))
+        ranges = partition(model_info(read_model(path), path).n_layer, list(split))
         manifest = split_model(path, ranges, out_dir, progress=_echo)
     except (ModelError, PartitionError) as err:
         _fail(str(err))

@@ -10,23 +10,25 @@ import os
 from typing import Sequence
 
 import numpy as np
-from gguf import GGUFReader, MODEL_TENSOR, TENSOR_NAMES
+from gguf import MODEL_TENSOR, TENSOR_NAMES
 
+from .gguf_header import Header, read_header
 from .llama_lib import dequantize_rows
 
 _TOKEN_EMBD = TENSOR_NAMES[MODEL_TENSOR.TOKEN_EMBD] + ".weight"
 
 
 class Embedder:
-    def __init__(self, model_path: str | os.PathLike, reader: GGUFReader | None = None):
-        reader = reader or GGUFReader(model_path, "r")
-        tensor = next((t for t in reader.tensors if t.name == _TOKEN_EMBD), None)
+    def __init__(self, model_path: str | os.PathLike, header: Header | None = None):
+        header = header or read_header(model_path)
+        tensor = header.tensors.get(_TOKEN_EMBD)
         if tensor is None:
             raise ValueError(f"{model_path}: no {_TOKEN_EMBD} tensor")
-        self._rows = tensor.data  # memory-mapped, one row per token
-        self._type = tensor.tensor_type
-        self.n_embd = int(tensor.shape[0])
-        self.n_vocab = int(tensor.shape[1])
+        self.n_embd, self.n_vocab = tensor.shape[0], tensor.shape[1]
+        # memory-mapped raw bytes, one row per token
+        self._rows = np.memmap(model_path, dtype=np.uint8, mode="r", offset=tensor.offset,
+                               shape=(self.n_vocab, tensor.row_bytes))
+        self._type = tensor.ggml_type
 
     def __call__(self, tokens: Sequence[int]) -> np.ndarray:
         ids = np.asarray(tokens, dtype=np.int64)

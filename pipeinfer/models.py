@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from gguf import GGUFReader
+from .gguf_header import HeaderError, check_extents, read_header
 
 Progress = Callable[[str], None] | None
 
@@ -134,19 +134,15 @@ def check_gguf(path: str | os.PathLike[str], expected_size: int | None = None) -
     """Raise ModelError unless ``path`` is a complete, readable GGUF file.
 
     Checks the magic and version, the exact size if ``expected_size`` is
-    given, that ``gguf.GGUFReader`` parses it, and that every tensor's data
-    lies within the file.
+    given, that the whole header parses, and that every tensor's data lies
+    within the file.
     """
     path = Path(path)
     _check_header(path, expected_size)
     try:
-        reader = GGUFReader(path)
-    except Exception as exc:  # the reader raises assorted errors on bad input
-        raise ModelError(f"{path} is truncated or corrupt: {exc}") from None
-    size = path.stat().st_size
-    end = max((t.data_offset + t.n_bytes for t in reader.tensors), default=0)
-    if end > size:
-        raise ModelError(f"{path} is truncated: tensor data ends at byte {end}, file has {size}")
+        check_extents(read_header(path))
+    except HeaderError as exc:
+        raise ModelError(str(exc)) from None
 
 
 def _is_cached(spec: ModelSpec) -> bool:

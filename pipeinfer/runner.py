@@ -21,7 +21,7 @@ from .mpi_transport import HeadTransport, Link, RankFailed, WorkerLink, abort_jo
 from .partition import PartitionError, StageRange, even_split, format_split, partition
 from .report import summary_line, result_json
 from .sampling import Sampler, SamplingParams
-from .slicing import model_info, open_model
+from .slicing import model_info, read_model
 from .stage import Stage, StageConfig
 from .stage_cache import stage_file
 from .drafter import Drafter
@@ -137,7 +137,7 @@ def _plan(cfg: RunConfig, size: int, say) -> tuple[list[StageRange], Path]:
     if len(cfg.threads) not in (1, size):
         raise ValueError(f"-t has {len(cfg.threads)} values for {size} ranks")
     model = resolve_model(cfg.model, progress=say)
-    info = model_info(open_model(model), model)
+    info = model_info(read_model(model), model)
     return partition(info.n_layer, fractions), model
 
 

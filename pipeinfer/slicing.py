@@ -18,6 +18,7 @@ from typing import Callable
 import numpy as np
 from gguf import GGUFReader, GGUFValueType, GGUFWriter, Keys, MODEL_TENSOR, TENSOR_NAMES
 
+from .gguf_header import Header, read_header
 from .models import ModelError, check_gguf
 from .partition import StageRange
 
@@ -44,37 +45,52 @@ class ModelInfo:
 
 
 def open_model(path: str | os.PathLike) -> GGUFReader:
-    """Open a GGUF file read-only (memory-mapped) after checking it is whole."""
+    """Open a GGUF file read-only (memory-mapped) after checking it is whole. Slow for big
+    vocabularies (every entry becomes a Python object): only for writing stage files."""
     check_gguf(path)
     return GGUFReader(path, "r")
 
 
-def model_info(reader: GGUFReader, path: str | os.PathLike) -> ModelInfo:
-    """Architecture facts needed for slicing, refusing models whose layers differ by index."""
-    arch = _field(reader, Keys.General.ARCHITECTURE)
+def read_model(path: str | os.PathLike) -> Header:
+    """Check a GGUF file and parse its header (fast)."""
+    check_gguf(path)
+    return read_header(path)
+
+
+def model_info(source: GGUFReader | Header, path: str | os.PathLike) -> ModelInfo:
+    """Architecture facts needed for slicing, refusing models whose layers differ by index.
+    `source` is a parsed header (fast) or a GGUFReader."""
+    if isinstance(source, GGUFReader):
+        fields = {f.name: f.contents() for f in source.fields.values()
+                  if not f.name.startswith("tokenizer.")}
+        shapes = {t.name: tuple(int(d) for d in t.shape) for t in source.tensors}
+    else:
+        fields = source.fields
+        shapes = {name: t.shape for name, t in source.tensors.items()}
+    return _info(fields, shapes, path)
+
+
+def _info(fields: dict, shapes: dict, path) -> ModelInfo:
+    def field(key: str):
+        if key not in fields:
+            raise SliceError(f"{path}: GGUF metadata key {key} is missing")
+        return fields[key]
+
+    arch = field(Keys.General.ARCHITECTURE)
     if arch not in UNIFORM_ARCHS:
         raise SliceError(
             f"{path}: architecture {arch!r} is not supported for layer slicing (its layers may "
             f"differ by index); supported: {', '.join(sorted(UNIFORM_ARCHS))}")
-    n_layer = int(_field(reader, Keys.LLM.BLOCK_COUNT.format(arch=arch)))
-    n_embd = int(_field(reader, Keys.LLM.EMBEDDING_LENGTH.format(arch=arch)))
-    for field in reader.fields.values():
-        if (field.name.startswith(arch + ".") and field.types
-                and field.types[0] == GGUFValueType.ARRAY and len(field.data) == n_layer
-                and len(set(field.contents())) > 1):
-            raise SliceError(f"{path}: per-layer hyperparameter {field.name} differs between "
+    n_layer = int(field(Keys.LLM.BLOCK_COUNT.format(arch=arch)))
+    n_embd = int(field(Keys.LLM.EMBEDDING_LENGTH.format(arch=arch)))
+    for name, value in fields.items():
+        if (name.startswith(arch + ".") and isinstance(value, list) and len(value) == n_layer
+                and len(set(value)) > 1):
+            raise SliceError(f"{path}: per-layer hyperparameter {name} differs between "
                              "layers; slicing such models is not supported")
-    embd = next((t for t in reader.tensors if t.name == _TOKEN_EMBD), None)
-    if embd is None:
+    if _TOKEN_EMBD not in shapes:
         raise SliceError(f"{path}: no {_TOKEN_EMBD} tensor")
-    return ModelInfo(str(path), arch, n_layer, n_embd, int(embd.shape[1]))
-
-
-def _field(reader: GGUFReader, key: str):
-    field = reader.get_field(key)
-    if field is None:
-        raise SliceError(f"GGUF metadata key {key} is missing")
-    return field.contents()
+    return ModelInfo(str(path), arch, n_layer, n_embd, int(shapes[_TOKEN_EMBD][1]))
 
 
 def write_stage(reader: GGUFReader, info: ModelInfo, stage: StageRange, dst: Path,

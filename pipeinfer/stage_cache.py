@@ -71,9 +71,9 @@ def stage_file(model: str | os.PathLike, stage: StageRange,
             return dst
         with _locked(out / f"{key}.lock"):
             if not dst.exists():
-                reader = open_model(model)
                 if progress:
                     progress(f"slicing {Path(model).name}: layers [{stage.first}, {stage.last})")
+                reader = open_model(model)
                 write_stage(reader, model_info(reader, model), stage, dst)
         return dst
     except PermissionError as err:
