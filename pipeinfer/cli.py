@@ -105,6 +105,12 @@ def main() -> None:
               help="Speculative strategies: KV cache cells per stage (0 = 4x -c). Cells of "
                    "rejected tokens are not reused within a generation (that keeps results "
                    "bit-exact), so generation stops early with a notice when they run out.")
+@click.option("--no-repack", is_flag=True,
+              help="Load target stages without llama.cpp's weight repacking. Repacked K-quant "
+                   "kernels give slightly different numbers for batches of 4+ tokens than for "
+                   "one token, so speculative verification can (rarely) pick a different greedy "
+                   "token than one-token decoding; without repacking batches up to 7 tokens match "
+                   "bit for bit, at a higher cost per batch.")
 @click.option("--no-continuous", is_flag=True,
               help="pipeinfer ablation: one speculative run in flight at a time, micro-batches "
                    "up to 2x --draft.")
@@ -121,7 +127,7 @@ def main() -> None:
               help="-v: progress of every rank; -vv: also llama.cpp's log; tracebacks.")
 def run(model, draft, prompt, prompt_file, n_predict, n_ctx, n_batch, seed, temp, top_k, top_p,
         threads, split, strategy, draft_max, p_accept, p_split, n_parallel, p_recovery, p_decay,
-        max_runs, partitions, kv_size, no_continuous, no_cancel, ignore_eos, chat, csv_path, as_json,
+        max_runs, partitions, kv_size, no_repack, no_continuous, no_cancel, ignore_eos, chat, csv_path, as_json,
         label, verbose):
     """Generate text from a prompt. Under mpirun every rank runs this same command: rank 0 is
     the head (tokenizer, sampling, its share of layers), ranks 1..N-1 each evaluate one
@@ -162,7 +168,7 @@ def run(model, draft, prompt, prompt_file, n_predict, n_ctx, n_batch, seed, temp
                                      p_decay, not no_continuous, not no_cancel, max_runs,
                                      partitions, kv_size),
                     ignore_eos=ignore_eos, chat=chat, csv=csv_path, json=as_json,
-                    verbose=verbose, label=label)
+                    verbose=verbose, label=label, repack=not no_repack)
     sys.exit(run_main(cfg))
 
 

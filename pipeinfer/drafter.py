@@ -58,6 +58,10 @@ class Drafter:
         self.ctx, self._last = list(context), logits
         return logits
 
+    def prepare(self, context: Sequence[int]) -> None:
+        """Evaluate `context` now (e.g. the prompt while the target prefills it)."""
+        self._sync(context)
+
     def draft(self, context: Sequence[int], params: DraftParams, cutoff: float,
               max_tokens: int | None = None) -> tuple[list[list[int]], list[float]]:
         """Branches continuing `context` (branch 0 first) and the draft probability of each

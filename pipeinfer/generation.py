@@ -65,9 +65,11 @@ class Generation:
         return next(self.run_ids)
 
 
-def prefill(pipe: Pipeline, gen: Generation, n_batch: int) -> np.ndarray:
+def prefill(pipe: Pipeline, gen: Generation, n_batch: int,
+            idle: Callable[[], None] | None = None) -> np.ndarray:
     """Evaluate the prompt in chunks of at most n_batch tokens (all in flight at once) into
-    sequence 0; return the logits of its last token."""
+    sequence 0; return the logits of its last token. `idle` runs while the head waits (the
+    draft model reads the prompt meanwhile)."""
     prompt = gen.request.prompt
     gen.timeline.start = time.perf_counter()
     chunks = [range(i, min(i + n_batch, len(prompt))) for i in range(0, len(prompt), n_batch)]
@@ -79,6 +81,6 @@ def prefill(pipe: Pipeline, gen: Generation, n_batch: int) -> np.ndarray:
         gen.counters.runs_started += 1
     result = None
     for _ in chunks:
-        result = pipe.wait()
+        result = pipe.wait(idle)
     gen.timeline.prefill_done = time.perf_counter()
     return result.logits[-1]

@@ -60,7 +60,7 @@ def partition(n_layer: int, fractions: list[float]) -> list[StageRange]:
         raise PartitionError("layer split fractions must be non-negative")
     total = sum(fractions)
     if abs(total - 1.0) > SUM_TOLERANCE:
-        raise PartitionError(f"layer split fractions sum to {total:.6g}, not 1")
+        raise PartitionError(f"layer split fractions sum to {total:.9g}, not 1")
     if len(fractions) > n_layer + 1 or (len(fractions) > n_layer and fractions[0] > 0):
         raise PartitionError(
             f"{len(fractions)} ranks but the model has only {n_layer} layers: "

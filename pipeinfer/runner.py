@@ -56,6 +56,7 @@ class RunConfig:
     json: bool = False
     verbose: int = 0
     label: str = ""
+    repack: bool = True
 
     def threads_for(self, rank: int) -> int:
         return self.threads[rank] if len(self.threads) > 1 else self.threads[0]
@@ -146,7 +147,8 @@ def _load_stage(cfg: RunConfig, model: Path, rng: StageRange, size: int, say) ->
         return None
     pool = cfg.pool()
     config = StageConfig(n_ctx=cfg.kv_size, n_batch=cfg.n_batch,
-                         n_seq_max=pool.n_seq if pool else 1, n_threads=cfg.threads_for(rng.rank))
+                         n_seq_max=pool.n_seq if pool else 1, n_threads=cfg.threads_for(rng.rank),
+                         repack=cfg.repack)
     label = f"rank {rng.rank} layers [{rng.first},{rng.last})"
     if size == 1:
         return Stage(model, config, final=True, label=label)

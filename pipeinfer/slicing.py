@@ -9,14 +9,16 @@ a full output head whose result nobody reads.
 from __future__ import annotations
 
 import json
+import mmap
 import os
 import re
+import struct
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
 
-import numpy as np
-from gguf import GGUFReader, GGUFValueType, GGUFWriter, Keys, MODEL_TENSOR, TENSOR_NAMES
+from gguf import (GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader, GGUFValueType, Keys,
+                  MODEL_TENSOR, TENSOR_NAMES)
 
 from .gguf_header import Header, read_header
 from .models import ModelError, check_gguf
@@ -44,11 +46,9 @@ class ModelInfo:
     n_vocab: int
 
 
-def open_model(path: str | os.PathLike) -> GGUFReader:
-    """Open a GGUF file read-only (memory-mapped) after checking it is whole. Slow for big
-    vocabularies (every entry becomes a Python object): only for writing stage files."""
-    check_gguf(path)
-    return GGUFReader(path, "r")
+def open_model(path: str | os.PathLike) -> Header:
+    """Check that a GGUF file is whole and parse its header (the source for write_stage)."""
+    return read_model(path)
 
 
 def read_model(path: str | os.PathLike) -> Header:
@@ -93,68 +93,174 @@ def _info(fields: dict, shapes: dict, path) -> ModelInfo:
     return ModelInfo(str(path), arch, n_layer, n_embd, int(shapes[_TOKEN_EMBD][1]))
 
 
-def write_stage(reader: GGUFReader, info: ModelInfo, stage: StageRange, dst: Path,
+def write_stage(source: Header | GGUFReader, info: ModelInfo, stage: StageRange, dst: Path,
                 progress: Callable[[str], None] | None = None) -> None:
-    """Write the stage file for `stage` to `dst` (written to a temporary name, then renamed)."""
+    """Write the stage file for `stage` to `dst` (written to a temporary name, then renamed).
+
+    `source` is the model's parsed header (open_model) or a GGUFReader of it. Metadata entries
+    are copied as raw bytes: re-encoding a 150k-entry tokenizer through gguf's writer, after
+    gguf's reader turned every entry into Python objects, took seconds per stage."""
+    path = source.path if isinstance(source, Header) else source.data.filename
     arch = info.arch
+    overrides = {Keys.LLM.BLOCK_COUNT.format(arch=arch): _kv_uint32(stage.n_layer)}
+    if not stage.final:
+        overrides[Keys.Tokenizer.MODEL] = _kv_string("none")
+        overrides[Keys.LLM.VOCAB_SIZE.format(arch=arch)] = _kv_uint32(1)
     tmp = dst.with_name(dst.name + f".tmp{os.getpid()}")
-    writer = GGUFWriter(tmp, arch)
-    overrides = {Keys.LLM.BLOCK_COUNT.format(arch=arch): (stage.n_layer, GGUFValueType.UINT32)}
-    if not stage.final:
-        overrides[Keys.Tokenizer.MODEL] = ("none", GGUFValueType.STRING)
-        overrides[Keys.LLM.VOCAB_SIZE.format(arch=arch)] = (1, GGUFValueType.UINT32)
-    _copy_metadata(reader, writer, overrides, drop_tokenizer=not stage.final)
+    with open(path, "rb") as handle, \
+            mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+        src = _scan(buf, path)
+        kvs = []
+        for key, span in src.kvs:
+            if key in overrides:
+                kvs.append(_kv_key(key) + overrides.pop(key))
+            elif not (not stage.final and key.startswith("tokenizer.")):
+                kvs.append(buf[span[0]:span[1]])
+        kvs += [_kv_key(key) + value for key, value in overrides.items()]
 
-    tensors = []  # (name, array, type)
-    for t in reader.tensors:
-        m = _BLOCK_NAME.match(t.name)
-        if m:
-            layer = int(m.group(1))
-            if stage.first <= layer < stage.last:
-                tensors.append((f"blk.{layer - stage.first}.{m.group(2)}", t.data, t.tensor_type))
-        elif not stage.final and t.name in (_TOKEN_EMBD, _OUTPUT):
-            continue  # replaced by one-row zeros below
-        else:
-            tensors.append((t.name, t.data, t.tensor_type))
-    if not stage.final:
-        zeros = np.zeros((1, info.n_embd), dtype=np.float32)
-        tensors += [(_TOKEN_EMBD, zeros, None), (_OUTPUT, zeros, None)]
+        tensors = []  # (name, dims, type, bytes or (offset, size) in the source)
+        for name, dims, ttype, offset, size in src.tensors:
+            m = _BLOCK_NAME.match(name)
+            if m:
+                layer = int(m.group(1))
+                if stage.first <= layer < stage.last:
+                    tensors.append((f"blk.{layer - stage.first}.{m.group(2)}", dims, ttype,
+                                    (offset, size)))
+            elif not stage.final and name in (_TOKEN_EMBD, _OUTPUT):
+                continue  # replaced by one-row zeros below
+            else:
+                tensors.append((name, dims, ttype, (offset, size)))
+        if not stage.final:
+            zeros = bytes(4 * info.n_embd)
+            tensors += [(n, (info.n_embd, 1), GGMLQuantizationType.F32, zeros)
+                        for n in (_TOKEN_EMBD, _OUTPUT)]
 
-    for name, data, ttype in tensors:
-        writer.add_tensor_info(name, data.shape, data.dtype, data.nbytes, ttype)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_ti_data_to_file()
-    for i, (name, data, _) in enumerate(tensors):
-        writer.write_tensor_data(data)
-        if progress and i % 64 == 0:
-            progress(f"{dst.name}: tensor {i + 1}/{len(tensors)}")
-    writer.close()
-    os.replace(tmp, dst)
+        align = src.alignment
+        infos, rel = [], 0
+        for name, dims, ttype, data in tensors:
+            infos.append(_string(name) + struct.pack(f"<I{len(dims)}Q", len(dims), *dims)
+                         + struct.pack("<IQ", ttype, rel))
+            rel += _pad(_size(data), align)
+        try:
+            with open(tmp, "wb") as out:
+                out.write(b"GGUF" + struct.pack("<IQQ", 3, len(tensors), len(kvs)))
+                for chunk in (*kvs, *infos):
+                    out.write(chunk)
+                out.write(bytes(_pad(out.tell(), align) - out.tell()))
+                for i, (name, _, _, data) in enumerate(tensors):
+                    if isinstance(data, tuple):
+                        offset, size = data
+                        with memoryview(buf) as view, view[offset:offset + size] as part:
+                            out.write(part)  # no copy of the tensor in memory
+                    else:
+                        out.write(data)
+                    size = _size(data)
+                    out.write(bytes(_pad(size, align) - size))
+                    if progress and i % 64 == 0:
+                        progress(f"{dst.name}: tensor {i + 1}/{len(tensors)}")
+            os.replace(tmp, dst)
+        finally:
+            if tmp.exists():
+                tmp.unlink()
 
 
-def _copy_metadata(reader: GGUFReader, writer: GGUFWriter, overrides: dict, drop_tokenizer: bool):
-    for field in reader.fields.values():
-        name = field.name
-        if name == Keys.General.ARCHITECTURE or name.startswith("GGUF.") or name in overrides:
-            continue
-        if drop_tokenizer and name.startswith("tokenizer."):
-            continue
-        if name == Keys.General.ALIGNMENT:
-            writer.add_custom_alignment(int(field.contents()))
-            continue
-        vtype = field.types[0]
-        sub_type = field.types[-1] if vtype == GGUFValueType.ARRAY else None
-        writer.add_key_value(name, field.contents(), vtype, sub_type=sub_type)
-    for name, (value, vtype) in overrides.items():
-        writer.add_key_value(name, value, vtype)
+@dataclass
+class _RawGGUF:
+    kvs: list          # (key, (start, end) byte span of the whole entry)
+    tensors: list      # (name, dims, type, absolute data offset, data size)
+    alignment: int
+
+
+_SCALAR_SIZES = {GGUFValueType.UINT8: 1, GGUFValueType.INT8: 1, GGUFValueType.UINT16: 2,
+                 GGUFValueType.INT16: 2, GGUFValueType.UINT32: 4, GGUFValueType.INT32: 4,
+                 GGUFValueType.FLOAT32: 4, GGUFValueType.BOOL: 1, GGUFValueType.UINT64: 8,
+                 GGUFValueType.INT64: 8, GGUFValueType.FLOAT64: 8}
+
+
+def _scan(buf, path) -> _RawGGUF:
+    """Byte spans of every metadata entry and the tensor infos of a GGUF file (v2/v3, little
+    endian). The file passed check_gguf, so errors here mean a malformed header."""
+    try:
+        version, n_tensors, n_kv = struct.unpack_from("<IQQ", buf, 4)
+        pos, kvs, alignment = 24, [], 32
+        for _ in range(n_kv):
+            start = pos
+            n, = struct.unpack_from("<Q", buf, pos)
+            key = bytes(buf[pos + 8:pos + 8 + n]).decode("utf-8")
+            vtype, = struct.unpack_from("<I", buf, pos + 8 + n)
+            pos = pos + 12 + n
+            if vtype == GGUFValueType.ARRAY:
+                etype, count = struct.unpack_from("<IQ", buf, pos)
+                pos += 12
+                if etype == GGUFValueType.STRING:
+                    unpack = struct.Struct("<Q").unpack_from
+                    for _ in range(count):
+                        pos += 8 + unpack(buf, pos)[0]
+                else:
+                    pos += _SCALAR_SIZES[GGUFValueType(etype)] * count
+            elif vtype == GGUFValueType.STRING:
+                pos += 8 + struct.unpack_from("<Q", buf, pos)[0]
+            else:
+                if key == Keys.General.ALIGNMENT:
+                    alignment = struct.unpack_from("<I", buf, pos)[0]
+                pos += _SCALAR_SIZES[GGUFValueType(vtype)]
+            kvs.append((key, (start, pos)))
+        infos = []
+        for _ in range(n_tensors):
+            n, = struct.unpack_from("<Q", buf, pos)
+            name = bytes(buf[pos + 8:pos + 8 + n]).decode("utf-8")
+            n_dims, = struct.unpack_from("<I", buf, pos + 8 + n)
+            pos += 12 + n
+            dims = struct.unpack_from(f"<{n_dims}Q", buf, pos)
+            pos += 8 * n_dims
+            ttype, offset = struct.unpack_from("<IQ", buf, pos)
+            pos += 12
+            infos.append((name, dims, GGMLQuantizationType(ttype), offset))
+    except (struct.error, ValueError, KeyError) as err:
+        raise SliceError(f"{path}: malformed GGUF header ({err})") from None
+    data_start = _pad(pos, alignment)
+    tensors = []
+    for name, dims, ttype, offset in infos:
+        block, type_size = GGML_QUANT_SIZES[ttype]
+        n_elements = 1
+        for d in dims:
+            n_elements *= d
+        tensors.append((name, dims, ttype, data_start + offset, n_elements // block * type_size))
+    if tensors and max(o + n for _, _, _, o, n in tensors) > len(buf):
+        raise SliceError(f"{path} is truncated: tensor data runs past the end of the file")
+    return _RawGGUF(kvs, tensors, alignment)
+
+
+def _pad(n: int, align: int) -> int:
+    return (n + align - 1) // align * align
+
+
+def _size(data) -> int:
+    return data[1] if isinstance(data, tuple) else len(data)
+
+
+def _string(text: str) -> bytes:
+    raw = text.encode("utf-8")
+    return struct.pack("<Q", len(raw)) + raw
+
+
+def _kv_key(key: str) -> bytes:
+    return _string(key)
+
+
+def _kv_uint32(value: int) -> bytes:
+    return struct.pack("<II", GGUFValueType.UINT32, value)
+
+
+def _kv_string(value: str) -> bytes:
+    return struct.pack("<I", GGUFValueType.STRING) + _string(value)
 
 
 def split_model(path: str | os.PathLike, stages: list[StageRange], out_dir: str | os.PathLike,
                 progress: Callable[[str], None] | None = None) -> Path:
     """Write every stage of `stages` plus manifest.json into out_dir; return the manifest path."""
-    reader = open_model(path)
-    info = model_info(reader, path)
+    header = open_model(path)
+    info = model_info(header, path)
     _check_layers(info, stages)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -166,7 +272,7 @@ def split_model(path: str | os.PathLike, stages: list[StageRange], out_dir: str 
             continue
         if progress:
             progress(f"writing {dst} ({stage})")
-        write_stage(reader, info, stage, dst, progress)
+        write_stage(header, info, stage, dst, progress)
         entries.append({**asdict(stage), "file": dst.name})
     manifest = out / "manifest.json"
     manifest.write_text(json.dumps({"source": str(Path(path).resolve()), "arch": info.arch,

@@ -28,6 +28,7 @@ class StageConfig:
     n_batch: int = 512        # largest batch one decode accepts (also n_ubatch: one graph)
     n_seq_max: int = 64       # sequence ids 0..n_seq_max-1 (kv_unified: no memory cost)
     n_threads: int = 1
+    repack: bool = True       # llama.cpp's weight repacking (extra buffer types); see README
 
 
 class StageAborted(Exception):
@@ -56,8 +57,9 @@ class Stage:
     def _load(self, final: bool | None) -> None:
         mparams = llama_cpp.llama_model_default_params()
         mparams.n_gpu_layers = 0
-        if llama_lib.amx_compiled():
-            mparams.use_extra_bufts = False  # AMX repacking crashes where tiles do not work
+        if not self.config.repack or llama_lib.amx_compiled():
+            # (AMX repacking crashes where the CPU's AMX tiles do not work)
+            mparams.use_extra_bufts = False
         self._model = llama_cpp.llama_model_load_from_file(self.path.encode(), mparams)
         if not self._model:
             raise LlamaError(f"{self.label}: llama.cpp could not load {self.path}: "

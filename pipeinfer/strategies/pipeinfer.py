@@ -21,7 +21,8 @@ from ..speculation import Speculation
 def run(pipe, gen, sampler, cfg, drafter, pool) -> None:
     opts = cfg.spec
     spec = Speculation(pipe, gen, sampler, pool, cfg.kv_size, cancel=opts.cancel)
-    gen.accept([sampler.sample(prefill(pipe, gen, cfg.n_batch))])
+    warm = lambda: drafter.prepare(gen.request.prompt)
+    gen.accept([sampler.sample(prefill(pipe, gen, cfg.n_batch, idle=warm))])
     spec.c0 = spec.pending
     if gen.done:
         return

@@ -11,7 +11,8 @@ from ..speculation import Speculation
 
 def run(pipe, gen, sampler, cfg, drafter, pool) -> None:
     spec = Speculation(pipe, gen, sampler, pool, cfg.kv_size)
-    gen.accept([sampler.sample(prefill(pipe, gen, cfg.n_batch))])
+    warm = lambda: drafter.prepare(gen.request.prompt)
+    gen.accept([sampler.sample(prefill(pipe, gen, cfg.n_batch, idle=warm))])
     spec.c0 = spec.pending
     params = DraftParams(cfg.spec.draft, cfg.spec.p_split, cfg.spec.n_parallel)
     while not gen.done:
