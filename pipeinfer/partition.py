@@ -68,7 +68,8 @@ def partition(n_layer: int, fractions: list[float]) -> list[StageRange]:
     cumulative = [0.0]
     for f in fractions:
         cumulative.append(cumulative[-1] + f)
-    bounds = [math.floor(n_layer * c / total + 0.5) for c in cumulative]
+    # halves round up also when float error puts a decimal half (0.55 * 10) just below .5
+    bounds = [math.floor(n_layer * c / total + 0.5 + 1e-9) for c in cumulative]
     bounds[-1] = n_layer
     ranges = [StageRange(r, bounds[r], bounds[r + 1], r == len(fractions) - 1)
               for r in range(len(fractions))]
