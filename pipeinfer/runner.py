@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+import traceback
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -106,10 +107,28 @@ def main(cfg: RunConfig) -> int:
         if rank == 0:
             print(f"pipeinfer: error: {failure}", file=sys.stderr)
         return 1
-    if rank != 0:
-        Worker(WorkerLink(), stage).run()
+    try:
+        if rank != 0:
+            return _run_worker(stage, cfg)
+        return _run_head(cfg, setup, ranges, size)
+    except KeyboardInterrupt:
+        if rank == 0:
+            print("\npipeinfer: interrupted", file=sys.stderr)
+        return 130
+
+
+def _run_worker(stage: Stage, cfg: RunConfig) -> int:
+    link = WorkerLink()
+    try:
+        Worker(link, stage).run()
         return 0
-    return _run_head(cfg, setup, ranges, size)
+    except Exception as err:  # report to the head, which ends the job with the message
+        if cfg.verbose:
+            traceback.print_exc()
+        link.report_error(f"{type(err).__name__}: {err}" if not isinstance(err, LlamaError)
+                          else str(err))
+        link.flush(timeout=5)
+        return 1
 
 
 def _first_failure(statuses) -> str | None:
@@ -196,10 +215,12 @@ def _run_head(cfg: RunConfig, setup: HeadSetup, ranges: list[StageRange], size: 
         STRATEGIES[cfg.strategy](setup.pipeline, gen, Sampler(cfg.sampling), cfg,
                                  setup.drafter, setup.pool)
         worker_stats = setup.pipeline.shutdown()
-    except (RankFailed, LlamaError) as err:
+    except Exception as err:
+        if cfg.verbose or not isinstance(err, (RankFailed, LlamaError)):
+            traceback.print_exc()
         print(f"\npipeinfer: error: {err}", file=sys.stderr, flush=True)
         if size > 1:
-            abort_job(1)
+            abort_job(1)  # workers may be waiting on a rank that is gone: end them all
         return 1
     wall = time.perf_counter() - t0
     if not cfg.json:
