@@ -8,7 +8,7 @@ decoded in draft sequence b and dropped afterwards; branch 0 (the greedy path) s
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -63,9 +63,12 @@ class Drafter:
         self._sync(context)
 
     def draft(self, context: Sequence[int], params: DraftParams, cutoff: float,
-              max_tokens: int | None = None) -> tuple[list[list[int]], list[float]]:
+              max_tokens: int | None = None, should_stop: Callable[[], bool] | None = None
+              ) -> tuple[list[list[int]], list[float]]:
         """Branches continuing `context` (branch 0 first) and the draft probability of each
-        token of branch 0. Empty when the draft's first guess is under `cutoff`."""
+        token of branch 0. Empty when the draft's first guess is under `cutoff`, or when
+        `should_stop` (asked after every draft step) said to give up: the tokens drafted so
+        far stay cached, so drafting the same continuation again costs nothing for them."""
         limit = params.max_tokens if max_tokens is None else max_tokens
         if limit <= 0:
             return [], []
@@ -100,6 +103,9 @@ class Drafter:
             if not grown:
                 break
             if depth + 1 < limit:
+                if should_stop is not None and should_stop():
+                    self._finish(context, branches, None)
+                    return [], []
                 grown.sort()
                 out = self.stage.decode([base + depth] * len(grown), [(b,) for b in grown],
                                         tokens=[branches[b][-1] for b in grown])

@@ -12,7 +12,7 @@ import numpy as np
 
 from .head import Pipeline
 from .metrics import Counters, Timeline
-from .transaction import DecodeTx
+from .transaction import DecodeTx, RunResult
 
 CANONICAL_SEQ = 0  # sequence 0 holds the accepted tokens on every stage
 
@@ -66,9 +66,9 @@ class Generation:
 
 
 def prefill(pipe: Pipeline, gen: Generation, n_batch: int,
-            idle: Callable[[], None] | None = None) -> np.ndarray:
+            idle: Callable[[], None] | None = None) -> RunResult:
     """Evaluate the prompt in chunks of at most n_batch tokens (all in flight at once) into
-    sequence 0; return the logits of its last token. `idle` runs while the head waits (the
+    sequence 0; return the result holding the output for its last token. `idle` runs while the head waits (the
     draft model reads the prompt meanwhile)."""
     prompt = gen.request.prompt
     gen.timeline.start = time.perf_counter()
@@ -83,4 +83,4 @@ def prefill(pipe: Pipeline, gen: Generation, n_batch: int,
     for _ in chunks:
         result = pipe.wait(idle)
     gen.timeline.prefill_done = time.perf_counter()
-    return result.logits[-1]
+    return result

@@ -59,6 +59,11 @@ class Pipeline:
         if run_ids and self.transport is not None:
             self.transport.send_cancel(run_ids)
 
+    def result_waiting(self) -> bool:
+        """Whether a result can be taken now (without taking it)."""
+        return bool(self._local) or (self.transport is not None
+                                     and self.transport.result_waiting())
+
     def poll(self) -> RunResult | None:
         result = self._local.popleft() if self._local else (
             self.transport.poll_result() if self.transport is not None else None)

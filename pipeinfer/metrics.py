@@ -9,6 +9,15 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 
+def rss_mb() -> float:
+    """Resident set size of this process now, in MB (Linux; 0 where unknown)."""
+    try:
+        with open("/proc/self/statm") as handle:
+            return int(handle.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 1e6
+    except (OSError, ValueError, IndexError):
+        return 0.0
+
+
 @dataclass
 class Timeline:
     """Wall-clock marks of one generation (time.perf_counter seconds)."""

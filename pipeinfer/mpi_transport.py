@@ -16,8 +16,8 @@ import numpy as np
 from mpi4py import MPI
 
 from .backoff import Backoff
-from .transaction import (HEADER_LEN, DecodeTx, KvOp, RunResult, Tag, TxType, encode_kv_ops,
-                          make_header)
+from .transaction import (HEADER_LEN, DecodeTx, KvOp, ResultFlag, RunResult, Tag, TxType,
+                          encode_kv_ops, make_header)
 
 HEAD = 0
 
@@ -160,14 +160,19 @@ class HeadTransport(Link):
     def send_cancel(self, run_ids: list[int]) -> None:
         self.isend(np.array(run_ids, dtype=np.int64), self.last, Tag.CANCEL)
 
+    def result_waiting(self) -> bool:
+        return self.probe(self.last, Tag.RESULT) is not None
+
     def poll_result(self) -> RunResult | None:
         self.check_errors()
         header = self.recv_array(self.last, Tag.RESULT, np.int64, wait=False)
         if header is None:
             return None
-        run_id, n_rows, skipped = int(header[1]), int(header[2]), bool(header[4])
-        if skipped:
+        run_id, n_rows, flags = int(header[1]), int(header[2]), ResultFlag(int(header[4]))
+        if flags & ResultFlag.SKIPPED:
             return RunResult(run_id, None)
+        if flags & ResultFlag.ARGMAX:
+            return RunResult(run_id, None, self.recv_array(self.last, Tag.LOGITS, np.int32))
         logits = self.recv_array(self.last, Tag.LOGITS, np.float32)
         return RunResult(run_id, logits.reshape(n_rows, self.n_vocab))
 
@@ -200,12 +205,18 @@ class WorkerLink(Link):
         for buf, tag in payload:
             self.isend(buf, self.next, tag)
 
-    def send_result(self, run_id: int, logits: np.ndarray | None) -> None:
+    def send_result(self, run_id: int, logits: np.ndarray | None, argmax_only: bool) -> None:
+        """Send a run's logits to the head (only each row's argmax if `argmax_only`)."""
         n_rows = 0 if logits is None else logits.shape[0]
-        header = make_header(TxType.LOGITS, run_id, n_rows, flags=int(logits is None))
-        self.isend(header, HEAD, Tag.RESULT)
-        if logits is not None:
-            self.isend(logits.reshape(-1), HEAD, Tag.LOGITS)
+        if logits is None:
+            flags, payload = ResultFlag.SKIPPED, None
+        elif argmax_only:
+            flags, payload = ResultFlag.ARGMAX, np.argmax(logits, axis=1).astype(np.int32)
+        else:
+            flags, payload = ResultFlag.NONE, logits.reshape(-1)
+        self.isend(make_header(TxType.LOGITS, run_id, n_rows, flags=int(flags)), HEAD, Tag.RESULT)
+        if payload is not None:
+            self.isend(payload, HEAD, Tag.LOGITS)
 
     def poll_cancel(self) -> np.ndarray | None:
         return self.recv_array(self.cancel_source, Tag.CANCEL, np.int64, wait=False)

@@ -16,7 +16,7 @@ from .embedding import Embedder
 from .generation import Generation, Request
 from .head import Pipeline
 from .llama_lib import LlamaError
-from .metrics import CsvRow, append_csv
+from .metrics import CsvRow, append_csv, rss_mb
 from .models import ModelError, resolve_model
 from .mpi_transport import HeadTransport, Link, RankFailed, WorkerLink, abort_job, hostname
 from .partition import PartitionError, StageRange, even_split, format_split, partition
@@ -120,7 +120,7 @@ def main(cfg: RunConfig) -> int:
 def _run_worker(stage: Stage, cfg: RunConfig) -> int:
     link = WorkerLink()
     try:
-        Worker(link, stage).run()
+        Worker(link, stage, argmax_only=cfg.sampling.greedy).run()
         return 0
     except Exception as err:  # report to the head, which ends the job with the message
         if cfg.verbose:
@@ -185,6 +185,9 @@ def _head_setup(cfg: RunConfig, model: Path, stage: Stage | None, size: int) -> 
     if len(prompt) >= cfg.n_ctx:
         raise ValueError(f"the prompt has {len(prompt)} tokens but the context (-c) holds "
                          f"{cfg.n_ctx}; raise -c or shorten the prompt")
+    if len(prompt) + cfg.n_predict > cfg.n_ctx:
+        raise ValueError(f"the context (-c {cfg.n_ctx}) cannot hold the {len(prompt)} prompt "
+                         f"tokens plus {cfg.n_predict} to generate (-n); raise -c or lower -n")
     drafter = _load_drafter(cfg, tokenizer) if cfg.speculates else None
     transport = HeadTransport(tokenizer.n_vocab) if size > 1 else None
     embed = None if size == 1 else Embedder(model)
@@ -196,18 +199,38 @@ def _load_drafter(cfg: RunConfig, tokenizer: Tokenizer) -> Drafter:
     path = resolve_model(cfg.draft)
     config = StageConfig(n_ctx=cfg.kv_size, n_batch=cfg.n_batch,
                          n_seq_max=cfg.spec.n_parallel, n_threads=cfg.threads_for(0))
+    _check_same_vocabulary(Path(cfg.draft).name, path, tokenizer)
     stage = Stage(path, config, final=True, label="draft model")
-    if stage.n_vocab != tokenizer.n_vocab:
-        stage.close()
-        raise ValueError(f"the draft model has {stage.n_vocab} tokens in its vocabulary but the "
-                         f"target has {tokenizer.n_vocab}; they must share one vocabulary")
     return Drafter(stage, cfg.n_batch)
+
+
+def _check_same_vocabulary(name: str, draft_path: Path, target: Tokenizer) -> None:
+    draft = Tokenizer(draft_path)
+    try:
+        if draft.n_vocab != target.n_vocab:
+            raise ValueError(f"the draft model {name} has {draft.n_vocab} tokens in its "
+                             f"vocabulary but the target has {target.n_vocab}; they must share "
+                             "one vocabulary")
+        for token in range(target.n_vocab):
+            if draft.piece(token) != target.piece(token):
+                raise ValueError(f"the draft model {name} and the target disagree on token "
+                                 f"{token} ({draft.piece(token)!r} vs {target.piece(token)!r}); "
+                                 "they must share one vocabulary")
+    finally:
+        draft.close()
 
 
 def _run_head(cfg: RunConfig, setup: HeadSetup, ranges: list[StageRange], size: int) -> int:
     stream = TextStream(setup.tokenizer)
-    on_token = (lambda t: None) if cfg.json else \
-        (lambda t: (sys.stdout.write(stream.push(t)), sys.stdout.flush()))
+    rss_trace: list[float] = []
+
+    def on_token(token: int) -> None:
+        if not cfg.json:
+            sys.stdout.write(stream.push(token))
+            sys.stdout.flush()
+        if len(gen.tokens) % 100 == 0:
+            rss_trace.append(round(rss_mb(), 1))
+
     request = Request(tuple(setup.prompt), cfg.n_predict, cfg.n_ctx, cfg.ignore_eos)
     gen = Generation(request, setup.tokenizer.is_eog, on_token)
     t0 = time.perf_counter()
@@ -231,7 +254,8 @@ def _run_head(cfg: RunConfig, setup: HeadSetup, ranges: list[StageRange], size: 
     elif gen.stop_reason == "kv-cache":
         print(f"pipeinfer: stopped: the KV cache ({cfg.kv_size} cells, --kv-size) is full",
               file=sys.stderr)
-    stats = [{"rank": 0, "busy_s": setup.pipeline.busy_s, "wall_s": wall}] + worker_stats
+    stats = [{"rank": 0, "busy_s": setup.pipeline.busy_s, "wall_s": wall,
+              "rss_trace_mb": rss_trace}] + worker_stats
     gen.counters.runs_aborted_midway = sum(s.get("aborted", 0) for s in worker_stats)
     result = result_json(cfg, gen, setup, ranges, stats, wall)
     if cfg.json:

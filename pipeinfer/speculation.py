@@ -155,7 +155,7 @@ class Speculation:
         assert node is not None
         drafted = 0
         while not self.gen.done:
-            token = self.sampler.sample(result.logits[node])
+            token = result.token(node, self.sampler)
             child = next((c for c in run.children(node) if run.nodes[c].token == token), None)
             self.gen.accept([token])
             if child is None:

@@ -76,6 +76,6 @@ def stage_file(model: str | os.PathLike, stage: StageRange,
                 reader = open_model(model)
                 write_stage(reader, model_info(reader, model), stage, dst)
         return dst
-    except PermissionError as err:
-        raise ModelError(f"stage cache {out} is not writable ({err.strerror}); "
+    except OSError as err:
+        raise ModelError(f"stage cache {out} is not writable ({err.strerror or err}); "
                          "set PIPEINFER_CACHE to a writable directory") from None

@@ -140,13 +140,27 @@ def make_header(kind: TxType, run_id: int = -1, n_tokens: int = 0, n_items: int 
     return np.array([kind, run_id, n_tokens, n_items, flags, 0], dtype=np.int64)
 
 
+class ResultFlag(enum.IntFlag):
+    NONE = 0
+    SKIPPED = 1     # cancelled along the pipeline: no payload
+    ARGMAX = 2      # greedy sampling: the payload is each row's argmax, not its logits
+
+
 @dataclass(frozen=True)
 class RunResult:
-    """What comes back to the head for one run: logits for its output rows, or nothing if the
-    run was cancelled somewhere along the pipeline."""
+    """What comes back to the head for one run: logits for its output rows (or, under greedy
+    sampling, just each row's argmax: 4 bytes instead of 4 x n_vocab), or nothing if the run
+    was cancelled somewhere along the pipeline."""
     run_id: int
     logits: np.ndarray | None
+    argmax: np.ndarray | None = None
 
     @property
     def cancelled(self) -> bool:
-        return self.logits is None
+        return self.logits is None and self.argmax is None
+
+    def token(self, row: int, sampler) -> int:
+        """The token the sampler picks from output row `row`."""
+        if self.argmax is not None:
+            return int(self.argmax[row])
+        return sampler.sample(self.logits[row])

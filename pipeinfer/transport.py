@@ -21,6 +21,7 @@ class Transport(Protocol):
     def send_kv(self, ops: list[KvOp]) -> None: ...
     def send_cancel(self, run_ids: list[int]) -> None: ...
     def poll_result(self) -> RunResult | None: ...
+    def result_waiting(self) -> bool: ...
     def shutdown(self) -> list[dict]: ...
 
 
@@ -61,6 +62,9 @@ class LocalTransport:
 
     def send_cancel(self, run_ids: list[int]) -> None:
         self._cancelled.update(run_ids)
+
+    def result_waiting(self) -> bool:
+        return bool(self._results) or len(self._queue) > self.delay
 
     def poll_result(self) -> RunResult | None:
         if not self._results:

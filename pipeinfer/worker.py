@@ -14,6 +14,7 @@ import time
 import numpy as np
 
 from .backoff import Backoff
+from .metrics import rss_mb
 from .mpi_transport import WorkerLink
 from .stage import Stage, StageAborted
 from .transaction import DecodeFlag, DecodeTx, Tag, TxType, decode_kv_ops
@@ -50,9 +51,13 @@ class IdleBackoff(Backoff):
         super().wait()
 
 
+RSS_EVERY = 64  # record the resident size every this many computed decodes
+
+
 class Worker:
-    def __init__(self, link: WorkerLink, stage: Stage):
+    def __init__(self, link: WorkerLink, stage: Stage, argmax_only: bool = False):
         self.link, self.stage = link, stage
+        self.argmax_only = argmax_only  # greedy sampling: return argmaxes, not logits
         self.is_last = link.next is None
         self._cancelled: set[int] = set()
         self._done_through = -1          # highest run id already processed here
@@ -62,7 +67,7 @@ class Worker:
         self._computing = threading.Event()  # wakes the cancel watcher when a decode starts
         self._cancel_lock = threading.Lock()  # one thread at a time receives cancellations
         self.stats = {"rank": link.rank, "computed": 0, "skipped": 0, "aborted": 0,
-                      "busy_s": 0.0, "kv_ops": 0}
+                      "busy_s": 0.0, "kv_ops": 0, "rss_trace_mb": []}
 
     # --- main loop --------------------------------------------------------------------------
     def run(self) -> dict:
@@ -111,7 +116,7 @@ class Worker:
         else:
             out = self._compute(tx, x)
         if self.is_last:
-            self.link.send_result(tx.run_id, out)
+            self.link.send_result(tx.run_id, out, self.argmax_only)
         elif out is None:
             self.link.forward(tx.header(skipped=True, meta_len=len(meta)), (meta, Tag.DECODE_META))
         else:
@@ -128,6 +133,8 @@ class Worker:
             out = self.stage.decode(tx.positions, tx.seq_ids, embd=x, logit_rows=tx.logit_rows,
                                     run_id=tx.run_id)
             self.stats["computed"] += 1
+            if self.stats["computed"] % RSS_EVERY == 0:
+                self.stats["rss_trace_mb"].append(round(rss_mb(), 1))
             return out
         except StageAborted:
             self.stats["aborted"] += 1

@@ -9,11 +9,10 @@ from ..transaction import DecodeTx
 
 
 def run(pipe: Pipeline, gen: Generation, sampler: Sampler, cfg, drafter=None, pool=None) -> None:
-    logits = prefill(pipe, gen, cfg.n_batch)
-    gen.accept([sampler.sample(logits)])
+    gen.accept([prefill(pipe, gen, cfg.n_batch).token(-1, sampler)])
     while not gen.done:
         pos = gen.n_past - 1  # the newest token has not been evaluated yet
         tx = DecodeTx(gen.next_run_id(), (pos,), ((CANONICAL_SEQ,),), (True,))
         pipe.decode(tx, [gen.tokens[-1]])
         gen.counters.runs_started += 1
-        gen.accept([sampler.sample(pipe.wait().logits[0])])
+        gen.accept([pipe.wait().token(0, sampler)])

@@ -22,7 +22,7 @@ def run(pipe, gen, sampler, cfg, drafter, pool) -> None:
     opts = cfg.spec
     spec = Speculation(pipe, gen, sampler, pool, cfg.kv_size, cancel=opts.cancel)
     warm = lambda: drafter.prepare(gen.request.prompt)
-    gen.accept([sampler.sample(prefill(pipe, gen, cfg.n_batch, idle=warm))])
+    gen.accept([prefill(pipe, gen, cfg.n_batch, idle=warm).token(-1, sampler)])
     spec.c0 = spec.pending
     if gen.done:
         return
@@ -49,7 +49,10 @@ def run(pipe, gen, sampler, cfg, drafter, pool) -> None:
             # keep one cell for the non-speculative run a rejection may need
             budget = min(params.max_tokens, cfg.n_ctx - len(context), spec.kv_free - 1)
             if attempt != failed_at and budget > 0:
-                branches, _ = drafter.draft(context, params, cutoff, max_tokens=budget)
+                branches, _ = drafter.draft(context, params, cutoff, max_tokens=budget,
+                                            should_stop=pipe.result_waiting)
+                if pipe.result_waiting():
+                    continue  # absorb it first; the draft so far stays cached
                 if branches:
                     spec.start_speculative(context, branches, source, pool.take())
                     p_adjust += opts.p_recovery

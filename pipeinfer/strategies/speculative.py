@@ -12,7 +12,7 @@ from ..speculation import Speculation
 def run(pipe, gen, sampler, cfg, drafter, pool) -> None:
     spec = Speculation(pipe, gen, sampler, pool, cfg.kv_size)
     warm = lambda: drafter.prepare(gen.request.prompt)
-    gen.accept([sampler.sample(prefill(pipe, gen, cfg.n_batch, idle=warm))])
+    gen.accept([prefill(pipe, gen, cfg.n_batch, idle=warm).token(-1, sampler)])
     spec.c0 = spec.pending
     params = DraftParams(cfg.spec.draft, cfg.spec.p_split, cfg.spec.n_parallel)
     while not gen.done:
