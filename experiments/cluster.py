@@ -163,7 +163,11 @@ def rank_shim(args: argparse.Namespace) -> None:
     command = args.command
     if args.netns:
         command = ["nsenter", f"--net=/run/netns/{args.netns}r{rank}", "--"] + command
-    os.execvp(command[0], command)
+    try:
+        os.execvp(command[0], command)
+    except OSError as err:
+        print(f"cluster: rank {rank}: cannot run {command[0]}: {err.strerror}", file=sys.stderr)
+        sys.exit(127)
 
 
 # --- the launcher ----------------------------------------------------------------------------
@@ -176,6 +180,9 @@ def parse_cpus(args: argparse.Namespace) -> list[float]:
         cpus = [args.cpu] * args.nodes
     if any(c <= 0 for c in cpus):
         raise ClusterError("CPU quotas must be positive")
+    if any(c * args.period_us < 1000 for c in cpus):
+        raise ClusterError(f"a quota of {min(cpus)} cores is under the kernel's minimum of 1 ms "
+                           f"per {args.period_us} us period; raise --period-us")
     return cpus
 
 
@@ -229,8 +236,8 @@ def main(argv: list[str] | None = None) -> int:
         shim.add_argument("--netns")
         shim.add_argument("command", nargs=argparse.REMAINDER)
         args = shim.parse_args(argv[1:])
-        args.command = [c for c in args.command if c != "--"] if args.command[:1] == ["--"] \
-            else args.command
+        if args.command[:1] == ["--"]:
+            args.command = args.command[1:]
         rank_shim(args)
         return 1  # exec failed
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],

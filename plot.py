@@ -1,0 +1,360 @@
+#!/usr/bin/env python3
+"""Turn a pipeinfer results CSV into PNG charts (PipeInfer paper, Figs. 4-8).
+
+    python plot.py results.csv --out figures/ [--show]
+
+Writes speed.png (generation speed), ttft.png (time to first token), itl.png (inter-token
+latency): grouped bars, one panel per model pair and prompt, the cluster settings along the x
+axis and one bar per strategy, the mean over repeated runs with the standard deviation as the
+error bar. ablation.png when the CSV holds PipeInfer ablation variants (paper Fig. 8), and
+acceptance.png when it holds acceptance rates. Rows are grouped by the `label` column that
+experiments/run_experiments.py writes ("pair=..;prompt=..;setting=..;variant=.."); rows without
+such a label are grouped by target/draft, rank count and strategy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import math
+import statistics
+import sys
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+
+BASE = ("iterative", "speculative", "pipeinfer")
+COLORS = {"iterative": "#4c72b0", "speculative": "#dd8452", "pipeinfer": "#55a868"}
+EXTRA_COLORS = ["#c44e52", "#8172b3", "#937860", "#da8bc3", "#8c8c8c", "#ccb974", "#64b5cd"]
+REQUIRED = ("strategy", "speed_tps", "ttft_s", "itl_s")
+
+
+class PlotError(Exception):
+    pass
+
+
+@dataclass
+class Row:
+    pair: str
+    prompt: str
+    setting: str
+    variant: str
+    strategy: str
+    values: dict[str, float | None]
+
+
+@dataclass
+class Metric:
+    column: str
+    title: str
+    unit: str
+    scale: float = 1.0
+    higher_is_better: bool = True
+
+
+METRICS = {
+    "speed": Metric("speed_tps", "Generation speed", "tokens/s"),
+    "ttft": Metric("ttft_s", "Time to first token (TTFT)", "ms", 1000.0, False),
+    "itl": Metric("itl_s", "Inter-token latency (ITL)", "ms", 1000.0, False),
+    "acceptance": Metric("accept_rate", "Draft acceptance rate", "%", 100.0),
+}
+
+
+def parse_label(label: str) -> dict[str, str]:
+    """"a=1;b=2" -> {"a": "1", "b": "2"}; pieces without '=' are ignored."""
+    out = {}
+    for piece in (label or "").split(";"):
+        key, sep, value = piece.partition("=")
+        if sep and key.strip():
+            out[key.strip()] = value.strip()
+    return out
+
+
+def _float(text: str | None) -> float | None:
+    try:
+        value = float(text)
+    except (TypeError, ValueError):
+        return None
+    return value if math.isfinite(value) else None
+
+
+def read_rows(path: Path) -> list[Row]:
+    if not path.exists():
+        raise PlotError(f"results file {path} does not exist (run "
+                        "experiments/run_experiments.py CONFIG --out FILE first)")
+    if path.is_dir():
+        raise PlotError(f"{path} is a directory, not a results CSV")
+    with open(path, newline="") as handle:
+        reader = csv.DictReader(handle)
+        if not reader.fieldnames:
+            raise PlotError(f"results file {path} is empty")
+        missing = [c for c in REQUIRED if c not in reader.fieldnames]
+        if missing:
+            raise PlotError(f"{path} is not a pipeinfer results CSV (no column(s) "
+                            f"{', '.join(missing)})")
+        raw = list(reader)
+    if not raw:
+        raise PlotError(f"results file {path} has a header but no result rows")
+    rows = []
+    for r in raw:
+        label = parse_label(r.get("label", ""))
+        strategy = r.get("strategy") or "?"
+        target, draft = r.get("target") or "?", r.get("draft") or ""
+        pair = label.get("pair") or (f"{target}+{draft}" if draft else target)
+        setting = label.get("setting") or f"{r.get('ranks') or '?'} ranks"
+        rows.append(Row(pair=pair, prompt=label.get("prompt", ""), setting=setting,
+                        variant=label.get("variant") or strategy, strategy=strategy,
+                        values={m.column: _float(r.get(m.column)) for m in METRICS.values()}))
+    return rows
+
+
+def ordered(values) -> list[str]:
+    """First-seen order (the order the experiments ran in)."""
+    return list(dict.fromkeys(values))
+
+
+def variant_order(variants) -> list[str]:
+    variants = ordered(variants)
+    return [v for v in BASE if v in variants] + [v for v in variants if v not in BASE]
+
+
+def colors_for(variants: list[str]) -> dict[str, str]:
+    out, extra = {}, iter(EXTRA_COLORS * 4)
+    for v in variants:
+        out[v] = COLORS.get(v) or next(extra)
+    return out
+
+
+def aggregate(rows: list[Row], column: str):
+    """(panel, setting, variant) -> (mean, std, n) over the rows with a value."""
+    groups: dict[tuple, list[float]] = defaultdict(list)
+    for row in rows:
+        value = row.values[column]
+        if value is not None:
+            groups[(row.pair, row.prompt), row.setting, row.variant].append(value)
+    return {k: (statistics.fmean(v), statistics.stdev(v) if len(v) > 1 else 0.0, len(v))
+            for k, v in groups.items()}
+
+
+def panel_title(panel: tuple[str, str]) -> str:
+    pair, prompt = panel
+    return f"{pair} — prompt: {prompt}" if prompt else pair
+
+
+def value_labels(ax, pos, means, stds) -> None:
+    """The mean above each bar's error bar."""
+    digits = 0 if max(means) >= 100 else 1 if max(means) >= 10 else 2
+    for x, m, s in zip(pos, means, stds):
+        ax.annotate(f"{m:.{digits}f}", (x, m + s), xytext=(0, 2), textcoords="offset points",
+                    ha="center", va="bottom", fontsize=7, color="#333333")
+
+
+def bar_chart(plt, rows: list[Row], metric: Metric, variants: list[str], path: Path,
+              title: str, x_of=lambda row: row.setting, panel_of=None,
+              x_title: str = "cluster setting") -> bool:
+    """Grouped bars: one panel per (pair, prompt); x groups = settings; bars = variants."""
+    rows = [r for r in rows if r.variant in variants and r.values[metric.column] is not None]
+    if not rows:
+        return False
+    if panel_of is None:
+        panel_of = lambda row: (row.pair, row.prompt)  # noqa: E731
+    panels = ordered(panel_of(r) for r in rows)
+    groups: dict[tuple, list[float]] = defaultdict(list)
+    for r in rows:
+        groups[panel_of(r), x_of(r), r.variant].append(r.values[metric.column] * metric.scale)
+    variants = [v for v in variants if any(r.variant == v for r in rows)]
+    colors = colors_for(variants)
+    n_x_max = max(len(ordered(x_of(r) for r in rows if panel_of(r) == p)) for p in panels)
+    ncols = 1 if n_x_max > 4 or len(panels) == 1 else min(2, len(panels))
+    nrows = math.ceil(len(panels) / ncols)
+    width_in = max(7.0, min(22.0, 1.2 + n_x_max * (0.35 * len(variants) + 0.5))) \
+        if ncols == 1 else 13.0
+    fig, axes = plt.subplots(nrows, ncols, figsize=(width_in, 3.9 * nrows + 0.9),
+                             squeeze=False)
+    bar_w = 0.8 / len(variants)
+    many = n_x_max * len(variants) > 36
+    for index, panel in enumerate(panels):
+        ax = axes[index // ncols][index % ncols]
+        xs = ordered(x_of(r) for r in rows if panel_of(r) == panel)
+        top = 0.0
+        for j, variant in enumerate(variants):
+            means, stds, pos = [], [], []
+            for i, x in enumerate(xs):
+                values = groups.get((panel, x, variant))
+                if not values:
+                    continue
+                means.append(statistics.fmean(values))
+                stds.append(statistics.stdev(values) if len(values) > 1 else 0.0)
+                pos.append(i + (j - (len(variants) - 1) / 2) * bar_w)
+            if not pos:
+                continue
+            ax.bar(pos, means, bar_w * 0.92, yerr=stds, capsize=3 if not many else 1.5,
+                          color=colors[variant], label=variant, edgecolor="white",
+                          linewidth=0.5, error_kw={"elinewidth": 1, "ecolor": "#333333"})
+            top = max(top, max(m + s for m, s in zip(means, stds)))
+            if not many:
+                value_labels(ax, pos, means, stds)
+        ax.set_xticks(range(len(xs)))
+        ax.set_xticklabels(xs, rotation=30 if len(xs) > 4 or max(map(len, xs)) > 12 else 0,
+                           ha="right" if len(xs) > 4 or max(map(len, xs)) > 12 else "center",
+                           fontsize=9)
+        ax.set_ylabel(f"{metric.title.split(' (')[0]} ({metric.unit})", fontsize=9)
+        ax.set_xlabel(x_title, fontsize=9)
+        ax.set_title(panel_title(panel), fontsize=10)
+        ax.set_ylim(0, top * 1.15 if top > 0 else 1)
+        ax.grid(axis="y", alpha=0.3)
+        ax.set_axisbelow(True)
+        ax.tick_params(axis="y", labelsize=8)
+    for index in range(len(panels), nrows * ncols):
+        axes[index // ncols][index % ncols].set_visible(False)
+    n_runs = max(len(v) for v in groups.values())
+    better = "higher is better" if metric.higher_is_better else "lower is better"
+    fig.suptitle(f"{title} ({metric.unit}, {better}); mean ± std over "
+                 f"{'up to ' if min(len(v) for v in groups.values()) != n_runs else ''}"
+                 f"{n_runs} run(s)", fontsize=11)
+    seen: dict = {}
+    for ax in axes.flat:
+        handles, labels = ax.get_legend_handles_labels()
+        for handle, label in zip(handles, labels):
+            seen.setdefault(label, handle)
+    fig.legend([seen[v] for v in variants if v in seen], [v for v in variants if v in seen],
+               loc="upper center", ncol=min(len(variants), 5), fontsize=9, frameon=False,
+               bbox_to_anchor=(0.5, 1 - 0.45 / fig.get_figheight()))
+    fig.tight_layout(rect=(0, 0, 1, 1 - 0.75 / fig.get_figheight()))
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def ablation_chart(plt, rows: list[Row], variants: list[str], path: Path) -> bool:
+    """Paper Fig. 8: speed and ITL of PipeInfer and its ablation variants, per configuration."""
+    rows = [r for r in rows if r.variant in variants]
+    if not rows:
+        return False
+    configs = ordered((r.pair, r.prompt, r.setting) for r in rows)
+    names = [" / ".join(x for x in c if x) for c in configs]
+    colors = colors_for(variants)
+    width_in = max(8.0, min(22.0, 2.0 + len(configs) * (0.45 * len(variants) + 0.6)))
+    fig, axes = plt.subplots(1, 2, figsize=(width_in, 4.8), squeeze=False)
+    bar_w = 0.8 / len(variants)
+    for ax, key in zip(axes[0], ("speed", "itl")):
+        metric = METRICS[key]
+        top = 0.0
+        for j, variant in enumerate(variants):
+            means, stds, pos = [], [], []
+            for i, config in enumerate(configs):
+                values = [r.values[metric.column] * metric.scale for r in rows
+                          if (r.pair, r.prompt, r.setting) == config and r.variant == variant
+                          and r.values[metric.column] is not None]
+                if values:
+                    means.append(statistics.fmean(values))
+                    stds.append(statistics.stdev(values) if len(values) > 1 else 0.0)
+                    pos.append(i + (j - (len(variants) - 1) / 2) * bar_w)
+            if pos:
+                ax.bar(pos, means, bar_w * 0.92, yerr=stds, capsize=3,
+                              color=colors[variant], label=variant, edgecolor="white",
+                              error_kw={"elinewidth": 1, "ecolor": "#333333"})
+                value_labels(ax, pos, means, stds)
+                top = max(top, max(m + s for m, s in zip(means, stds)))
+        ax.set_xticks(range(len(configs)))
+        rotate = len(configs) > 3 or max(map(len, names)) > 20
+        ax.set_xticklabels(names, rotation=25 if rotate else 0, ha="right" if rotate else "center",
+                           fontsize=8)
+        better = "higher is better" if metric.higher_is_better else "lower is better"
+        ax.set_title(f"{metric.title} ({better})", fontsize=10)
+        ax.set_ylabel(f"{metric.title.split(' (')[0]} ({metric.unit})", fontsize=9)
+        ax.set_ylim(0, top * 1.18 if top > 0 else 1)
+        ax.grid(axis="y", alpha=0.3)
+        ax.set_axisbelow(True)
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.suptitle("PipeInfer ablations (mean ± std over repeated runs)", fontsize=11)
+    fig.legend(handles, labels, loc="upper center", ncol=min(len(labels), 4), fontsize=9,
+               frameon=False, bbox_to_anchor=(0.5, 1 - 0.45 / fig.get_figheight()))
+    fig.tight_layout(rect=(0, 0, 1, 1 - 0.75 / fig.get_figheight()))
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def summary(rows: list[Row]) -> str:
+    lines = [f"{'pair':<18} {'prompt':<10} {'setting':<16} {'variant':<24} {'n':>3} "
+             f"{'speed t/s':>11} {'TTFT ms':>9} {'ITL ms':>8} {'accept':>7}"]
+    keys = ordered((r.pair, r.prompt, r.setting) for r in rows)
+    variants = variant_order(r.variant for r in rows)
+    for key in keys:
+        for variant in variants:
+            group = [r for r in rows if (r.pair, r.prompt, r.setting) == key
+                     and r.variant == variant]
+            if not group:
+                continue
+
+            def mean(column, scale=1.0, digits=2):
+                values = [r.values[column] for r in group if r.values[column] is not None]
+                return f"{statistics.fmean(values) * scale:.{digits}f}" if values else "-"
+            lines.append(f"{key[0]:<18} {key[1] or '-':<10} {key[2]:<16} {variant:<24} "
+                         f"{len(group):>3} {mean('speed_tps'):>11} "
+                         f"{mean('ttft_s', 1000, 1):>9} {mean('itl_s', 1000, 1):>8} "
+                         f"{mean('accept_rate'):>7}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("csv", help="results CSV written by pipeinfer run --csv")
+    parser.add_argument("--out", default="figures", help="directory for the PNG files")
+    parser.add_argument("--show", action="store_true", help="also open the charts in a window")
+    args = parser.parse_args(argv)
+
+    try:
+        rows = read_rows(Path(args.csv))
+    except (PlotError, OSError, csv.Error) as err:
+        print(f"plot.py: error: {err}", file=sys.stderr)
+        return 2
+
+    import matplotlib
+    if not args.show:
+        matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    variants = variant_order(r.variant for r in rows)
+    base = [v for v in variants if v in BASE]
+    ablations = [v for v in variants if v not in BASE]
+    main_variants = base or variants
+    written = []
+    for key in ("speed", "ttft", "itl"):
+        metric = METRICS[key]
+        path = out / f"{key}.png"
+        if not bar_chart(plt, rows, metric, main_variants, path, metric.title):
+            # no value at all for the metric: still write the chart, saying so
+            fig, ax = plt.subplots(figsize=(6, 2))
+            ax.axis("off")
+            ax.text(0.5, 0.5, f"{metric.title}: no values in {args.csv}", ha="center",
+                    va="center")
+            fig.savefig(path, dpi=110)
+            plt.close(fig)
+        written.append(path)
+    if ablations:
+        abl = (["pipeinfer"] if "pipeinfer" in variants else []) + ablations
+        if ablation_chart(plt, rows, abl, out / "ablation.png"):
+            written.append(out / "ablation.png")
+    speculating = [v for v in variants
+                   if any(r.variant == v and r.values["accept_rate"] is not None for r in rows)]
+    if speculating and bar_chart(plt, rows, METRICS["acceptance"], speculating,
+                                 out / "acceptance.png", METRICS["acceptance"].title):
+        written.append(out / "acceptance.png")
+
+    print(summary(rows))
+    for path in written:
+        print(f"wrote {path}")
+    if args.show:
+        for path in written:
+            fig = plt.figure(figsize=(10, 6))
+            fig.figimage(plt.imread(path))
+        plt.show()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,212 @@
+"""The experiment runner (experiments/run_experiments.py) and the charts (plot.py), end to end:
+the smoke config through the real mpiexec on the tiny models, then plot.py on its CSV."""
+
+from __future__ import annotations
+
+import csv
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from mpi_util import PYTHON, launch
+
+ROOT = Path(__file__).resolve().parents[1]
+RUNNER = ROOT / "experiments" / "run_experiments.py"
+PLOT = ROOT / "plot.py"
+CONFIGS = ROOT / "experiments" / "configs"
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+SMOKE_VARIANTS = ["iterative", "speculative", "pipeinfer", "pipeinfer-nocancel",
+                  "pipeinfer-nocontinuous"]
+SMOKE_PROMPTS = ["chat", "plain"]
+
+
+def read_csv(path: Path) -> list[dict]:
+    with open(path, newline="") as handle:
+        return list(csv.DictReader(handle))
+
+
+def label(row: dict) -> dict:
+    return dict(piece.split("=", 1) for piece in row["label"].split(";"))
+
+
+@pytest.fixture(scope="module")
+def smoke(tmp_path_factory, tiny_model, tiny_draft_aligned):
+    out = tmp_path_factory.mktemp("smoke") / "smoke.csv"
+    result = launch([PYTHON, RUNNER, CONFIGS / "smoke.toml", "--out", out,
+                     "--set", f"target={tiny_model}", "--set", f"draft={tiny_draft_aligned}"],
+                    timeout=600)
+    return result, out
+
+
+def test_smoke_config_runs_end_to_end(smoke):
+    result, out = smoke
+    assert result.rc == 0, result.describe()
+    rows = read_csv(out)
+    n_runs = len(SMOKE_VARIANTS) * len(SMOKE_PROMPTS)
+    assert len(rows) == n_runs
+    # the paper's order: every prompt runs iterative -> speculative -> pipeinfer -> ablations
+    got = [(label(r)["prompt"], label(r)["variant"]) for r in rows]
+    assert got == [(p, v) for p in SMOKE_PROMPTS for v in SMOKE_VARIANTS]
+    for row in rows:
+        lab = label(row)
+        assert lab["pair"] == "tiny" and lab["setting"] == "2n"
+        assert row["strategy"] == ("pipeinfer" if lab["variant"].startswith("pipeinfer")
+                                   else lab["variant"])
+        assert row["ranks"] == "2"
+        assert row["n_generated"] == "16"  # --ignore-eos, n_predict = 16
+        assert float(row["speed_tps"]) > 0 and float(row["itl_s"]) > 0
+        assert row["target"] == Path(row["target"]).name  # as pipeinfer writes it
+        if row["strategy"] == "iterative":
+            assert row["draft"] == "" and row["accept_rate"] == ""
+        else:
+            assert row["draft"] and 0 <= float(row["accept_rate"]) <= 1
+    # one progress line per run, with its speed
+    progress = [line for line in result.stdout.splitlines() if line.startswith("[")]
+    assert len(progress) == n_runs
+    assert all(" t/s" in line for line in progress), result.stdout
+    assert f"{n_runs} of {n_runs} run(s) succeeded" in result.stdout
+
+
+def test_plot_writes_pngs_from_smoke_csv(smoke, tmp_path):
+    result, csv_path = smoke
+    assert result.rc == 0, result.describe()
+    out = tmp_path / "figures"
+    plot = launch([PYTHON, PLOT, csv_path, "--out", out], timeout=120)
+    assert plot.rc == 0, plot.describe()
+    for name in ("speed", "ttft", "itl", "ablation", "acceptance"):
+        png = out / f"{name}.png"
+        assert png.is_file(), f"{name}.png missing; {plot.describe()}"
+        data = png.read_bytes()
+        assert len(data) > 1000 and data.startswith(PNG_SIGNATURE)
+    assert "pipeinfer-nocancel" in plot.stdout  # the summary table
+
+
+def test_plot_without_ablation_or_acceptance(tmp_path, smoke):
+    """Only iterative rows: the three main charts, no ablation.png / acceptance.png."""
+    _, csv_path = smoke
+    rows = [r for r in read_csv(csv_path) if r["strategy"] == "iterative"]
+    only = tmp_path / "iterative.csv"
+    with open(only, "w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    result = launch([PYTHON, PLOT, only, "--out", tmp_path / "fig"], timeout=120)
+    assert result.rc == 0, result.describe()
+    assert sorted(p.name for p in (tmp_path / "fig").iterdir()) == \
+        ["itl.png", "speed.png", "ttft.png"]
+
+
+def test_plot_missing_csv_is_a_clear_error(tmp_path):
+    result = launch([PYTHON, PLOT, tmp_path / "nope.csv", "--out", tmp_path / "fig"])
+    assert result.rc == 2
+    assert "plot.py: error:" in result.stderr and "does not exist" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert not (tmp_path / "fig").exists()
+
+
+@pytest.mark.parametrize("content, message", [
+    ("", "is empty"),
+    ("time,strategy,target,draft,ranks,speed_tps,itl_s,ttft_s,accept_rate,label\n",
+     "no result rows"),
+    ("a,b,c\n1,2,3\n", "not a pipeinfer results CSV"),
+])
+def test_plot_empty_or_foreign_csv_is_a_clear_error(tmp_path, content, message):
+    path = tmp_path / "results.csv"
+    path.write_text(content)
+    result = launch([PYTHON, PLOT, path, "--out", tmp_path / "fig"])
+    assert result.rc == 2, result.describe()
+    assert message in result.stderr and "Traceback" not in result.stderr
+
+
+def test_failed_run_is_reported_and_the_rest_still_run(tmp_path, tiny_model, tiny_draft_aligned):
+    """A pair whose target does not exist fails; the good pair still runs; exit status 1.
+    Also covers a prompt read from a file."""
+    (tmp_path / "prompt.txt").write_text("Once upon a time")
+    config = tmp_path / "mixed.toml"
+    config.write_text(textwrap.dedent(f"""
+        n_predict = 4
+        timeout = 120
+        extra = ["--ignore-eos"]
+        strategies = ["iterative"]
+        [[pairs]]
+        name = "broken"
+        target = "{tmp_path / 'missing.gguf'}"
+        [[pairs]]
+        name = "good"
+        target = "{tiny_model}"
+        [[prompts]]
+        name = "file"
+        file = "prompt.txt"
+        [[settings]]
+        ranks = 2
+        """))
+    out = tmp_path / "out.csv"
+    result = launch([PYTHON, RUNNER, config, "--out", out], timeout=300)
+    assert result.rc == 1, result.describe()
+    assert "FAILED" in result.stdout and "pair=broken" in result.stdout
+    assert "1 run(s) failed" in result.stderr and "pair=broken" in result.stderr
+    rows = read_csv(out)
+    assert [label(r)["pair"] for r in rows] == ["good"]
+    assert rows[0]["n_generated"] == "4"
+
+
+def test_dry_run_prints_commands_and_runs_nothing(tmp_path):
+    out = tmp_path / "never.csv"
+    result = launch([PYTHON, RUNNER, CONFIGS / "paper.toml", "--dry-run", "--out", out,
+                     "--repeats", "2"])
+    assert result.rc == 0, result.describe()
+    lines = result.stdout.splitlines()
+    commands = [line for line in lines if not line.startswith("#")]
+    # 2 repeats x 1 pair x 3 prompts x (3 node counts x 3 links + heterogeneous) x 3 strategies
+    assert len(commands) == 2 * 3 * 10 * 3
+    assert all("cluster.py" in c for c in commands)  # every paper setting has quotas
+    assert any("--nodes 8 --cpu 0.25 --link slow" in c for c in commands)
+    assert any("--cpus 0.6,0.6,0.6,0.2 --link gigabit" in c for c in commands)
+    assert all("-n 512" in c and "--ignore-eos" in c for c in commands)
+    code = [c for c in commands if "prompt=code" in c]
+    assert code and all("--chat" in c for c in code)
+    assert not any("--chat" in c for c in commands if "prompt=excerpt" in c)
+    assert not out.exists()
+
+
+def test_dry_run_smoke_plain_mpiexec_and_ablation_flags():
+    result = launch([PYTHON, RUNNER, CONFIGS / "smoke.toml", "--dry-run",
+                     "--set", "target=/m/t.gguf", "--set", "draft=/m/d.gguf"])
+    assert result.rc == 0, result.describe()
+    commands = [line for line in result.stdout.splitlines() if not line.startswith("#")]
+    assert len(commands) == 10
+    assert all("mpiexec -n 2 " in c and "cluster.py" not in c for c in commands)
+    assert all("-m /m/t.gguf" in c for c in commands)
+    assert sum("--no-cancel" in c for c in commands) == 2
+    assert sum("--no-continuous" in c for c in commands) == 2
+    ablation = launch([PYTHON, RUNNER, CONFIGS / "ablation.toml", "--dry-run"])
+    assert ablation.rc == 0, ablation.describe()
+    labels = [line for line in ablation.stdout.splitlines() if line.startswith("#")]
+    assert len(labels) == 2 * 3  # two prompts x three variants on 8 nodes
+    assert all("setting=8n-gigabit" in line for line in labels)
+
+
+@pytest.mark.parametrize("body, message", [
+    ('strategies = ["turbo"]', "unknown strategy 'turbo'"),
+    ('n_predict = 4', "needs at least one [[pairs]]"),
+])
+def test_bad_config_is_a_clear_error(tmp_path, body, message):
+    config = tmp_path / "bad.toml"
+    config.write_text(body + '\n[[prompts]]\ntext = "x"\n[[settings]]\nranks = 1\n' +
+                      ('[[pairs]]\ntarget = "t"\ndraft = "d"\n' if "pairs" not in message
+                       else ""))
+    result = launch([PYTHON, RUNNER, config, "--dry-run"])
+    assert result.rc == 2
+    assert message in result.stderr and "Traceback" not in result.stderr
+
+
+def test_missing_model_variable_is_a_clear_error(tmp_path):
+    config = tmp_path / "env.toml"
+    config.write_text('strategies = ["iterative"]\n'
+                      '[[pairs]]\ntarget = "${PIPEINFER_TEST_UNSET_VAR}"\n'
+                      '[[prompts]]\ntext = "x"\n[[settings]]\nranks = 1\n')
+    result = launch([PYTHON, RUNNER, config, "--dry-run"],
+                    env={"PIPEINFER_TEST_UNSET_VAR": ""})
+    assert result.rc == 2
+    assert "PIPEINFER_TEST_UNSET_VAR" in result.stderr and "--set target=" in result.stderr
