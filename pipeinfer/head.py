@@ -11,7 +11,7 @@ from collections import deque
 from typing import Callable, Sequence
 
 from .embedding import Embedder
-from .backoff import Backoff
+from .backoff import IdleBackoff
 from .stage import Stage
 from .transaction import DecodeTx, KvOp, RunResult
 from .transport import Transport, apply_kv
@@ -72,8 +72,9 @@ class Pipeline:
         return result
 
     def wait(self, idle: Callable[[], None] | None = None) -> RunResult:
-        """Block (politely) for the next result; `idle` is called while waiting, if given."""
-        backoff = Backoff()
+        """Block (politely: the sleep between polls grows with the time waited) for the next
+        result; `idle` is called while waiting, if given."""
+        backoff = IdleBackoff()
         while (result := self.poll()) is None:
             if idle is not None:
                 idle()
