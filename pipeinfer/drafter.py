@@ -66,9 +66,10 @@ class Drafter:
               max_tokens: int | None = None, should_stop: Callable[[], bool] | None = None
               ) -> tuple[list[list[int]], list[float]]:
         """Branches continuing `context` (branch 0 first) and the draft probability of each
-        token of branch 0. Empty when the draft's first guess is under `cutoff`, or when
-        `should_stop` (asked after every draft step) said to give up: the tokens drafted so
-        far stay cached, so drafting the same continuation again costs nothing for them."""
+        token of branch 0. Empty when the draft's first guess is under `cutoff`. When
+        `should_stop` (asked after every draft step) says so, drafting ends early with the
+        tree drafted so far: a micro-batch that is ready goes out rather than wait (paper
+        IV-B: speculation runs whenever the head would otherwise idle)."""
         limit = params.max_tokens if max_tokens is None else max_tokens
         if limit <= 0:
             return [], []
@@ -77,6 +78,7 @@ class Drafter:
         active = [True]
         main_probs: list[float] = []
         base = len(context)
+        last_evaluated = True  # branch 0's last token has been evaluated (logits[0] follows it)
         for depth in range(limit):
             grown = []
             for b in range(len(branches)):
@@ -99,20 +101,19 @@ class Drafter:
                 branches[b].append(int(first))
                 if b == 0:
                     main_probs.append(float(probs[first]))
+                    last_evaluated = False
                 grown.append(b)
-            if not grown:
+            if not grown or depth + 1 == limit:
                 break
-            if depth + 1 < limit:
-                if should_stop is not None and should_stop():
-                    self._finish(context, branches, None)
-                    return [], []
-                grown.sort()
-                out = self.stage.decode([base + depth] * len(grown), [(b,) for b in grown],
-                                        tokens=[branches[b][-1] for b in grown])
-                for row, b in enumerate(grown):
-                    logits[b] = out[row]
-        # Branch 0's last token was evaluated unless it reached the depth limit.
-        self._finish(context, branches, logits[0] if len(branches[0]) < limit else None)
+            if should_stop is not None and should_stop():
+                break
+            grown.sort()
+            out = self.stage.decode([base + depth] * len(grown), [(b,) for b in grown],
+                                    tokens=[branches[b][-1] for b in grown])
+            for row, b in enumerate(grown):
+                logits[b] = out[row]
+            last_evaluated = last_evaluated or 0 in grown
+        self._finish(context, branches, logits[0] if last_evaluated else None)
         return [br for br in branches if br], main_probs
 
     def _finish(self, context: Sequence[int], branches: list[list[int]],

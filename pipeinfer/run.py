@@ -104,3 +104,24 @@ def tree_from_branches(branches: Sequence[Sequence[int]], seqs: Sequence[int]) -
         nodes.append(Node(prefix[-1], parent, len(prefix) - 1, tuple(members[prefix])))
     main = [index[tuple(branches[0][:d + 1])] for d in range(len(branches[0]))] if branches else []
     return nodes, main
+
+
+def trim_branches(branches: Sequence[Sequence[int]], max_nodes: int) -> list[list[int]]:
+    """The draft tree cut to at most `max_nodes` distinct nodes (KV cells): branches are kept
+    in order (branch 0, the greedy path, first), the first that does not fit is shortened,
+    and branches adding no node of their own are dropped."""
+    seen: set[tuple[int, ...]] = set()
+    kept: list[list[int]] = []
+    for branch in branches:
+        cut, added = [], False
+        for d in range(len(branch)):
+            prefix = tuple(branch[:d + 1])
+            if prefix not in seen:
+                if len(seen) >= max_nodes:
+                    break
+                seen.add(prefix)
+                added = True
+            cut.append(branch[d])
+        if added:
+            kept.append(cut)
+    return kept

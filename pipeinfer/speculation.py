@@ -149,6 +149,9 @@ class Speculation:
         self._verify(run, result)
         if not self.gen.done:
             self._cancel_useless()
+        cover = self.cover()
+        if cover is not None and cover.base == self.pending and cover.speculative:
+            self.gen.counters.n_accepted += 1  # its root was the draft's guess of this token
 
     def _verify(self, run: Run, result: RunResult) -> None:
         node = run.path_to(self.accepted)
@@ -191,9 +194,6 @@ class Speculation:
         if ids and self.cancel_enabled:
             self.pipe.cancel(ids)
             log.debug("cancel %s", ids)
-        cover = self.cover()
-        if cover is not None and cover.base == self.pending and cover.speculative:
-            self.gen.counters.n_accepted += 1  # its root was the draft's guess of this token
 
     def settle(self) -> None:
         """After generation: absorb (and discard) every run still in flight."""

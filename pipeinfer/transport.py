@@ -38,9 +38,10 @@ def apply_kv(stage: Stage, ops: list[KvOp]) -> None:
 class LocalTransport:
     """Worker stages evaluated in this process, in order, when their transaction is sent.
 
-    With `delay` > 0 results are held back until that many later transactions were sent, which
-    lets a test exercise a scheduler's handling of results arriving while it speculates, and of
-    cancellations reaching runs that have not been computed yet.
+    With `delay` > 0 the pipeline looks slow: at most `delay` transactions wait unevaluated,
+    and a poll finds a result only after `delay` polls that found none (each such poll then
+    evaluates one more run). This lets a test exercise a scheduler's handling of results
+    arriving while it speculates, and of cancellations reaching runs not computed yet.
     """
 
     def __init__(self, stages: list[Stage], delay: int = 0):
@@ -49,6 +50,7 @@ class LocalTransport:
         self._queue: deque[tuple[DecodeTx | None, object]] = deque()
         self._results: deque[RunResult] = deque()
         self._cancelled: set[int] = set()
+        self._empty_polls = 0
         self.stats = [{"rank": i + 1, "computed": 0, "skipped": 0, "aborted": 0, "busy_s": 0.0,
                        "kv_ops": 0} for i in range(len(stages))]
 
@@ -64,16 +66,32 @@ class LocalTransport:
         self._cancelled.update(run_ids)
 
     def result_waiting(self) -> bool:
-        return bool(self._results) or len(self._queue) > self.delay
+        return bool(self._results) or (self._has_decode() and self._empty_polls >= self.delay)
 
     def poll_result(self) -> RunResult | None:
+        if not self._results and self._has_decode():
+            self._empty_polls += 1
+            if self._empty_polls > self.delay:
+                self._advance()
         if not self._results:
-            self._drain(0)
-        return self._results.popleft() if self._results else None
+            return None
+        self._empty_polls = 0
+        return self._results.popleft()
 
     def shutdown(self) -> list[dict]:
         self._drain(0)
         return self.stats
+
+    def _has_decode(self) -> bool:
+        return any(tx is not None for tx, _ in self._queue)
+
+    def _advance(self) -> None:
+        """Evaluate queued transactions up to and including the next decode."""
+        while self._queue:
+            tx = self._queue[0][0]
+            self._drain(len(self._queue) - 1)
+            if tx is not None:
+                return
 
     def _drain(self, keep: int) -> None:
         while len(self._queue) > keep:

@@ -12,9 +12,10 @@ whenever a result is verified (paper IV-B-2: "reset upon acceptance of a complet
 
 from __future__ import annotations
 
-from ..backoff import Backoff
+from ..backoff import IdleBackoff
 from ..drafter import DraftParams
 from ..generation import prefill
+from ..run import trim_branches
 from ..speculation import Speculation
 
 
@@ -29,7 +30,7 @@ def run(pipe, gen, sampler, cfg, drafter, pool) -> None:
     spec.start_main()
     draft_limit = opts.draft if opts.continuous else 2 * opts.draft
     params = DraftParams(draft_limit, opts.p_split, opts.n_parallel)
-    p_adjust, failed_at, backoff = 0.0, None, Backoff()
+    p_adjust, failed_at, backoff = 0.0, None, IdleBackoff()
     while not gen.done:
         result = pipe.poll()
         if result is not None:
@@ -51,8 +52,7 @@ def run(pipe, gen, sampler, cfg, drafter, pool) -> None:
             if attempt != failed_at and budget > 0:
                 branches, _ = drafter.draft(context, params, cutoff, max_tokens=budget,
                                             should_stop=pipe.result_waiting)
-                if pipe.result_waiting():
-                    continue  # absorb it first; the draft so far stays cached
+                branches = trim_branches(branches, spec.kv_free - 1)
                 if branches:
                     spec.start_speculative(context, branches, source, pool.take())
                     p_adjust += opts.p_recovery

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from ..drafter import DraftParams
 from ..generation import prefill
+from ..run import trim_branches
 from ..speculation import Speculation
 
 
@@ -22,6 +23,7 @@ def run(pipe, gen, sampler, cfg, drafter, pool) -> None:
             gen.stop_reason = "kv-cache"
             break
         branches, _ = drafter.draft(context, params, cfg.spec.p_accept, max_tokens=budget)
+        branches = trim_branches(branches, spec.kv_free - 1)  # the tree's root takes a cell
         pending = context[-1]
         tree = [[pending] + branch for branch in branches] or [[pending]]
         spec.start_speculative(context[:-1], tree, None, pool.take())
