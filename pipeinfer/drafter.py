@@ -15,6 +15,11 @@ import numpy as np
 from .stage import Stage
 
 
+# Prompt tokens the draft evaluates per step of its warm-up while the target prefills: small,
+# so that the target's first token waits at most about one such step.
+WARM_STEP = 1
+
+
 @dataclass(frozen=True)
 class DraftParams:
     max_tokens: int = 4        # tree depth limit (micro-batch size for a single branch)
@@ -36,12 +41,17 @@ class Drafter:
         self._last: np.ndarray | None = None  # draft logits after self.ctx, when known
         self.busy_s = 0.0
 
-    def _sync(self, context: Sequence[int]) -> np.ndarray:
-        """Make sequence 0 hold `context`; return the logits after its last token."""
-        common = 0
-        limit = min(len(self.ctx), len(context))
+    def _common(self, context: Sequence[int]) -> int:
+        """How many leading tokens of `context` the draft's sequence 0 already holds."""
+        common, limit = 0, min(len(self.ctx), len(context))
         while common < limit and self.ctx[common] == context[common]:
             common += 1
+        return common
+
+    def _sync(self, context: Sequence[int], want_logits: bool = True) -> np.ndarray | None:
+        """Make sequence 0 hold `context`; return the logits after its last token (None
+        without `want_logits`)."""
+        common = self._common(context)
         if common == len(context) == len(self.ctx) and self._last is not None:
             return self._last
         keep = min(common, len(context) - 1)
@@ -49,7 +59,7 @@ class Drafter:
         logits = None
         for start in range(keep, len(context), self.n_batch):
             chunk = list(context[start:start + self.n_batch])
-            last = start + len(chunk) == len(context)
+            last = want_logits and start + len(chunk) == len(context)
             out = self.stage.decode(list(range(start, start + len(chunk))), [(0,)] * len(chunk),
                                     tokens=chunk, logit_rows=[last and i == len(chunk) - 1
                                                               for i in range(len(chunk))])
@@ -58,9 +68,15 @@ class Drafter:
         self.ctx, self._last = list(context), logits
         return logits
 
-    def prepare(self, context: Sequence[int]) -> None:
-        """Evaluate `context` now (e.g. the prompt while the target prefills it)."""
-        self._sync(context)
+    def prepare(self, context: Sequence[int], max_tokens: int | None = None) -> None:
+        """Evaluate `context` now, or only its next `max_tokens` tokens not evaluated yet: the
+        head warms the draft up on the prompt in such steps while the target prefills it, so
+        the first token is not kept waiting for the draft (drafting later does the rest)."""
+        if max_tokens is None or len(context) - self._common(context) <= max_tokens:
+            self._sync(context)
+            return
+        done = self._common(context) + max_tokens
+        self._sync(context[:done], want_logits=False)
 
     def draft(self, context: Sequence[int], params: DraftParams, cutoff: float,
               max_tokens: int | None = None, should_stop: Callable[[], bool] | None = None

@@ -647,7 +647,7 @@ class ScriptedDraft:
             out.append(token)
         return out
 
-    def prepare(self, context) -> None:
+    def prepare(self, context, max_tokens=None) -> None:
         """Nothing to warm up: the script needs no model."""
 
     def draft(self, context, params, cutoff, max_tokens=None, should_stop=None):

@@ -13,7 +13,7 @@ whenever a result is verified (paper IV-B-2: "reset upon acceptance of a complet
 from __future__ import annotations
 
 from ..backoff import IdleBackoff
-from ..drafter import DraftParams
+from ..drafter import WARM_STEP, DraftParams
 from ..generation import prefill
 from ..run import trim_branches
 from ..speculation import Speculation
@@ -22,7 +22,7 @@ from ..speculation import Speculation
 def run(pipe, gen, sampler, cfg, drafter, pool) -> None:
     opts = cfg.spec
     spec = Speculation(pipe, gen, sampler, pool, cfg.kv_size, cancel=opts.cancel)
-    warm = lambda: drafter.prepare(gen.request.prompt)
+    warm = lambda: drafter.prepare(gen.request.prompt, max_tokens=WARM_STEP)
     gen.accept([prefill(pipe, gen, cfg.n_batch, idle=warm).token(-1, sampler)])
     spec.c0 = spec.pending
     if gen.done:

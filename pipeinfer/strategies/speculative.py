@@ -4,7 +4,7 @@ target's next token, repeat. Drafting and verification wait for each other."""
 
 from __future__ import annotations
 
-from ..drafter import DraftParams
+from ..drafter import WARM_STEP, DraftParams
 from ..generation import prefill
 from ..run import trim_branches
 from ..speculation import Speculation
@@ -12,7 +12,7 @@ from ..speculation import Speculation
 
 def run(pipe, gen, sampler, cfg, drafter, pool) -> None:
     spec = Speculation(pipe, gen, sampler, pool, cfg.kv_size)
-    warm = lambda: drafter.prepare(gen.request.prompt)
+    warm = lambda: drafter.prepare(gen.request.prompt, max_tokens=WARM_STEP)
     gen.accept([prefill(pipe, gen, cfg.n_batch, idle=warm).token(-1, sampler)])
     spec.c0 = spec.pending
     params = DraftParams(cfg.spec.draft, cfg.spec.p_split, cfg.spec.n_parallel)
