@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+import mpi_util
 from mpi_util import MPIEXEC, PYTHON, launch, run_pipeinfer
 
 TINY_PROMPT = "def main():\n    return"
@@ -93,6 +94,8 @@ GREEDY_CASES = [
     (3, "0,0.5,0.5"),
     (4, None),
     (4, "0.1,0.3,0.3,0.3"),
+    (8, None),                  # one layer per rank
+    (6, "0,0.2,0.2,0.2,0.2,0.2"),
 ]
 
 
@@ -103,6 +106,16 @@ def test_tiny_greedy_equals_llama_cpp(tiny8: Path, n_ranks: int, split: str | No
     result = _ok(run_pipeinfer(n_ranks, tiny8, TINY_PROMPT, *extra, n_predict=N_TINY))
     assert result["n_ranks"] == n_ranks
     assert result["layer_split"] == _split_ranges(TINY_LAYERS, n_ranks, split)
+    assert result["tokens"] == llama_greedy(tiny8, result["prompt_tokens"], N_TINY)
+
+
+def test_mpirun_with_a_hostfile(tiny8: Path) -> None:
+    """The launcher as users on a cluster call it: `mpirun -f HOSTFILE -n N`."""
+    hostfile = Path(__file__).resolve().parent.parent / "hostfiles" / "localhost.txt"
+    args = mpi_util.run_args(tiny8, TINY_PROMPT, "--ignore-eos", n_predict=N_TINY)
+    res = mpi_util.launch([str(mpi_util.BIN / "mpirun"), "-f", str(hostfile), "-n", "3", *args])
+    result = _ok(res)
+    assert result["n_ranks"] == 3
     assert result["tokens"] == llama_greedy(tiny8, result["prompt_tokens"], N_TINY)
 
 
@@ -127,6 +140,8 @@ SMOL_CASES = [
     (2, "0,1"),
     (3, "0,0.5,0.5"),
     (4, "0.1,0.3,0.3,0.3"),
+    (8, None),                  # one layer per rank
+    (6, "0,0.2,0.2,0.2,0.2,0.2"),
 ]
 
 
