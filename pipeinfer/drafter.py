@@ -15,9 +15,10 @@ import numpy as np
 from .stage import Stage
 
 
-# Prompt tokens the draft evaluates per step of its warm-up while the target prefills: small,
-# so that the target's first token waits at most about one such step.
-WARM_STEP = 1
+# Context tokens the draft evaluates per step while catching up on a long context (the prompt,
+# while the target prefills it): the head checks for waiting results between steps, so it is
+# never kept from the target's results by more than about one such step.
+WARM_STEP = 8
 
 
 @dataclass(frozen=True)
@@ -85,10 +86,15 @@ class Drafter:
         token of branch 0. Empty when the draft's first guess is under `cutoff`. When
         `should_stop` (asked after every draft step) says so, drafting ends early with the
         tree drafted so far: a micro-batch that is ready goes out rather than wait (paper
-        IV-B: speculation runs whenever the head would otherwise idle)."""
+        IV-B: speculation runs whenever the head would otherwise idle); while the draft is
+        still catching up on a long context, stopping gives nothing (progress is kept)."""
         limit = params.max_tokens if max_tokens is None else max_tokens
         if limit <= 0:
             return [], []
+        while should_stop is not None and len(context) - self._common(context) > WARM_STEP:
+            self.prepare(context, max_tokens=WARM_STEP)
+            if should_stop():
+                return [], []
         logits = [self._sync(context)]
         branches: list[list[int]] = [[]]
         active = [True]
