@@ -34,6 +34,9 @@ finally:
         signal.signal(signal.SIGINT, _sigint)
 
 HEAD = 0
+# The last message on every cancellation channel (head -> last worker -> ... -> rank 1): a
+# worker ends only after it, so no cancellation is ever left in flight to a rank that is gone.
+CANCEL_END = -1
 
 
 class RankFailed(RuntimeError):
@@ -195,6 +198,7 @@ class HeadTransport(Link):
     def shutdown(self) -> list[dict]:
         """Stop every worker and collect their statistics (rank order)."""
         self.isend(make_header(TxType.SHUTDOWN), self.first, Tag.BEGIN)
+        self.isend(np.array([CANCEL_END], dtype=np.int64), self.last, Tag.CANCEL)
         stats = []
         for rank in range(1, self.size):
             backoff = Backoff()

@@ -15,7 +15,7 @@ import numpy as np
 
 from .backoff import Backoff, IdleBackoff
 from .metrics import rss_mb
-from .mpi_transport import WorkerLink
+from .mpi_transport import CANCEL_END, WorkerLink
 from .stage import Stage, StageAborted
 from .transaction import DecodeFlag, DecodeTx, Tag, TxType, decode_kv_ops
 from .transport import apply_kv
@@ -39,6 +39,7 @@ class Worker:
         self._stop = threading.Event()
         self._computing = threading.Event()  # wakes the cancel watcher when a decode starts
         self._cancel_lock = threading.Lock()  # one thread at a time receives cancellations
+        self._cancels_ended = False           # CANCEL_END received (and passed upstream)
         self.stats = {"rank": link.rank, "computed": 0, "skipped": 0, "aborted": 0,
                       "busy_s": 0.0, "kv_ops": 0, "rss_trace_mb": []}
 
@@ -70,6 +71,10 @@ class Worker:
             self._stop.set()
             self._computing.set()
             watcher.join()
+        backoff = IdleBackoff()
+        while not self._cancels_ended:  # cancellations still on their way: pass them on
+            if not self._poll_cancels():
+                backoff.wait()
         self.stats["wall_s"] = time.monotonic() - started
         self.stats["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
         self.link.send_stats(self.stats)
@@ -164,6 +169,9 @@ class Worker:
             if ids is None:
                 return False
             self.link.cancel_upstream(ids)
+            if len(ids) == 1 and int(ids[0]) == CANCEL_END:
+                self._cancels_ended = True
+                return True
             with self._lock:
                 for run_id in (int(i) for i in ids):
                     if run_id == self._active:
