@@ -23,8 +23,10 @@ from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
-BASE = ("iterative", "speculative", "pipeinfer")
-COLORS = {"iterative": "#4c72b0", "speculative": "#dd8452", "pipeinfer": "#55a868"}
+# Strategies in the main charts (other variants, e.g. "pipeinfer-nocancel", are ablations).
+BASE = ("iterative", "speculative", "pipeinfer", "pipespec", "specpipe")
+COLORS = {"iterative": "#4c72b0", "speculative": "#dd8452", "pipeinfer": "#55a868",
+          "pipespec": "#bcbd22", "specpipe": "#17becf"}
 EXTRA_COLORS = ["#c44e52", "#8172b3", "#937860", "#da8bc3", "#8c8c8c", "#ccb974", "#64b5cd"]
 REQUIRED = ("strategy", "speed_tps", "ttft_s", "itl_s")
 

@@ -25,7 +25,8 @@ HERE = Path(__file__).resolve().parent
 BIN = Path(sys.executable).parent
 PROMPT = ("Write a Python function that parses a CSV file of transactions (date, amount, "
           "category) and returns the total amount per category, sorted by amount.")
-STRATEGIES = ["iterative", "speculative", "pipeinfer"]
+# pipespec gets the one draft (a 2-model hierarchy); specpipe: one tree level per pipeline step
+STRATEGIES = ["iterative", "speculative", "pipeinfer", "pipespec", "specpipe"]
 SETTINGS = {
     "a": {"ranks": 2, "split": "0,1", "cluster": None},
     "b": {"ranks": 4, "split": "0,0.34,0.33,0.33", "cluster": ["--cpu", "0.5"]},

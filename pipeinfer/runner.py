@@ -28,7 +28,7 @@ from .stage import Stage, StageConfig
 from .stage_cache import stage_file
 from .drafter import Drafter
 from .partition_pool import PartitionPool
-from .strategies import NEEDS_DRAFT, STRATEGIES, SpecOptions
+from .strategies import MULTI_DRAFT, NEEDS_DRAFT, STRATEGIES, SpecOptions
 from .tokenizer import TextStream, Tokenizer
 from .worker import Worker
 
@@ -46,7 +46,7 @@ class RunConfig:
     n_predict: int = 128
     n_ctx: int = 2048
     n_batch: int = 512
-    draft: str | None = None
+    draft: str | tuple[str, ...] | None = None   # several (smallest first) for pipespec
     strategy: str = "iterative"
     split: tuple[float, ...] | None = None
     threads: tuple[int, ...] = (1,)
@@ -60,6 +60,13 @@ class RunConfig:
     label: str = ""
     repack: bool = True
 
+    @property
+    def drafts(self) -> tuple[str, ...]:
+        """The draft models given (-md may be repeated), smallest first."""
+        if not self.draft:
+            return ()
+        return (self.draft,) if isinstance(self.draft, str) else tuple(self.draft)
+
     def threads_for(self, rank: int) -> int:
         return self.threads[rank] if len(self.threads) > 1 else self.threads[0]
 
@@ -68,6 +75,8 @@ class RunConfig:
         return self.strategy in NEEDS_DRAFT
 
     def pool(self) -> PartitionPool | None:
+        if self.strategy == "specpipe":  # one partition: the tree's beam slots
+            return PartitionPool(1, self.spec.tree_width)
         return PartitionPool(self.spec.partitions, self.spec.n_parallel) if self.speculates \
             else None
 
@@ -227,22 +236,31 @@ def _head_setup(cfg: RunConfig, model: Path, stage: Stage | None, size: int) -> 
     if len(prompt) + cfg.n_predict > cfg.n_ctx:
         raise ValueError(f"the context (-c {cfg.n_ctx}) cannot hold the {len(prompt)} prompt "
                          f"tokens plus {cfg.n_predict} to generate (-n); raise -c or lower -n")
-    drafter = _load_drafter(cfg, tokenizer) if cfg.speculates else None
+    drafter = _load_drafters(cfg, tokenizer) if cfg.speculates else None
     transport = HeadTransport(tokenizer.n_vocab) if size > 1 else None
     embed = None if size == 1 else Embedder(model)
     return HeadSetup(tokenizer, prompt, Pipeline(embed, stage, transport, whole_model=size == 1),
                      drafter, cfg.pool())
 
 
-def _load_drafter(cfg: RunConfig, tokenizer: Tokenizer) -> Drafter:
+def _load_drafters(cfg: RunConfig, tokenizer: Tokenizer) -> Drafter | list[Drafter]:
+    """The draft model; for strategies taking several (pipespec), the list of them, smallest
+    first. Other strategies use the first -md."""
+    if cfg.strategy in MULTI_DRAFT:
+        return [_load_drafter(cfg, tokenizer, d) for d in cfg.drafts]
+    return _load_drafter(cfg, tokenizer, cfg.drafts[0])
+
+
+def _load_drafter(cfg: RunConfig, tokenizer: Tokenizer, draft: str) -> Drafter:
     try:
-        path = resolve_model(cfg.draft)
+        path = resolve_model(draft)
         check_gguf(path)
     except ModelError as err:
         raise ModelError(f"draft model (-md): {err}") from None
     config = StageConfig(n_ctx=cfg.kv_size, n_batch=cfg.n_batch,
-                         n_seq_max=cfg.spec.n_parallel, n_threads=cfg.threads_for(0))
-    _check_same_vocabulary(Path(cfg.draft).name, path, tokenizer)
+                         n_seq_max=(cfg.spec.tree_width + 1 if cfg.strategy == "specpipe"
+                                    else cfg.spec.n_parallel), n_threads=cfg.threads_for(0))
+    _check_same_vocabulary(Path(draft).name, path, tokenizer)
     stage = Stage(path, config, final=True, label="draft model")
     return Drafter(stage, cfg.n_batch)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from . import iterative, pipeinfer, speculative
+from . import iterative, pipeinfer, pipespec, specpipe, speculative
 
 
 @dataclass(frozen=True)
@@ -21,8 +21,11 @@ class SpecOptions:
     max_runs: int = 6          # runs in flight at once (speculative + the non-speculative one)
     partitions: int = 8        # KV sequence partitions for speculative runs
     kv_size: int = 0           # KV cells per stage; 0: 4x the context
+    tree_width: int = 4        # specpipe: nodes per tree level (beam slots)
+    tree_k: int = 2            # specpipe: draft candidates per bottom node
 
 
 STRATEGIES = {"iterative": iterative.run, "speculative": speculative.run,
-              "pipeinfer": pipeinfer.run}
-NEEDS_DRAFT = frozenset({"speculative", "pipeinfer"})
+              "pipeinfer": pipeinfer.run, "pipespec": pipespec.run, "specpipe": specpipe.run}
+NEEDS_DRAFT = frozenset({"speculative", "pipeinfer", "pipespec", "specpipe"})
+MULTI_DRAFT = frozenset({"pipespec"})  # strategies that take several -md (smallest first)
