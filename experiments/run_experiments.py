@@ -66,7 +66,8 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 CLUSTER = HERE / "cluster.py"
 BIN = Path(sys.executable).parent
-BASE_STRATEGIES = ("iterative", "speculative", "pipeinfer")
+BASE_STRATEGIES = ("iterative", "speculative", "pipeinfer")  # the paper's, the default order
+KNOWN_STRATEGIES = BASE_STRATEGIES + ("pipespec", "specpipe")
 LINKS = ("none", "gigabit", "slow")
 TOP_KEYS = {"name", "description", "n_predict", "threads", "repeats", "timeout", "extra",
             "strategies", "variants", "pairs", "prompts", "settings"}
@@ -212,9 +213,9 @@ def parse_variants(raw: dict) -> list[Variant]:
             raise ConfigError(f"unknown key(s) in strategy {item.get('name')!r}: "
                               f"{', '.join(sorted(unknown))}")
         strategy = item.get("strategy", item.get("name"))
-        if strategy not in BASE_STRATEGIES:
+        if strategy not in KNOWN_STRATEGIES:
             raise ConfigError(f"unknown strategy {strategy!r} (choose from "
-                              f"{', '.join(BASE_STRATEGIES)})")
+                              f"{', '.join(KNOWN_STRATEGIES)})")
         name = _name(item.get("name", strategy), "strategy name")
         variants.append(Variant(name, strategy, _flags(item.get("flags"), f"flags of {name}")))
     if not variants:
