@@ -10,15 +10,19 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
+import time
+
 import numpy as np
 
 from .stage import Stage
 
 
-# Context tokens the draft evaluates per step while catching up on a long context (the prompt,
-# while the target prefills it): the head checks for waiting results between steps, so it is
-# never kept from the target's results by more than about one such step.
-WARM_STEP = 8
+# Catching up on a long context (the prompt, while the target prefills it) goes in steps, and
+# the head checks for waiting results between them, so it is never kept from the target's
+# results by more than about one step: steps of at most WARM_STEP tokens, and (once the draft's
+# speed is known) of about WARM_STEP_S seconds.
+WARM_STEP = 32
+WARM_STEP_S = 0.015
 
 
 @dataclass(frozen=True)
@@ -41,6 +45,7 @@ class Drafter:
         self.ctx: list[int] = []              # tokens held in draft sequence 0
         self._last: np.ndarray | None = None  # draft logits after self.ctx, when known
         self.busy_s = 0.0
+        self._s_per_token: float | None = None  # measured cost of one context token
 
     def _common(self, context: Sequence[int]) -> int:
         """How many leading tokens of `context` the draft's sequence 0 already holds."""
@@ -61,9 +66,11 @@ class Drafter:
         for start in range(keep, len(context), self.n_batch):
             chunk = list(context[start:start + self.n_batch])
             last = want_logits and start + len(chunk) == len(context)
+            t0 = time.perf_counter()
             out = self.stage.decode(list(range(start, start + len(chunk))), [(0,)] * len(chunk),
                                     tokens=chunk, logit_rows=[last and i == len(chunk) - 1
                                                               for i in range(len(chunk))])
+            self._s_per_token = (time.perf_counter() - t0) / len(chunk)
             if last:
                 logits = out[-1]
         self.ctx, self._last = list(context), logits
@@ -73,6 +80,10 @@ class Drafter:
         """Evaluate `context` now, or only its next `max_tokens` tokens not evaluated yet: the
         head warms the draft up on the prompt in such steps while the target prefills it, so
         the first token is not kept waiting for the draft (drafting later does the rest)."""
+        if max_tokens is not None and self._s_per_token is not None:
+            max_tokens = max(1, min(max_tokens, int(WARM_STEP_S / self._s_per_token)))
+        elif max_tokens is not None:
+            max_tokens = 1  # the first step measures the draft's speed
         if max_tokens is None or len(context) - self._common(context) <= max_tokens:
             self._sync(context)
             return

@@ -24,10 +24,14 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..backoff import IdleBackoff
-from ..drafter import WARM_STEP
 from ..generation import prefill
 from ..hierarchy import Hierarchy, StageStats, expectation
 from ..speculation import Speculation
+
+
+# Prompt tokens each draft model evaluates per warm-up step while the target prefills (the
+# first token waits for at most about one step of every model).
+WARM_TOKENS = 2
 
 
 def build_hierarchy(drafter, cfg) -> Hierarchy:
@@ -46,7 +50,7 @@ def run(pipe, gen, sampler, cfg, drafter, pool) -> None:
     prompt = list(gen.request.prompt)
     hier.reset(prompt)
     gen.accept([prefill(pipe, gen, cfg.n_batch,
-                        idle=lambda: hier.warm(prompt, WARM_STEP)).token(-1, sampler)])
+                        idle=lambda: hier.warm(prompt, WARM_TOKENS)).token(-1, sampler)])
     spec.c0 = spec.pending
     hier.sync(spec.accepted)
     # drafting past the last token that can be generated is wasted
