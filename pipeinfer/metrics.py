@@ -119,12 +119,32 @@ class CsvRow:
 
 
 def append_csv(path: str | os.PathLike, row: CsvRow) -> None:
-    """Append one row, writing the header when the file is new or empty."""
+    """Append one row, writing the header when the file is new or empty. A file written by an
+    older version (fewer columns) first gets the new columns added, empty in its old rows, so
+    every row stays aligned with the header."""
     path = Path(path)
     names = [f.name for f in fields(CsvRow)]
     new = not path.exists() or path.stat().st_size == 0
+    if not new:
+        with open(path, newline="") as handle:
+            existing = next(csv.reader(handle), [])
+        missing = [n for n in names if n not in existing]
+        if missing:
+            _add_columns(path, existing + missing)
+        names = existing + missing
     with open(path, "a", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=names)
+        writer = csv.DictWriter(handle, fieldnames=names, restval="", extrasaction="ignore")
         if new:
             writer.writeheader()
         writer.writerow({k: ("" if v is None else v) for k, v in asdict(row).items()})
+
+
+def _add_columns(path: Path, header: list[str]) -> None:
+    with open(path, newline="") as handle:
+        rows = list(csv.DictReader(handle))
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=header, restval="")
+        writer.writeheader()
+        writer.writerows(rows)
+    os.replace(tmp, path)
