@@ -28,6 +28,15 @@ class Pipeline:
         self.busy_s = 0.0
         self.in_flight = 0
 
+    @property
+    def n_stages(self) -> int:
+        """Stages holding target layers: the head's own slice (if any) and every worker."""
+        n = 1 if self.stage is not None else 0
+        tr = self.transport
+        if tr is not None:
+            n += len(tr.stages) if hasattr(tr, "stages") else max(getattr(tr, "size", 2) - 1, 1)
+        return n
+
     def decode(self, tx: DecodeTx, tokens: Sequence[int]) -> None:
         """Start a run. Returns once the head's own slice (if any) has been evaluated."""
         t0 = time.perf_counter()

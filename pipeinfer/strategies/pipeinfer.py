@@ -31,6 +31,14 @@ def run(pipe, gen, sampler, cfg, drafter, pool) -> None:
     draft_limit = opts.draft if opts.continuous else 2 * opts.draft
     params = DraftParams(draft_limit, opts.p_split, opts.n_parallel)
     p_adjust, failed_at, backoff = 0.0, None, IdleBackoff()
+    n_stages = pipe.n_stages
+
+    def ship_now() -> bool:
+        """End the micro-batch being drafted: a result waits, or a target stage is idle (fewer
+        runs in flight than stages), so the tokens drafted so far are worth more in the
+        pipeline now than more tokens later."""
+        return pipe.result_waiting() or (opts.continuous and pipe.in_flight < n_stages)
+
     while not gen.done:
         result = pipe.poll()
         if result is not None:
@@ -51,7 +59,7 @@ def run(pipe, gen, sampler, cfg, drafter, pool) -> None:
             budget = min(params.max_tokens, cfg.n_ctx - len(context), spec.kv_free - 1)
             if attempt != failed_at and budget > 0:
                 branches, _ = drafter.draft(context, params, cutoff, max_tokens=budget,
-                                            should_stop=pipe.result_waiting)
+                                            should_stop=ship_now)
                 branches = trim_branches(branches, spec.kv_free - 1)
                 if branches:
                     spec.start_speculative(context, branches, source, pool.take())

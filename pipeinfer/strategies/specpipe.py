@@ -61,11 +61,7 @@ class Flight:
 def pipeline_depth(pipe, max_runs: int) -> int:
     """Tree levels to keep in flight: the target stages (the head's own slice counts) + 1,
     within [2, max_runs]."""
-    n = 1 if pipe.stage is not None else 0
-    tr = pipe.transport
-    if tr is not None:
-        n += len(tr.stages) if hasattr(tr, "stages") else max(getattr(tr, "size", 2) - 1, 1)
-    return max(2, min(max_runs, n + 1))
+    return max(2, min(max_runs, pipe.n_stages + 1))
 
 
 class SpecPipe:
