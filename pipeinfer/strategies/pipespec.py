@@ -114,7 +114,7 @@ def _feed_target(spec: Speculation, hier: Hierarchy, pool, cfg) -> bool:
     budget = min(cfg.spec.draft, cfg.n_ctx - len(context), spec.kv_free - 1)
     tokens = hier.proposal(context, budget)
     # Lookahead 0 (the paper's setting) while the target would otherwise run dry; with runs
-    # queued, a full window: on CPUs a batch of 4 costs about twice one token, not 4 times.
+    # queued, a full window (fewer runs, and cheaper per token where batching pays off).
     need = 1 if len(spec.fifo) <= 1 else cfg.spec.draft
     if not tokens or len(tokens) < min(need, budget):
         return False
