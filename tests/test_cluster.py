@@ -114,8 +114,10 @@ BUSY = """
                                                                       + "/cpu.max"):
             q, p = open("/sys/fs/cgroup" + path + "/cpu.max").read().split()
             quota, period = (None if q == "max" else int(q)), int(p)
-    print(json.dumps({"rank": int(os.environ.get("PMI_RANK", -1)), "cpu": cpu, "wall": wall,
-                      "quota": quota, "period": period}), flush=True)
+    # one write per line: ranks print at the same time through one launcher pipe
+    sys.stdout.write(json.dumps({"rank": int(os.environ.get("PMI_RANK", -1)), "cpu": cpu,
+                                 "wall": wall, "quota": quota, "period": period}) + "\\n")
+    sys.stdout.flush()
 """
 
 
@@ -222,8 +224,8 @@ PINGPONG = """
     comm = MPI.COMM_WORLD
     rank = comm.Get_rank()
     buf = np.zeros(size, dtype=np.uint8)
+    before = eth0()  # before the barrier: rank 0 starts sending as soon as it leaves it
     comm.Barrier()
-    before = eth0()
     t0 = time.perf_counter()
     for _ in range(rounds):
         if rank == 0:
@@ -234,8 +236,11 @@ PINGPONG = """
             comm.Send(buf, dest=0)
     elapsed = time.perf_counter() - t0
     after = eth0()
-    print(json.dumps({"rank": rank, "before": before, "after": after, "elapsed": elapsed,
-                      "netns": os.readlink("/proc/self/ns/net")}), flush=True)
+    # one write per line: both ranks print at the same time through one launcher pipe
+    sys.stdout.write(json.dumps({"rank": rank, "before": before, "after": after,
+                                 "elapsed": elapsed,
+                                 "netns": os.readlink("/proc/self/ns/net")}) + "\\n")
+    sys.stdout.flush()
 """
 
 
