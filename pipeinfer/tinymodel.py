@@ -214,33 +214,61 @@ def _finish(w: gguf.GGUFWriter) -> None:
     w.close()
 
 
+def copy_gguf(src: str | os.PathLike[str], dst: str | os.PathLike[str], *,
+              arch: str | None = None, edit=None, extra: dict | None = None,
+              alignment: int | None = None, tensor=None) -> Path:
+    """Copy GGUF ``src`` to ``dst`` (all metadata, all tensors), changing what is asked:
+    ``arch`` renames the architecture (and its keys); ``edit(name, value)`` may change metadata
+    values; ``extra`` adds metadata {key: (value, type)}; ``alignment`` sets the data alignment;
+    ``tensor(t)`` may return new data for tensor ``t`` (its type then follows the array's dtype),
+    or None to copy it unchanged."""
+    reader = gguf.GGUFReader(src)
+    old = reader.fields[gguf.Keys.General.ARCHITECTURE].contents()
+    w = gguf.GGUFWriter(dst, arch or old)
+    if alignment:
+        w.add_custom_alignment(alignment)
+    for field in reader.fields.values():
+        if field.name == gguf.Keys.General.ARCHITECTURE or field.name.startswith("GGUF."):
+            continue
+        name, value = field.name, field.contents()
+        if arch and name.startswith(old + "."):
+            name = arch + name[len(old):]
+        if edit is not None:
+            value = edit(name, value)
+        vtype = field.types[0]
+        sub = field.types[-1] if vtype == gguf.GGUFValueType.ARRAY else None
+        w.add_key_value(name, value, vtype, sub_type=sub)
+    for key, (value, vtype) in (extra or {}).items():
+        sub = gguf.GGUFValueType.INT32 if vtype == gguf.GGUFValueType.ARRAY else None
+        w.add_key_value(key, value, vtype, sub_type=sub)
+    for t in reader.tensors:
+        data = tensor(t) if tensor is not None else None
+        if data is None:
+            w.add_tensor(t.name, np.array(t.data), raw_dtype=t.tensor_type)
+        else:
+            w.add_tensor(t.name, data)
+    _finish(w)
+    return Path(dst)
+
+
 def write_noisy_copy(src: str | os.PathLike[str], dst: str | os.PathLike[str], *,
                      noise: float, seed: int = 0) -> Path:
     """Copy GGUF ``src`` to ``dst`` (all metadata, all tensors), adding N(0, (noise*std)^2)
     noise to every F32/F16 tensor, std being that tensor's own std. Quantized tensors are
     copied unchanged; ``noise=0`` gives an identical copy of the model."""
-    reader = gguf.GGUFReader(src)
-    arch = reader.fields[gguf.Keys.General.ARCHITECTURE].contents()
-    w = gguf.GGUFWriter(dst, arch)
-    for field in reader.fields.values():
-        if field.name == gguf.Keys.General.ARCHITECTURE or field.name.startswith("GGUF."):
-            continue
-        vtype = field.types[0]
-        sub = field.types[-1] if vtype == gguf.GGUFValueType.ARRAY else None
-        w.add_key_value(field.name, field.contents(), vtype, sub_type=sub)
     rng = np.random.default_rng(seed)
     float_types = (gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16)
-    for t in reader.tensors:
-        if t.tensor_type in float_types:
-            data = np.array(t.data, dtype=np.float32)
-            if noise:
-                std = float(data.std())
-                data += rng.standard_normal(data.shape, dtype=np.float32) * np.float32(noise * std)
-            w.add_tensor(t.name, data.astype(t.data.dtype))
-        else:
-            w.add_tensor(t.name, np.array(t.data), raw_dtype=t.tensor_type)
-    _finish(w)
-    return Path(dst)
+
+    def noisy(t):
+        if t.tensor_type not in float_types:
+            return None
+        data = np.array(t.data, dtype=np.float32)
+        if noise:
+            std = float(data.std())
+            data += rng.standard_normal(data.shape, dtype=np.float32) * np.float32(noise * std)
+        return data.astype(t.data.dtype)
+
+    return copy_gguf(src, dst, tensor=noisy)
 
 
 def write_unrelated(path: str | os.PathLike[str], seed: int = 0, **kwargs) -> Path:

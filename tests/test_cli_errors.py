@@ -35,25 +35,15 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 def _wrong_shape_copy(src: Path, dst: Path, victim: str) -> Path:
     """Copy of `src` where tensor `victim` has a shape llama.cpp rejects at load time: the file
     is a well-formed GGUF (it passes pipeinfer's checks); only llama.cpp's loader refuses it."""
-    reader = gguf.GGUFReader(src)
-    arch = reader.fields[gguf.Keys.General.ARCHITECTURE].contents()
-    writer = gguf.GGUFWriter(dst, arch)
-    for field in reader.fields.values():
-        if field.name == gguf.Keys.General.ARCHITECTURE or field.name.startswith("GGUF."):
-            continue
-        vtype = field.types[0]
-        sub = field.types[-1] if vtype == gguf.GGUFValueType.ARRAY else None
-        writer.add_key_value(field.name, field.contents(), vtype, sub_type=sub)
-    for t in reader.tensors:
+    from pipeinfer.tinymodel import copy_gguf
+
+    def wrong(t):
+        if t.name != victim:
+            return None
         data = np.array(t.data)
-        if t.name == victim:
-            data = np.zeros((data.shape[0] + 8, data.shape[1]), dtype=data.dtype)
-        writer.add_tensor(t.name, data)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return dst
+        return np.zeros((data.shape[0] + 8, data.shape[1]), dtype=data.dtype)
+
+    return copy_gguf(src, dst, tensor=wrong)
 
 
 @pytest.fixture

@@ -22,7 +22,6 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import gguf
-import numpy as np
 import pytest
 
 from mpi_util import Launch, launch, mpi_command, mpmd_command, run_args
@@ -92,38 +91,12 @@ def cache_env(tmp_path: Path) -> dict:
 
 # --- bad model files ------------------------------------------------------------------------
 
-def _copy_gguf(src: Path, dst: Path, arch: str | None = None, edit=None) -> Path:
-    """Copy a GGUF file; `arch` renames the architecture (and its keys), `edit(name, value)`
-    may change metadata values."""
-    reader = gguf.GGUFReader(src)
-    old_arch = reader.fields[gguf.Keys.General.ARCHITECTURE].contents()
-    writer = gguf.GGUFWriter(dst, arch or old_arch)
-    for field in reader.fields.values():
-        if field.name == gguf.Keys.General.ARCHITECTURE or field.name.startswith("GGUF."):
-            continue
-        name, value = field.name, field.contents()
-        if arch and name.startswith(old_arch + "."):
-            name = arch + name[len(old_arch):]
-        if edit is not None:
-            value = edit(name, value)
-        vtype = field.types[0]
-        sub = field.types[-1] if vtype == gguf.GGUFValueType.ARRAY else None
-        writer.add_key_value(name, value, vtype, sub_type=sub)
-    for t in reader.tensors:
-        writer.add_tensor(t.name, np.array(t.data), raw_dtype=t.tensor_type)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return dst
-
-
 CHANGED_TOKEN = 300
 
 
 @pytest.fixture(scope="module")
 def bad(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    from pipeinfer.tinymodel import write_tiny_llama
+    from pipeinfer.tinymodel import copy_gguf, write_tiny_llama
 
     root = tmp_path_factory.mktemp("robust-models")
     data = tiny_model.read_bytes()
@@ -136,7 +109,7 @@ def bad(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str,
     files["empty"].write_bytes(b"")
     files["truncated"].write_bytes(data[: len(data) * 2 // 3])
     files["header"].write_bytes(data[:100])
-    files["gemma3"] = _copy_gguf(tiny_model, root / "gemma3.gguf", arch="gemma3")
+    files["gemma3"] = copy_gguf(tiny_model, root / "gemma3.gguf", arch="gemma3")
     files["small_vocab"] = write_tiny_llama(root / "small-vocab.gguf", n_layer=2, n_merges=100)
 
     def change_token(name, value):
@@ -145,7 +118,7 @@ def bad(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str,
             value[CHANGED_TOKEN] = "Ġzzqx"
         return value
 
-    files["other_token"] = _copy_gguf(tiny_model, root / "other-token.gguf", edit=change_token)
+    files["other_token"] = copy_gguf(tiny_model, root / "other-token.gguf", edit=change_token)
     return files
 
 

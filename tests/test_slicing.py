@@ -21,6 +21,7 @@ from pipeinfer.models import ModelError
 from pipeinfer.partition import StageRange, partition
 from pipeinfer.slicing import (SliceError, model_info, open_model, read_model, split_model,
                                write_stage)
+from pipeinfer.tinymodel import copy_gguf
 
 PIPEINFER = Path(sys.executable).with_name("pipeinfer")
 
@@ -42,29 +43,7 @@ def rewrite(src: Path, dst: Path, *, arch: str | None = None, extra: dict | None
             alignment: int | None = None) -> Path:
     """Copy GGUF `src` to `dst`, optionally renaming the architecture (and its keys), adding
     metadata {key: (value, type)} or setting a data alignment."""
-    reader = GGUFReader(src)
-    old = _value(reader, "general.architecture")
-    arch = arch or old
-    writer = GGUFWriter(dst, arch)
-    if alignment:
-        writer.add_custom_alignment(alignment)
-    for field in reader.fields.values():
-        if field.name == "general.architecture" or field.name.startswith("GGUF."):
-            continue
-        name = arch + field.name[len(old):] if field.name.startswith(old + ".") else field.name
-        vtype = field.types[0]
-        sub = field.types[-1] if vtype == GGUFValueType.ARRAY else None
-        writer.add_key_value(name, field.contents(), vtype, sub_type=sub)
-    for key, (value, vtype) in (extra or {}).items():
-        sub = GGUFValueType.INT32 if vtype == GGUFValueType.ARRAY else None
-        writer.add_key_value(key, value, vtype, sub_type=sub)
-    for t in reader.tensors:
-        writer.add_tensor(t.name, np.array(t.data), raw_dtype=t.tensor_type)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return dst
+    return copy_gguf(src, dst, arch=arch, extra=extra, alignment=alignment)
 
 
 # --- stage file layout -----------------------------------------------------------------------
