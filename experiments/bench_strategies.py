@@ -25,18 +25,24 @@ HERE = Path(__file__).resolve().parent
 BIN = Path(sys.executable).parent
 PROMPT = ("Write a Python function that parses a CSV file of transactions (date, amount, "
           "category) and returns the total amount per category, sorted by amount.")
-# pipespec gets the one draft (a 2-model hierarchy); specpipe: one tree level per pipeline step
-STRATEGIES = ["iterative", "speculative", "pipeinfer", "pipespec", "specpipe"]
+# pipespec gets the one draft (a 2-model hierarchy); specpipe: one tree level per pipeline step;
+# pipespec-rank: pipespec with the draft model on a rank of its own (same number of ranks: in
+# (a) the head holds the whole target, in (b) two workers do)
+STRATEGIES = ["iterative", "speculative", "pipeinfer", "pipespec", "pipespec-rank", "specpipe"]
 SETTINGS = {
-    "a": {"ranks": 2, "split": "0,1", "cluster": None},
-    "b": {"ranks": 4, "split": "0,0.34,0.33,0.33", "cluster": ["--cpu", "0.5"]},
+    "a": {"ranks": 2, "split": "0,1", "cluster": None, "draft_rank_split": "1/1"},
+    "b": {"ranks": 4, "split": "0,0.34,0.33,0.33", "cluster": ["--cpu", "0.5"],
+          "draft_rank_split": "0,0.5,0.5/1"},
 }
 
 
 def run_strategy(setting: dict, strategy: str, args) -> dict:
+    split = setting["split"]
+    if strategy == "pipespec-rank":
+        strategy, split = "pipespec", setting["draft_rank_split"]
     cmd = [str(BIN / "pipeinfer"), "run", "-m", args.model, "-md", args.draft, "-p", PROMPT,
            "--chat", "-n", str(args.n), "--ignore-eos", "--strategy", strategy,
-           "--layer-split", setting["split"], "-t", "1", "--json"] + args.extra
+           "--layer-split", split, "-t", "1", "--json"] + args.extra
     if setting["cluster"] is None:
         launch = [str(BIN / "mpiexec"), "-n", str(setting["ranks"])] + cmd
     else:
@@ -107,14 +113,14 @@ def report(name: str, setting: dict, results: dict[str, list[dict]], base: list[
     exact = all(r["tokens"] == first for rs in results.values() for r in rs)
     print(f"\nsetting {name}: {setting['ranks']} ranks, split {setting['split']}, "
           f"cluster {setting['cluster'] or 'none'}; outputs identical: {exact}")
-    print(f"{'strategy':12} {'t/s':>8} {'TTFT ms':>8} {'ITL ms':>8} {'accept':>7} "
+    print(f"{'strategy':13} {'t/s':>8} {'TTFT ms':>8} {'ITL ms':>8} {'accept':>7} "
           f"{'x iter':>7} {'x spec':>7} {'TTFT/iter':>9}")
     it, sp = med.get("iterative"), med.get("speculative")
     for s, m in med.items():
         ratio = lambda ref, key: (f"{m[key] / ref[key]:.2f}" if ref and ref[key] and m[key]
                                   else "-")
         acc = f"{m['accept_rate']:.2f}" if m["accept_rate"] is not None else "-"
-        print(f"{s:12} {m['speed_tps']:8.2f} {m['ttft_s'] * 1000:8.0f} {m['itl_s'] * 1000:8.0f} "
+        print(f"{s:13} {m['speed_tps']:8.2f} {m['ttft_s'] * 1000:8.0f} {m['itl_s'] * 1000:8.0f} "
               f"{acc:>7} {ratio(it, 'speed_tps'):>7} {ratio(sp, 'speed_tps'):>7} "
               f"{ratio(it, 'ttft_s'):>9}")
     if base:

@@ -69,7 +69,7 @@ from pathlib import Path  # noqa: E402
 
 import click  # noqa: E402
 
-from .partition import PartitionError, parse_split  # noqa: E402
+from .partition import PartitionError, parse_layer_split, parse_split  # noqa: E402
 
 # The names of pipeinfer.strategies.STRATEGIES, without importing llama.cpp for --help.
 STRATEGY_NAMES = ("iterative", "speculative", "pipeinfer", "pipespec", "specpipe")
@@ -143,6 +143,17 @@ def _parse_split(ctx, param, value):
         raise click.BadParameter(str(err)) from None
 
 
+def _parse_run_split(ctx, param, value):
+    """`run`'s split: (target fractions, number of draft ranks)."""
+    if value is None:
+        return None, 0
+    try:
+        fractions, draft_ranks = parse_layer_split(value)
+    except PartitionError as err:
+        raise click.BadParameter(str(err)) from None
+    return tuple(fractions), draft_ranks
+
+
 def _parse_threads(ctx, param, value):
     try:
         threads = tuple(int(v) for v in value.split(","))
@@ -186,7 +197,10 @@ def main() -> None:
 @click.option("--top-p", default=0.95, type=float, help="Top-p when sampling (1 = off).")
 @click.option("-t", "--threads", default="1", callback=_parse_threads,
               help="Threads per rank: one number for all, or a comma list with one per rank.")
-@click.option("--layer-split", "split", default=None, callback=_parse_split, help=SPLIT_HELP)
+@click.option("--layer-split", "split", default=None, callback=_parse_run_split,
+              help=SPLIT_HELP + " pipespec only: append /1 per draft model (-md, smallest "
+              "first) to run it on a rank of its own after the target's ranks, e.g. "
+              "0,0.5,0.5/1/1 for 5 ranks (else the draft models run in the head process).")
 @click.option("--strategy", default="iterative",
               type=click.Choice(list(STRATEGY_NAMES)),
               help="iterative: pipeline-parallel decoding, one token per pass. speculative: "
@@ -291,7 +305,7 @@ def run(model, draft, prompt, prompt_file, n_predict, n_ctx, n_batch, seed, temp
                 _fail(f"cannot read prompt file {prompt_file}: {err.strerror}", 2)
     cfg = RunConfig(model=model, prompt=prompt, n_predict=n_predict, n_ctx=n_ctx,
                     n_batch=n_batch, draft=(draft[0] if len(draft) == 1 else draft) or None,
-                    strategy=strategy, split=split,
+                    strategy=strategy, split=split[0], draft_ranks=split[1],
                     threads=threads, sampling=SamplingParams(temp, top_k, top_p, seed),
                     spec=SpecOptions(draft_max, p_accept, p_split, n_parallel, p_recovery,
                                      p_decay, not no_continuous, not no_cancel, max_runs,

@@ -83,9 +83,21 @@ def _common(a: Sequence[int], b: Sequence[int]) -> int:
 def merge(lower: list[int], upper: list[int]) -> list[int]:
     """A buffer `lower` made to extend `upper` (a later, more trusted model's buffer): kept if
     it already does, else replaced by a copy of `upper` (rollback or catch-up)."""
-    if len(lower) >= len(upper) and lower[:len(upper)] == upper:
+    if extends(lower, upper):
         return lower
     return list(upper)
+
+
+def extends(buffer: Sequence[int], prefix: Sequence[int]) -> bool:
+    return len(buffer) >= len(prefix) and list(buffer[:len(prefix)]) == list(prefix)
+
+
+def proposal(buffer: list[int], context: Sequence[int], limit: int) -> list[int]:
+    """The tokens of `buffer` continuing `context` (at most `limit`); none if it does not."""
+    n = len(context)
+    if limit <= 0 or len(buffer) <= n or not extends(buffer, context):
+        return []
+    return buffer[n:n + limit]
 
 
 class Level:
@@ -132,6 +144,43 @@ class Level:
         self.kv = list(tokens)
         return np.concatenate(rows) if want else None
 
+    def merge(self, upper: list[int]) -> bool:
+        """Make the buffer extend `upper`, a later model's buffer (rollback or catch-up);
+        whether it changed."""
+        merged = merge(self.out, upper)
+        if merged is self.out:
+            return False
+        rejected = _common(self.out, upper) < min(len(self.out), len(upper))
+        self.set_out(merged, rollback=rejected)
+        return True
+
+    def draft(self) -> None:
+        """One greedy draft token appended to the buffer (M0's step)."""
+        logits = self.evaluate(self.out, len(self.out) - 1)
+        self.out.append(int(np.argmax(logits[-1])))
+        self.stats.produced += 1
+        self.stats.steps += 1
+
+    def verify(self, candidates: list[int]) -> int:
+        """Check `candidates` (the previous model's tokens after this buffer) in one batch:
+        append the ones this model agrees with plus its own next token. Returns how many
+        were accepted."""
+        base = list(self.out)
+        n = len(base)
+        logits = self.evaluate(base + candidates, n - 1)
+        preds = [int(t) for t in np.argmax(logits, axis=1)]
+        m = 0
+        while m < len(candidates) and preds[m] == candidates[m]:
+            m += 1
+        self.set_out(base + candidates[:m] + [preds[m]], rollback=False)
+        s = self.stats
+        s.proposed += len(candidates)
+        s.accepted += m
+        s.rejections += m < len(candidates)
+        s.produced += m + 1
+        s.steps += 1
+        return m
+
 
 class Hierarchy:
     """Draft models M0..M(k-1) (smallest first) sharing the head's core, one step at a time."""
@@ -169,10 +218,7 @@ class Hierarchy:
     def _cascade(self, below: int, upper: list[int]) -> None:
         """Make the buffers of models below index `below` extend `upper`, top-down."""
         for level in reversed(self.levels[:below]):
-            merged = merge(level.out, upper)
-            if merged is not level.out:
-                rejected = _common(level.out, upper) < min(len(level.out), len(upper))
-                level.set_out(merged, rollback=rejected)
+            level.merge(upper)
             upper = level.out
 
     def finish(self, accepted: Sequence[int]) -> None:
@@ -183,10 +229,7 @@ class Hierarchy:
 
     def proposal(self, context: Sequence[int], limit: int) -> list[int]:
         """Tokens of O(k-1) continuing `context` (at most `limit`)."""
-        out, n = self.top.out, len(context)
-        if limit <= 0 or len(out) <= n or out[:n] != list(context):
-            return []
-        return out[n:n + limit]
+        return proposal(self.top.out, context, limit)
 
     # --- work -----------------------------------------------------------------------------------
     def step(self, horizon: int) -> bool:
@@ -207,30 +250,12 @@ class Hierarchy:
         return False
 
     def draft(self) -> None:
-        level = self.levels[0]
-        out = level.out
-        logits = level.evaluate(out, len(out) - 1)
-        out.append(int(np.argmax(logits[-1])))
-        level.stats.produced += 1
-        level.stats.steps += 1
+        self.levels[0].draft()
 
     def verify(self, i: int) -> None:
         level, lower = self.levels[i], self.levels[i - 1]
-        base = list(level.out)
-        n = len(base)
-        candidates = lower.out[n:n + self.window]
-        logits = level.evaluate(base + candidates, n - 1)
-        preds = [int(t) for t in np.argmax(logits, axis=1)]
-        m = 0
-        while m < len(candidates) and preds[m] == candidates[m]:
-            m += 1
-        level.set_out(base + candidates[:m] + [preds[m]], rollback=False)
-        s = level.stats
-        s.proposed += len(candidates)
-        s.accepted += m
-        s.rejections += m < len(candidates)
-        s.produced += m + 1
-        s.steps += 1
+        n = len(level.out)
+        level.verify(lower.out[n:n + self.window])
         self._cascade(i, level.out)
 
     def rows(self) -> list[dict]:

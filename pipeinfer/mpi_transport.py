@@ -160,10 +160,11 @@ class Link:
 class HeadTransport(Link):
     """The head's side of the pipeline (implements the scheduler's Transport protocol)."""
 
-    def __init__(self, n_vocab: int, comm: Any = None):
+    def __init__(self, n_vocab: int, comm: Any = None, n_ranks: int | None = None):
         super().__init__(comm)
         self.n_vocab = n_vocab
-        self.first, self.last = 1, self.size - 1
+        self.n_ranks = n_ranks or self.size  # the pipeline's ranks (draft ranks follow them)
+        self.first, self.last = 1, self.n_ranks - 1
 
     def send_decode(self, tx: DecodeTx, activations: np.ndarray) -> None:
         meta = tx.encode_meta()
@@ -200,7 +201,7 @@ class HeadTransport(Link):
         self.isend(make_header(TxType.SHUTDOWN), self.first, Tag.BEGIN)
         self.isend(np.array([CANCEL_END], dtype=np.int64), self.last, Tag.CANCEL)
         stats = []
-        for rank in range(1, self.size):
+        for rank in range(1, self.n_ranks):
             backoff = Backoff()
             while self.probe(rank, Tag.STATS) is None:
                 self.check_errors()  # a worker that fails now sends no statistics
@@ -214,10 +215,11 @@ class WorkerLink(Link):
     """A worker's side: begin/payload from the previous rank, forward to the next, results to
     the head, cancellations from the next rank (or the head, for the last rank) upstream."""
 
-    def __init__(self, comm: Any = None):
+    def __init__(self, comm: Any = None, n_ranks: int | None = None):
         super().__init__(comm)
+        n_ranks = n_ranks or self.size  # the pipeline's ranks (draft ranks follow them)
         self.prev = self.rank - 1
-        self.next = self.rank + 1 if self.rank + 1 < self.size else None
+        self.next = self.rank + 1 if self.rank + 1 < n_ranks else None
         self.cancel_source = self.next if self.next is not None else HEAD
 
     def poll_begin(self) -> np.ndarray | None:
@@ -253,6 +255,34 @@ class WorkerLink(Link):
 
     def send_stats(self, stats: dict) -> None:
         self.isend_obj(stats, HEAD, Tag.STATS)
+
+
+class DraftLink(Link):
+    """Messages of PipeSpec's draft models on ranks of their own (hierarchy_remote.py), between
+    those ranks and the head: int64 arrays [kind, arg, tokens...] on one tag, so that the
+    messages of one sender arrive in the order sent."""
+
+    def send_draft(self, dest: int, kind: int, arg: int, tokens) -> None:
+        buf = np.empty(2 + len(tokens), dtype=np.int64)
+        buf[0], buf[1], buf[2:] = kind, arg, tokens
+        self.isend(buf, dest, Tag.DRAFT)
+
+    def poll_draft(self) -> tuple[int, int, int, list[int]] | None:
+        """The next waiting message as (source, kind, arg, tokens), or None."""
+        status = self.probe(MPI.ANY_SOURCE, Tag.DRAFT)
+        if status is None:
+            return None
+        source = status.Get_source()
+        buf = self.recv_array(source, Tag.DRAFT, np.int64)
+        return source, int(buf[0]), int(buf[1]), buf[2:].tolist()
+
+    def send_stats(self, stats: dict) -> None:
+        self.isend_obj(stats, HEAD, Tag.STATS)
+
+    def poll_stats(self, source: int) -> dict | None:
+        if self.probe(source, Tag.STATS) is None:
+            return None
+        return self.comm.recv(source=source, tag=int(Tag.STATS))
 
 
 assert HEADER_LEN == len(make_header(TxType.SHUTDOWN))

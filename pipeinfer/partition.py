@@ -37,6 +37,9 @@ class StageRange:
 
 def parse_split(text: str) -> list[float]:
     """Parse "0.1,0.3,0.6" into fractions, refusing malformed and negative values."""
+    if "/" in text:
+        raise PartitionError(f"layer split {text!r}: '/' (draft models on ranks of their own) "
+                             "applies to `pipeinfer run --strategy pipespec` only")
     try:
         fractions = [float(part) for part in text.split(",")]
     except ValueError:
@@ -45,6 +48,24 @@ def parse_split(text: str) -> list[float]:
         if not math.isfinite(value) or value < 0:
             raise PartitionError(f"layer split {text!r}: fractions must be finite and non-negative")
     return fractions
+
+
+def parse_layer_split(text: str) -> tuple[list[float], int]:
+    """Parse `pipeinfer run`'s split: the target's fractions, then one "/1" per draft model on
+    a rank of its own (PipeSpec's hierarchy; a draft model is not split further), e.g.
+    "0,0.5,0.5/1/1": ranks 0-2 hold the target, ranks 3 and 4 the draft models M0 and M1.
+    Returns the target's fractions and the number of draft ranks."""
+    target, *drafts = text.split("/")
+    for group in drafts:
+        try:
+            whole = float(group) == 1.0
+        except ValueError:
+            whole = False
+        if not whole:
+            raise PartitionError(
+                f"layer split {text!r}: after '/' give 1 per draft model on a rank of its own "
+                "(draft models are not split over ranks), e.g. 0,0.5,0.5/1/1")
+    return parse_split(target), len(drafts)
 
 
 def even_split(n_ranks: int) -> list[float]:

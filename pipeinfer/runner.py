@@ -19,7 +19,10 @@ from .head import Pipeline
 from .llama_lib import LlamaError
 from .metrics import CsvRow, append_csv, rss_mb
 from .models import ModelError, check_gguf, resolve_model
-from .mpi_transport import HeadTransport, Link, RankFailed, WorkerLink, abort_job, hostname
+from .hierarchy import Level
+from .hierarchy_remote import DraftRank, RemoteHierarchy
+from .mpi_transport import (DraftLink, HeadTransport, Link, RankFailed, WorkerLink, abort_job,
+                            hostname)
 from .partition import PartitionError, StageRange, even_split, format_split, partition
 from .report import summary_line, result_json
 from .sampling import Sampler, SamplingParams
@@ -48,7 +51,8 @@ class RunConfig:
     n_batch: int = 512
     draft: str | tuple[str, ...] | None = None   # several (smallest first) for pipespec
     strategy: str = "iterative"
-    split: tuple[float, ...] | None = None
+    split: tuple[float, ...] | None = None   # the target's fractions, one per pipeline rank
+    draft_ranks: int = 0                     # pipespec: ranks of their own for the drafts
     threads: tuple[int, ...] = (1,)
     sampling: SamplingParams = SamplingParams()
     spec: SpecOptions = SpecOptions()
@@ -66,6 +70,10 @@ class RunConfig:
         if not self.draft:
             return ()
         return (self.draft,) if isinstance(self.draft, str) else tuple(self.draft)
+
+    def n_pipeline(self, size: int) -> int:
+        """The target pipeline's ranks (0..n-1); the draft ranks follow them."""
+        return size - self.draft_ranks
 
     def threads_for(self, rank: int) -> int:
         return self.threads[rank] if len(self.threads) > 1 else self.threads[0]
@@ -108,7 +116,11 @@ def main(cfg: RunConfig) -> int:
         if rank == 0 and cfg.csv:
             _check_writable(cfg.csv)
         ranges, model = _plan(cfg, size, say)
-        stage = _load_stage(cfg, model, ranges[rank], size, say)
+        n_pipeline = cfg.n_pipeline(size)
+        if rank >= n_pipeline:
+            stage = _load_draft_rank_stage(cfg, model, rank, n_pipeline)
+        else:
+            stage = _load_stage(cfg, model, ranges[rank], n_pipeline, say)
         if rank == 0:
             setup = _head_setup(cfg, model, stage, size)
     except SETUP_ERRORS as err:
@@ -124,8 +136,10 @@ def main(cfg: RunConfig) -> int:
     if rank == 0 and size > 1:  # launchers name a dead rank by pid and host only
         say("ready: " + "; ".join(f"rank {r} pid {pid} on {host}" for r, host, pid, _ in statuses))
     try:
+        if rank >= cfg.n_pipeline(size):
+            return _run_draft_rank(stage, cfg, size)
         if rank != 0:
-            return _run_worker(stage, cfg)
+            return _run_worker(stage, cfg, size)
         return _run_head(cfg, setup, ranges, size)
     except KeyboardInterrupt:
         if rank == 0:
@@ -133,10 +147,24 @@ def main(cfg: RunConfig) -> int:
         return 130
 
 
-def _run_worker(stage: Stage, cfg: RunConfig) -> int:
-    link = WorkerLink()
+def _run_worker(stage: Stage, cfg: RunConfig, size: int) -> int:
+    link = WorkerLink(n_ranks=cfg.n_pipeline(size))
     try:
         Worker(link, stage, argmax_only=cfg.sampling.greedy).run()
+        return 0
+    except Exception as err:  # report to the head, which ends the job with the message
+        link.report_error(_describe(err, cfg.verbose))
+        link.flush(timeout=5)
+        return 1
+
+
+def _run_draft_rank(stage: Stage, cfg: RunConfig, size: int) -> int:
+    link = DraftLink()
+    n_pipeline = cfg.n_pipeline(size)
+    level = Level(stage, cfg.n_batch)
+    try:
+        DraftRank(link, level, link.rank - n_pipeline, range(n_pipeline, size),
+                  cfg.spec.draft).run()
         return 0
     except Exception as err:  # report to the head, which ends the job with the message
         link.report_error(_describe(err, cfg.verbose))
@@ -199,7 +227,9 @@ def _plan(cfg: RunConfig, size: int, say) -> tuple[list[StageRange], Path]:
     if cfg.strategy in NEEDS_DRAFT and not cfg.draft:
         raise ValueError(f"strategy {cfg.strategy} needs a draft model (-md)")
     fractions = list(cfg.split) if cfg.split else even_split(size)
-    if len(fractions) != size:
+    if cfg.draft_ranks:
+        _check_draft_ranks(cfg, size, len(fractions))
+    elif len(fractions) != size:
         raise PartitionError(f"--layer-split has {len(fractions)} fractions but the job has "
                              f"{size} ranks; give one fraction per rank")
     if len(cfg.threads) not in (1, size):
@@ -207,6 +237,31 @@ def _plan(cfg: RunConfig, size: int, say) -> tuple[list[StageRange], Path]:
     model = resolve_model(cfg.model, progress=say)
     info = model_info(read_model(model), model)
     return partition(info.n_layer, fractions), model
+
+
+def _check_draft_ranks(cfg: RunConfig, size: int, n_target: int) -> None:
+    if cfg.strategy != "pipespec":
+        raise PartitionError("draft models on ranks of their own ('/' in --layer-split) are "
+                             "for --strategy pipespec only")
+    if cfg.draft_ranks != len(cfg.drafts):
+        raise PartitionError(f"--layer-split gives {cfg.draft_ranks} draft rank(s) but "
+                             f"{len(cfg.drafts)} draft model(s) are given (-md); give /1 "
+                             "for each, or none to run them in the head process")
+    if n_target + cfg.draft_ranks != size:
+        raise PartitionError(f"--layer-split asks for {n_target} target rank(s) and "
+                             f"{cfg.draft_ranks} draft rank(s), {n_target + cfg.draft_ranks} "
+                             f"in all, but the job has {size} ranks")
+
+
+def _load_draft_rank_stage(cfg: RunConfig, model: Path, rank: int, n_pipeline: int) -> Stage:
+    """The draft model of a draft rank (the -md numbered rank - n_pipeline), checked against
+    the target's vocabulary."""
+    tokenizer = Tokenizer(model)
+    try:
+        return _load_drafter(cfg, tokenizer, cfg.drafts[rank - n_pipeline],
+                             threads=cfg.threads_for(rank)).stage
+    finally:
+        tokenizer.close()
 
 
 def _load_stage(cfg: RunConfig, model: Path, rng: StageRange, size: int, say) -> Stage | None:
@@ -236,11 +291,18 @@ def _head_setup(cfg: RunConfig, model: Path, stage: Stage | None, size: int) -> 
     if len(prompt) + cfg.n_predict > cfg.n_ctx:
         raise ValueError(f"the context (-c {cfg.n_ctx}) cannot hold the {len(prompt)} prompt "
                          f"tokens plus {cfg.n_predict} to generate (-n); raise -c or lower -n")
-    drafter = _load_drafters(cfg, tokenizer) if cfg.speculates else None
-    transport = HeadTransport(tokenizer.n_vocab) if size > 1 else None
-    embed = None if size == 1 else Embedder(model)
-    return HeadSetup(tokenizer, prompt, Pipeline(embed, stage, transport, whole_model=size == 1),
-                     drafter, cfg.pool())
+    n_pipeline = cfg.n_pipeline(size)
+    if cfg.draft_ranks:
+        drafter = RemoteHierarchy(DraftLink(), range(n_pipeline, size),
+                                  ahead=cfg.spec.draft * cfg.spec.max_runs,
+                                  limit=min(cfg.n_ctx, len(prompt) + cfg.n_predict))
+    else:
+        drafter = _load_drafters(cfg, tokenizer) if cfg.speculates else None
+    transport = HeadTransport(tokenizer.n_vocab, n_ranks=n_pipeline) if n_pipeline > 1 else None
+    embed = None if n_pipeline == 1 else Embedder(model)
+    return HeadSetup(tokenizer, prompt,
+                     Pipeline(embed, stage, transport, whole_model=n_pipeline == 1), drafter,
+                     cfg.pool())
 
 
 def _load_drafters(cfg: RunConfig, tokenizer: Tokenizer) -> Drafter | list[Drafter]:
@@ -251,7 +313,8 @@ def _load_drafters(cfg: RunConfig, tokenizer: Tokenizer) -> Drafter | list[Draft
     return _load_drafter(cfg, tokenizer, cfg.drafts[0])
 
 
-def _load_drafter(cfg: RunConfig, tokenizer: Tokenizer, draft: str) -> Drafter:
+def _load_drafter(cfg: RunConfig, tokenizer: Tokenizer, draft: str,
+                  threads: int | None = None) -> Drafter:
     try:
         path = resolve_model(draft)
         check_gguf(path)
@@ -259,7 +322,8 @@ def _load_drafter(cfg: RunConfig, tokenizer: Tokenizer, draft: str) -> Drafter:
         raise ModelError(f"draft model (-md): {err}") from None
     config = StageConfig(n_ctx=cfg.kv_size, n_batch=cfg.n_batch,
                          n_seq_max=(cfg.spec.tree_width + 1 if cfg.strategy == "specpipe"
-                                    else cfg.spec.n_parallel), n_threads=cfg.threads_for(0))
+                                    else cfg.spec.n_parallel),
+                         n_threads=threads or cfg.threads_for(0))
     _check_same_vocabulary(Path(draft).name, path, tokenizer)
     stage = Stage(path, config, final=True, label="draft model")
     return Drafter(stage, cfg.n_batch)

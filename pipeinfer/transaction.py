@@ -43,6 +43,7 @@ class Tag(enum.IntEnum):
     LOGITS = 7      # last rank -> head: its logits (absent when the run was cancelled)
     ERROR = 8       # any rank -> head: a pickled message
     STATS = 9       # worker -> head at shutdown: a pickled dict
+    DRAFT = 10      # between PipeSpec's draft ranks and the head: int64 [kind, arg, tokens...]
 
 
 class DecodeFlag(enum.IntFlag):

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pipeinfer.partition import (PartitionError, StageRange, even_split, format_split,
-                                 parse_split, partition)
+                                 parse_layer_split, parse_split, partition)
 
 
 def bounds(ranges: list[StageRange]) -> list[tuple[int, int]]:
@@ -154,3 +154,21 @@ def test_refuse_more_ranks_than_layers():
     with pytest.raises(PartitionError, match="6 ranks but the model has only 4 layers"):
         partition(4, [0.0] + [0.2] * 5)
     partition(4, [0.0] + [0.25] * 4)  # head with none plus one layer per worker: fine
+
+
+@pytest.mark.parametrize("text,fractions,drafts", [
+    ("0,0.5,0.5", [0, 0.5, 0.5], 0), ("0,1/1", [0, 1], 1), ("1/1/1", [1], 2),
+    ("0.25,0.75/1.0", [0.25, 0.75], 1)])
+def test_parse_layer_split_with_draft_ranks(text, fractions, drafts):
+    assert parse_layer_split(text) == (fractions, drafts)
+
+
+@pytest.mark.parametrize("text", ["0,1/0.5", "0,1/", "0,1/x", "0,1/1,0"])
+def test_parse_layer_split_refuses_split_drafts(text):
+    with pytest.raises(PartitionError, match="1 per draft model"):
+        parse_layer_split(text)
+
+
+def test_split_command_refuses_draft_ranks():
+    with pytest.raises(PartitionError, match="draft models on ranks of their own"):
+        parse_split("0,1/1")

@@ -4,6 +4,8 @@ leave no stray KV entries; PipeSpec's analytic model (eq. 1-3) against hand-comp
 
 from __future__ import annotations
 
+import collections
+import threading
 from pathlib import Path
 
 import pytest
@@ -11,8 +13,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import mpi_util
-from pipeinfer.hierarchy import (Hierarchy, expectation, expected_tokens, geometric_tokens,
+from pipeinfer.hierarchy import (Hierarchy, Level, expectation, expected_tokens, geometric_tokens,
                                  merge, rho_recursion, steady_state_rho)
+from pipeinfer.hierarchy_remote import DraftRank, RemoteHierarchy
 from pipeinfer.partition import StageRange
 from pipeinfer.slicing import model_info, open_model, write_stage
 from pipeinfer.stage import Stage, StageConfig
@@ -334,3 +337,154 @@ def test_mpi_other_strategies_use_the_first_draft(tiny, drafts):
     assert launch.rc == 0, launch.describe()
     assert launch.json["tokens"] == list(tiny.reference[:N_MPI])
     assert "pipespec_stages" not in launch.json
+
+
+# --- draft models on ranks of their own (hierarchy_remote.py) -----------------------------------
+
+class ThreadNet:
+    """An in-process stand-in for mpi_transport.DraftLink: one inbox per rank; draft ranks run
+    in threads (llama.cpp releases the GIL while it computes)."""
+
+    def __init__(self, ranks):
+        self.inbox = {r: collections.deque() for r in [0, *ranks]}
+        self.stats: dict[int, dict] = {}
+        self.errors: list[BaseException] = []
+
+    def endpoint(self, rank: int) -> "ThreadEndpoint":
+        return ThreadEndpoint(self, rank)
+
+
+class ThreadEndpoint:
+    def __init__(self, net: ThreadNet, rank: int):
+        self.net, self.rank = net, rank
+
+    def send_draft(self, dest, kind, arg, tokens):
+        self.net.inbox[dest].append((self.rank, kind, arg, list(tokens)))
+
+    def poll_draft(self):
+        try:
+            return self.net.inbox[self.rank].popleft()
+        except IndexError:
+            return None
+
+    def send_stats(self, stats):
+        self.net.stats[self.rank] = stats
+
+    def poll_stats(self, source):
+        return self.net.stats.pop(source, None)
+
+    def check_errors(self):
+        if self.net.errors:
+            raise RuntimeError(f"a draft rank failed: {self.net.errors[0]!r}")
+
+    def flush(self, timeout=30.0):
+        return True
+
+
+def run_remote(tiny, paths, transport, spec=SpecOptions(), head_layers=1, n_predict=N_PREDICT):
+    """pipespec with the draft models `paths` on draft 'ranks' 3.. (threads); returns the run,
+    the draft ranks' levels and the last position each draft's sequence 0 holds (read before
+    the stages close)."""
+    stages = DraftStages(paths)
+    ranks = list(range(3, 3 + len(stages.stages)))
+    net = ThreadNet(ranks)
+    levels = [Level(s, N_BATCH) for s in stages.stages]
+    threads = []
+    for i, level in enumerate(levels):
+        rank = DraftRank(net.endpoint(ranks[i]), level, i, ranks, spec.draft)
+
+        def body(rank=rank):
+            try:
+                rank.run()
+            except BaseException as err:  # seen by the head's check_errors
+                net.errors.append(err)
+        threads.append(threading.Thread(target=body, daemon=True))
+    for t in threads:
+        t.start()
+    try:
+        limit = len(tiny.prompt) + n_predict
+        hier = RemoteHierarchy(net.endpoint(0), ranks, ahead=spec.draft * spec.max_runs,
+                               limit=limit)
+        out = run_pipespec(tiny, hier, transport, spec=spec, head_layers=head_layers,
+                           n_predict=n_predict)
+        for t in threads:
+            t.join(timeout=30)
+        assert not any(t.is_alive() for t in threads)
+        assert not net.errors, net.errors
+        return out, levels, [level.stage.seq_pos_max(0) for level in levels]
+    finally:
+        stages.close()
+
+
+@pytest.mark.parametrize("name", list(HIERARCHIES))
+@pytest.mark.parametrize("delay", [0, 2])
+def test_draft_ranks_exact(tiny, drafts, name, delay):
+    chain = [drafts[d] for d in HIERARCHIES[name]]
+    out, levels, pos_max = run_remote(tiny, chain, lambda st: LocalTransport(st, delay=delay))
+    check_consistent(out, tiny.reference, N_PREDICT)
+    accepted = list(out.gen.request.prompt) + out.gen.tokens
+    rows = out.gen.extras["pipespec_stages"]
+    assert [r["model"] for r in rows] == [p.name for p in chain] + [tiny.target.name]
+    for level, row, last in zip(levels, rows, pos_max):
+        # every draft rank ended with its buffer = the output and no stray KV entries
+        assert level.out == accepted
+        assert level.kv == accepted[:len(level.kv)]
+        assert last == len(level.kv) - 1
+        assert row["kv_end"] == len(level.kv)
+    assert rows[0]["produced"] > 0
+    if len(levels) > 1:
+        assert rows[1]["proposed"] > 0
+
+
+@pytest.mark.parametrize("lag", [1, 3])
+def test_draft_ranks_stepped_pipeline(tiny, drafts, lag):
+    spec = SpecOptions(draft=3)
+    chain = [drafts[d] for d in HIERARCHIES["unrelated>aligned"]]
+    out, _, _ = run_remote(tiny, chain,
+                           lambda st: SteppedTransport(st, lag=lag, abort=True, argmax=True),
+                           spec=spec, head_layers=0)
+    check_consistent(out, tiny.reference, N_PREDICT)
+
+
+def n_ranks_of(split: str) -> int:
+    target, *drafts = split.split("/")
+    return len(target.split(",")) + len(drafts)
+
+
+@pytest.mark.parametrize("name,split", [("aligned", "0,1/1"), ("unrelated>aligned", "0,1/1/1"),
+                                        ("first2>aligned", "0.5,0.5/1/1"),
+                                        ("unrelated", "1/1"),
+                                        ("first2>aligned", "0,0.5,0.5/1/1")])
+def test_mpi_draft_ranks_exact(tiny, drafts, name, split):
+    chain = [drafts[d] for d in HIERARCHIES[name]]
+    result = mpi_run(n_ranks_of(split), tiny, chain, split)
+    assert result["tokens"] == list(tiny.reference[:N_MPI])
+    assert result["partitions_free"] is True
+    assert result["draft_ranks"] == len(chain) and result["n_ranks"] == n_ranks_of(split)
+    assert result["split"].endswith("/1" * len(chain))
+    stages = result["pipespec_stages"]
+    assert [s["model"] for s in stages] == [p.name for p in chain] + [tiny.target.name]
+    accepted = len(result["prompt_tokens"]) + len(result["tokens"])
+    for s in stages[:-1]:
+        assert 0 < s["kv_end"] <= accepted  # trimmed to the output: no stray draft entries
+    assert stages[0]["produced"] > 0
+    # the target's ranks only: the draft ranks take no pipeline work
+    assert len(result["rank_stats"]) == len(split.split("/")[0].split(","))
+
+
+@pytest.mark.parametrize("split,strategy,n_md,fragment", [
+    ("0,1/1", "pipeinfer", 1, "for --strategy pipespec only"),
+    ("0,1/1", "pipespec", 2, "1 draft rank(s) but 2 draft model(s)"),
+    ("0,1/1/1", "pipespec", 1, "2 draft rank(s) but 1 draft model(s)"),
+    ("0,0.5,0.5/1", "pipespec", 1, "in all, but the job has 3 ranks"),
+    ("0,1/0.5", "pipespec", 1, "after '/' give 1 per draft model"),
+])
+def test_mpi_draft_ranks_refused(tiny, drafts, split, strategy, n_md, fragment):
+    md = [a for d in [drafts["aligned"]] * n_md for a in ("-md", str(d))]
+    launch = mpi_util.run_pipeinfer(3, tiny.target, PROMPT, *md, "--strategy", strategy,
+                                    "--layer-split", split, n_predict=8, timeout=60)
+    assert launch.rc != 0 and not launch.timed_out, launch.describe()
+    # one message (the command-line check's comes as click's "Error: Invalid value ...")
+    assert launch.stderr.count(fragment) == 1, launch.describe()
+    assert len(mpi_util.error_lines(launch.stderr)) <= 1, launch.describe()
+    assert "Traceback" not in launch.stderr

@@ -2,7 +2,8 @@
 model an asynchronous stage that verifies the one before it.
 
 The draft models run on the head (hierarchy.py), interleaved cooperatively with the target
-pipeline: between any two draft or verification steps the head polls the pipeline. The target
+pipeline: between any two draft or verification steps the head polls the pipeline; or, with
+`--layer-split .../1/1`, each on a rank of its own (hierarchy_remote.py), all concurrently. The target
 is the existing pipeline, fed like PipeInfer's speculative runs: when the last draft model
 M(k-1) has tokens beyond the newest speculation in flight, up to --draft of them go out as a
 speculative run continuing it, with up to --max-runs runs in flight. They go out at once
@@ -26,6 +27,7 @@ from pathlib import Path
 from ..backoff import IdleBackoff
 from ..generation import prefill
 from ..hierarchy import Hierarchy, StageStats, expectation
+from ..hierarchy_remote import RemoteHierarchy
 from ..speculation import Speculation
 
 
@@ -37,7 +39,7 @@ WARM_TOKENS = 2
 def build_hierarchy(drafter, cfg) -> Hierarchy:
     """The hierarchy over the draft models the runner loaded: a Drafter or a sequence of them
     (smallest first), or a ready Hierarchy."""
-    if isinstance(drafter, Hierarchy):
+    if isinstance(drafter, (Hierarchy, RemoteHierarchy)):
         return drafter
     drafters = list(drafter) if isinstance(drafter, (list, tuple)) else [drafter]
     return Hierarchy([d.stage for d in drafters], cfg.n_batch, cfg.spec.draft)
