@@ -8,6 +8,8 @@ layers, one worker holds the whole target):
   pipeinfer   0.5B -> 1.5B      asynchronous speculation with one draft
   pipespec    0.5B -> 1.5B      2-model hierarchy
   pipespec    M0 -> 0.5B -> 1.5B  3-model hierarchy
+  pipespec2-ranks, pipespec3-ranks (with --configs): the same with every draft model on a rank
+              of its own after the target's (--layer-split SPLIT/1[/1], more ranks)
 and prints, per configuration, the median speed, the per-stage acceptance rates, tokens and
 step times (the `pipespec_stages` of the run's JSON) and PipeSpec's analytic expectation
 (eq. 1-3) computed from them. Every output must be identical (greedy).
@@ -35,7 +37,10 @@ CONFIGS = {  # name -> (strategy, drafts: "m0" / "m1")
     "pipeinfer": ("pipeinfer", ("m1",)),
     "pipespec2": ("pipespec", ("m1",)),
     "pipespec3": ("pipespec", ("m0", "m1")),
+    "pipespec2-ranks": ("pipespec", ("m1",)),
+    "pipespec3-ranks": ("pipespec", ("m0", "m1")),
 }
+DEFAULT_CONFIGS = ("iterative", "pipeinfer", "pipespec2", "pipespec3")
 
 
 def make_m0(m1: Path, layers: int, out_dir: Path) -> Path:
@@ -55,12 +60,15 @@ def make_m0(m1: Path, layers: int, out_dir: Path) -> Path:
 
 def run_config(name: str, models: dict, args) -> dict:
     strategy, drafts = CONFIGS[name]
+    split, ranks = args.split, args.ranks
+    if name.endswith("-ranks"):  # a rank of its own per draft model
+        split, ranks = split + "/1" * len(drafts), ranks + len(drafts)
     cmd = [str(BIN / "pipeinfer"), "run", "-m", str(models["target"]), "-p", PROMPT, "--chat",
            "-n", str(args.n), "--ignore-eos", "--strategy", strategy, "--layer-split",
-           args.split, "-t", "1", "--json"] + args.extra
+           split, "-t", "1", "--json"] + args.extra
     for d in drafts:
         cmd += ["-md", str(models[d])]
-    launch = [str(BIN / "mpiexec"), "-n", str(args.ranks)] + cmd
+    launch = [str(BIN / "mpiexec"), "-n", str(ranks)] + cmd
     out = subprocess.run(launch, capture_output=True, text=True, timeout=args.timeout)
     if out.returncode != 0:
         raise SystemExit(f"{name} failed ({out.returncode}):\n{out.stderr[-2000:]}")
@@ -112,7 +120,8 @@ def main() -> None:
                              "weights as 9 of the 0.5B's 24 layers; 6 layers agreed with the 0.5B "
                              "on no token in a smoke run)")
     parser.add_argument("--work-dir", default=None, help="where M0 is written")
-    parser.add_argument("--configs", default=",".join(CONFIGS))
+    parser.add_argument("--configs", default=",".join(DEFAULT_CONFIGS),
+                        help=f"comma list of {', '.join(CONFIGS)}")
     parser.add_argument("--ranks", type=int, default=2)
     parser.add_argument("--split", default="0,1")
     parser.add_argument("-n", type=int, default=128)
