@@ -75,7 +75,8 @@ def test_reference_is_single_node_llama_cpp(tiny, reference):
 
 
 def _ranks(split: str) -> int:
-    return len(split.split(","))
+    target, *draft_ranks = split.split("/")
+    return len(target.split(",")) + len(draft_ranks)
 
 
 @pytest.mark.parametrize("draft", ["aligned", "unrelated"])
@@ -216,12 +217,15 @@ def smol_reference(smol_pair) -> list[int]:
 @pytest.mark.slow
 @pytest.mark.parametrize("strategy,split", [("pipeinfer", "0,0.5,0.5"),
                                             ("pipeinfer", "0.3,0.7"),
-                                            ("speculative", "0.5,0.5")])
+                                            ("speculative", "0.5,0.5"),
+                                            ("pipespec", "0,0.5,0.5"),
+                                            ("pipespec", "0,1/1"),
+                                            ("specpipe", "0,0.5,0.5")])
 def test_smollm2_self_draft_exact(smol_pair, smol_reference, strategy, split):
     target, draft = smol_pair
     n = _ranks(split)
     result = run(n, target, "-md", draft, "--strategy", strategy, "--layer-split", split,
                  n_predict=N_SMOL, prompt=SMOL_PROMPT, timeout=300)
-    check_run(result, smol_reference, n - 1)
+    check_run(result, smol_reference, len(split.split("/")[0].split(",")) - 1)
     # (the 12-layer self-draft rarely agrees with the full model: acceptance ~1.5%)
     assert result["runs_speculative"] > 0 and result["n_drafted"] > 0
