@@ -76,6 +76,22 @@ class Drafter:
         self.ctx, self._last = list(context), logits
         return logits
 
+    def sync(self, context: Sequence[int]) -> np.ndarray:
+        """Make sequence 0 hold `context`; the draft's logits after it."""
+        return self._sync(context)
+
+    @property
+    def n_held(self) -> int:
+        """How many tokens sequence 0 holds."""
+        return len(self.ctx)
+
+    def adopt(self, seq: int, token: int) -> None:
+        """Append `token` to sequence 0, taking the KV entry that sequence `seq` already holds
+        for that position (no decode)."""
+        pos = len(self.ctx)
+        self.stage.seq_cp(seq, 0, pos, pos + 1)
+        self.ctx, self._last = self.ctx + [token], None
+
     def prepare(self, context: Sequence[int], max_tokens: int | None = None) -> None:
         """Evaluate `context` now, or only its next `max_tokens` tokens not evaluated yet: the
         head warms the draft up on the prompt in such steps while the target prefills it, so

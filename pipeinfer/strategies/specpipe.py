@@ -31,7 +31,7 @@ slot holding it into sequence 0, so sequence 0 always holds [0, c0) with c0 one 
 newest accepted node whose entry is still held (a node on a beam that died may have lost its
 entries: a flush then decodes it again with the new root). Cells are never freed during a
 generation, so every sequence's cells stay in position order and logits stay bit-exact.
-Draft model (on the head): sequence 0 holds the accepted context (Drafter.ctx), slot i is
+Draft model (on the head): sequence 0 holds the accepted context (Drafter.sync), slot i is
 draft sequence 1+i (so the draft needs width+1 sequences); its cells may be reused.
 """
 
@@ -131,7 +131,7 @@ class SpecPipe:
         self.c0 = p + 1
         self.holding.add(0)
         # the draft: its sequence 0 catches up to the accepted tokens; slot 0 copies it
-        self.dlogits = {root: self.drafter._sync(accepted)}
+        self.dlogits = {root: self.drafter.sync(accepted)}
         dstage = self.drafter.stage
         dstage.seq_rm(self.dseq(0), -1, -1)
         dstage.seq_cp(0, self.dseq(0), -1, p + 1)
@@ -226,9 +226,8 @@ class SpecPipe:
             self.pipe.kv([seq_cp(self.slots[slot], CANONICAL_SEQ, pos, pos + 1)])
             self.c0 = pos + 1
         d = self.drafter
-        if slot is not None and tree.nodes[child].draft_done and len(d.ctx) == pos:
-            d.stage.seq_cp(self.dseq(slot), 0, pos, pos + 1)
-            d.ctx, d._last = d.ctx + [tree.nodes[child].token], None
+        if slot is not None and tree.nodes[child].draft_done and d.n_held == pos:
+            d.adopt(self.dseq(slot), tree.nodes[child].token)
         tree.reroot(child)
         doomed = [f for f in self.live() if f.pos > pos
                   and not any(n in tree.nodes for n in f.nodes)]
