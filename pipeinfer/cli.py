@@ -255,6 +255,9 @@ def main() -> None:
                    "up to 2x --draft.")
 @click.option("--no-cancel", is_flag=True,
               help="pipeinfer ablation: never cancel runs; useless results are just dropped.")
+@click.option("--no-draft-thread", is_flag=True,
+              help="pipeinfer: draft on the head's main thread (the head then sees results "
+                   "only between draft steps) instead of a thread of its own.")
 @click.option("--ignore-eos", is_flag=True, help="Keep generating past end-of-generation tokens.")
 @click.option("--chat", is_flag=True, help="Wrap the prompt in the model's chat template.")
 @click.option("--csv", "csv_path", type=click.Path(dir_okay=False), default=None,
@@ -266,8 +269,8 @@ def main() -> None:
               help="-v: progress of every rank; -vv: also llama.cpp's log; tracebacks.")
 def run(model, draft, prompt, prompt_file, n_predict, n_ctx, n_batch, seed, temp, top_k, top_p,
         threads, split, strategy, draft_max, p_accept, p_split, n_parallel, p_recovery, p_decay,
-        max_runs, partitions, kv_size, no_repack, no_continuous, no_cancel, ignore_eos, chat,
-        csv_path, as_json, label, verbose, tree_width, tree_k):
+        max_runs, partitions, kv_size, no_repack, no_continuous, no_cancel, no_draft_thread,
+        ignore_eos, chat, csv_path, as_json, label, verbose, tree_width, tree_k):
     """Generate text from a prompt. Under mpirun every rank runs this same command: rank 0 is
     the head (tokenizer, sampling, its share of layers), ranks 1..N-1 each evaluate one
     contiguous slice of the target's layers. Text streams to stdout; a summary (prompt t/s,
@@ -310,7 +313,7 @@ def run(model, draft, prompt, prompt_file, n_predict, n_ctx, n_batch, seed, temp
                     spec=SpecOptions(draft_max, p_accept, p_split, n_parallel, p_recovery,
                                      p_decay, not no_continuous, not no_cancel, max_runs,
                                      partitions, kv_size, tree_width=tree_width,
-                                     tree_k=tree_k),
+                                     tree_k=tree_k, draft_thread=not no_draft_thread),
                     ignore_eos=ignore_eos, chat=chat, csv=csv_path, json=as_json,
                     verbose=verbose, label=label, repack=not no_repack)
     sys.exit(run_main(cfg))

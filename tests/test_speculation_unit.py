@@ -19,6 +19,7 @@ classification and token trees, the partition pool) have unit tests at the end.
 from __future__ import annotations
 
 import os
+import time
 from collections import deque
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -472,6 +473,38 @@ def test_stepped_pipeline_exact(tiny, strategy, draft, head_layers, lag, abort):
                 assert out.total("aborted") > 0
 
 
+@pytest.mark.parametrize("draft", DRAFTS)
+@pytest.mark.parametrize("head_layers", [0, 1])
+@pytest.mark.parametrize("transport", ["local-0", "local-2", "stepped-1", "stepped-3-abort"])
+@pytest.mark.parametrize("continuous", [True, False])
+def test_draft_thread_exact(tiny, draft, head_layers, transport, continuous):
+    """pipeinfer with the draft model on a thread of its own (the CLI's default): results
+    are absorbed while micro-batches are drafted, jobs go stale or are rebased onto the
+    newest speculation; the timing is the threads', the output must not depend on it."""
+    kind, lag, *abort = transport.split("-")
+    make = ((lambda st: LocalTransport(st, delay=int(lag))) if kind == "local" else
+            (lambda st: SteppedTransport(st, lag=int(lag), abort=bool(abort),
+                                         argmax=bool(abort))))
+    spec = SpecOptions(draft_thread=True, continuous=continuous, n_parallel=2, p_split=0.1)
+    out = run_inprocess(tiny, "pipeinfer", getattr(tiny, draft), spec=spec,
+                        head_layers=head_layers, transport=make)
+    check_consistent(out, tiny.reference)
+
+
+def test_draft_thread_speculates(tiny):
+    """With a pipeline slower than a draft step, threaded drafting starts speculative runs
+    whose tokens are accepted (a slow transport: every poll sleeps)."""
+    class Slow(LocalTransport):
+        def poll_result(self):
+            time.sleep(0.004)
+            return super().poll_result()
+
+    out = run_inprocess(tiny, "pipeinfer", tiny.aligned, spec=SpecOptions(draft_thread=True),
+                        transport=lambda st: Slow(st, delay=2))
+    check_consistent(out, tiny.reference)
+    assert out.counters.runs_speculative > 0 and out.counters.n_accepted > 0
+
+
 @pytest.mark.parametrize("continuous,cancel", [(False, True), (True, False), (False, False)])
 def test_pipeinfer_ablations_exact(tiny, continuous, cancel):
     spec = SpecOptions(continuous=continuous, cancel=cancel)
@@ -741,16 +774,18 @@ def test_scheduler_property_exact(tiny, strategy, plans, schedule, lag, abort, h
        max_runs=st.integers(2, 6),
        partitions=st.integers(1, 4),
        continuous=st.booleans(),
-       cancel=st.booleans())
+       cancel=st.booleans(),
+       draft_thread=st.booleans())
 def test_real_drafter_property_exact(tiny, strategy, draft, schedule, lag, abort, head_layers,
                                      n_parallel, draft_max, p_accept, p_split, p_recovery,
-                                     p_decay, max_runs, partitions, continuous, cancel):
+                                     p_decay, max_runs, partitions, continuous, cancel,
+                                     draft_thread):
     """The real Drafter (confidence cutoff, branching, adaptive p_adjust) under random
-    pipeline timing and options."""
+    pipeline timing and options (pipeinfer: drafting on the head's thread or its own)."""
     spec = SpecOptions(draft=draft_max, p_accept=p_accept, p_split=p_split,
                        n_parallel=n_parallel, p_recovery=p_recovery, p_decay=p_decay,
                        continuous=continuous, cancel=cancel, max_runs=max_runs,
-                       partitions=partitions)
+                       partitions=partitions, draft_thread=draft_thread)
     n_predict = 20
     out = run_inprocess(
         tiny, strategy, getattr(tiny, draft), spec=spec, head_layers=head_layers,

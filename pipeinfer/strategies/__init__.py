@@ -23,6 +23,7 @@ class SpecOptions:
     kv_size: int = 0           # KV cells per stage; 0: 4x the context
     tree_width: int = 4        # specpipe: nodes per tree level (beam slots)
     tree_k: int = 2            # specpipe: draft candidates per bottom node
+    draft_thread: bool = False  # pipeinfer: the draft model on a thread of its own (CLI: on)
 
 
 STRATEGIES = {"iterative": iterative.run, "speculative": speculative.run,
