@@ -10,7 +10,11 @@ import json
 import os
 import re
 import shutil
+import signal
+import socket
+import statistics
 import subprocess
+import sys
 import textwrap
 import time
 from pathlib import Path
@@ -20,6 +24,9 @@ import pytest
 from mpi_util import PIPEINFER, PYTHON, launch, run_pipeinfer
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "experiments"))
+import linkhub  # noqa: E402  (experiments/linkhub.py: cluster.py's userspace links)
+
 CLUSTER = ROOT / "experiments" / "cluster.py"
 CGROUP_V1 = Path("/sys/fs/cgroup/cpu")
 CGROUP_V2 = Path("/sys/fs/cgroup")
@@ -329,24 +336,265 @@ def _netem_missing() -> str | None:
         result = subprocess.run(["tc", "-n", name, "qdisc", "add", "dev", "lo", "root", "netem",
                                  "delay", "1ms"], capture_output=True, text=True)
         if result.returncode != 0:
-            return (f"this kernel has no netem qdisc (tc: {result.stderr.strip()}); "
-                    "cluster.py links are then rate-limited (HTB) without delay")
+            return f"this kernel has no netem qdisc (tc: {result.stderr.strip()})"
         return None
     finally:
         subprocess.run(["ip", "netns", "del", name], capture_output=True)
 
 
-def test_netem_delay_is_added(tmp_path):
-    reason = _netem_missing()
+def _tap_missing() -> str | None:
+    """Why cluster.py's userspace links (TAP devices) cannot be used here, or None."""
+    if NO_NETNS:
+        return NO_NETNS
+    if not os.path.exists(linkhub.TUN_PATH):
+        return f"{linkhub.TUN_PATH} is missing"
+    name = f"pttap{os.getpid()}"
+    subprocess.run(["ip", "netns", "add", name], capture_output=True, check=True)
+    try:
+        for fd in linkhub.open_taps([f"/run/netns/{name}"]):
+            os.close(fd)
+        return None
+    except linkhub.LinkHubError as err:
+        return str(err)
+    finally:
+        subprocess.run(["ip", "netns", "del", name], capture_output=True)
+
+
+SHAPER_MISSING = {"netem": _netem_missing, "tap": _tap_missing}
+
+
+@pytest.fixture(params=["netem", "tap"])
+def shaper(request) -> str:
+    """Each way cluster.py can emulate a delay: kernel netem, and the userspace forwarder
+    (linkhub.py, the fallback on kernels without netem); each skipped where impossible."""
+    reason = SHAPER_MISSING[request.param]()
     if reason:
         pytest.skip(reason)
-    script = write_script(tmp_path, "pingpong.py", PINGPONG)
-    rounds, delay_ms = 10, 10
-    result, job = cluster("--nodes", "2", "--cpu", "1", "--link", "custom", "--rate", "1gbit",
-                          "--delay", f"{delay_ms}ms", "--", PYTHON, script, "8", str(rounds))
+    return request.param
+
+
+# Rank 0 times small MPI round trips one by one, then one BULK-byte message (and a 1-byte ack).
+LINKPROBE = """
+    import json, sys, time
+    import numpy as np
+    from mpi4py import MPI
+
+    rounds, bulk = int(sys.argv[1]), int(sys.argv[2])
+    comm = MPI.COMM_WORLD
+    rank = comm.Get_rank()
+    small = np.zeros(8, dtype=np.uint8)
+
+    def roundtrip(message, reply):
+        t0 = time.perf_counter()
+        if rank == 0:
+            comm.Send(message, dest=1)
+            comm.Recv(reply, source=1)
+        else:
+            comm.Recv(message, source=0)
+            comm.Send(reply, dest=0)
+        return (time.perf_counter() - t0) * 1000
+
+    for _ in range(3):  # connections and ARP entries are set up
+        roundtrip(small, small)
+    comm.Barrier()
+    rtts = [roundtrip(small, small) for _ in range(rounds)]
+    bulk_ms = None
+    if bulk:
+        big = np.zeros(bulk, dtype=np.uint8)
+        comm.Barrier()
+        bulk_ms = roundtrip(big, small)
+    if rank == 0:
+        sys.stdout.write(json.dumps({"rtts": rtts, "bulk_ms": bulk_ms}) + "\\n")
+        sys.stdout.flush()
+"""
+
+
+def link_probe(tmp_path: Path, shaper: str, *link: str, rounds: int = 30, bulk: int = 0):
+    """Run LINKPROBE on two ranks over `--link custom LINK` with the given shaper; returns
+    rank 0's report (round trips in ms, the bulk message's time in ms)."""
+    script = write_script(tmp_path, "linkprobe.py", LINKPROBE)
+    result, job = cluster("--nodes", "2", "--cpu", "1", "--link", "custom", *link,
+                          "--shaper", shaper, "--", PYTHON, script, str(rounds), str(bulk))
     assert result.rc == 0, result.describe()
     assert_cleaned_up(job)
-    assert "no netem" not in result.stderr
-    reports = rank_reports(result.stdout)
-    rtt_ms = reports[0]["elapsed"] / rounds * 1000
-    assert rtt_ms >= 0.9 * 2 * delay_ms, f"round trip {rtt_ms:.1f} ms: delay not applied"
+    assert f"links shaped by {shaper}" in result.stderr, result.describe()
+    assert result.json is not None, result.describe()
+    return result.json
+
+
+def test_link_adds_its_delay(tmp_path, shaper):
+    """A 5 ms link (each way) makes an MPI round trip between two ranks take ~10 ms: at least
+    2 x delay, at most 50% more, and clearly above the same link without delay."""
+    delay_ms = 5
+    base = link_probe(tmp_path, shaper, "--rate", "1gbit", "--delay", "0ms")
+    shaped = link_probe(tmp_path, shaper, "--rate", "1gbit", "--delay", f"{delay_ms}ms")
+    base_ms, rtt_ms = statistics.median(base["rtts"]), statistics.median(shaped["rtts"])
+    assert 0.9 * 2 * delay_ms <= rtt_ms <= 1.5 * 2 * delay_ms, \
+        f"median round trip {rtt_ms:.2f} ms over a {delay_ms} ms link (unshaped {base_ms:.2f})"
+    assert rtt_ms - base_ms >= 0.8 * 2 * delay_ms, (rtt_ms, base_ms)
+    # no round trip beats the delay: it is a floor, not an average
+    assert min(shaped["rtts"]) >= 0.95 * 2 * delay_ms, sorted(shaped["rtts"])[:5]
+
+
+def test_link_rate_limits_a_bulk_message(tmp_path, shaper):
+    """1 MiB over a 10 Mbit/s link takes ~0.88 s (payload plus TCP/IP headers) +-30%."""
+    size, rate = 1 << 20, 10e6
+    report = link_probe(tmp_path, shaper, "--rate", "10mbit", "--delay", "1ms", rounds=3,
+                        bulk=size)
+    expected_ms = size * 8 / rate * (1 + 66 / 1448) * 1000  # Ethernet+IP+TCP headers per MSS
+    assert 0.7 * expected_ms <= report["bulk_ms"] <= 1.3 * expected_ms, \
+        f"1 MiB took {report['bulk_ms']:.0f} ms at 10 Mbit/s (expected ~{expected_ms:.0f})"
+
+
+def test_link_jitter_varies_round_trips(tmp_path, shaper):
+    """5 ms +- 2 ms each way: round trips spread over milliseconds around 10 ms."""
+    report = link_probe(tmp_path, shaper, "--rate", "1gbit", "--delay", "5ms",
+                        "--jitter", "2ms", rounds=40)
+    rtts = sorted(report["rtts"])
+    deciles = statistics.quantiles(rtts, n=10)
+    assert 7 <= statistics.median(rtts) <= 16, rtts
+    assert deciles[-1] - deciles[0] >= 1.5, f"round trips barely vary: {rtts}"
+    assert min(rtts) >= 0.95 * 2 * (5 - 2), rtts
+
+
+@needs_netns
+@pytest.mark.parametrize("signum, rc", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_cleanup_on_signal(signum, rc):
+    """Ctrl-C or a SIGTERM to cluster.py mid-job: the ranks, namespaces, links (and the link
+    forwarder with its TAP devices) and cgroups are gone afterwards."""
+    marker = "27.1828" if signum == signal.SIGINT else "27.1829"
+    proc = subprocess.Popen([PYTHON, CLUSTER, "-v", "--nodes", "2", "--cpu", "0.5", "--link",
+                             "slow", "--", "sleep", marker], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        job, lines = None, []
+        while job is None:
+            line = proc.stderr.readline()
+            assert line, "cluster.py ended early:\n" + "".join(lines)
+            lines.append(line)
+            match = re.search(r"--cgroup \S*/pipeinfer-([0-9a-f]+)", line)
+            job = match and match.group(1)
+        deadline = time.monotonic() + 30
+        while subprocess.run(["pgrep", "-f", f"sleep {marker}"],
+                             capture_output=True).returncode != 0:
+            assert time.monotonic() < deadline, "the ranks never started"
+            time.sleep(0.1)
+        assert any(ns.startswith(f"pi{job}") for ns in netns_list())
+        proc.send_signal(signum)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == rc, "".join(lines) + err
+    assert_cleaned_up(job)
+    stray = subprocess.run(["pgrep", "-f", f"sleep {marker}"], capture_output=True, text=True)
+    assert stray.stdout.strip() == "", "ranks survived the signal"
+
+
+# --- the userspace link emulator itself (no root needed: socket pairs stand in for TAPs) ---
+def vnet_frame(dst: bytes, src: bytes, size: int, tag: int = 0) -> bytes:
+    """A frame as read from a TAP with IFF_VNET_HDR: 10-byte vnet header (no offloads) +
+    Ethernet header + payload whose first 4 bytes are TAG; SIZE counts from the Ethernet
+    header on."""
+    payload = tag.to_bytes(4, "big") + bytes(size - 14 - 4)
+    return bytes(10) + dst + src + b"\x08\x00" + payload
+
+
+MAC = [bytes([2, 0, 0, 0, 0, i]) for i in range(4)]
+BROADCAST = b"\xff" * 6
+
+
+class HubPorts:
+    """A LinkHub over socket pairs: `ends[i]` is what node i's TAP would be."""
+
+    def __init__(self, links: list):
+        pairs = [socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET) for _ in links]
+        for hub_end, _ in pairs:
+            hub_end.setblocking(False)
+        self.ends = [end for _, end in pairs]
+        self.hub = linkhub.LinkHub([hub_end.detach() for hub_end, _ in pairs], links, seed=1)
+        self.hub.start()
+
+    def recv(self, port: int, timeout: float = 2.0) -> tuple[bytes, float] | None:
+        self.ends[port].settimeout(timeout)
+        try:
+            return self.ends[port].recv(1 << 17), time.monotonic()
+        except socket.timeout:
+            return None
+
+    def close(self):
+        self.hub.stop()
+        for end in self.ends:
+            end.close()
+
+
+def test_linkhub_delays_floods_and_learns():
+    ports = HubPorts([linkhub.Link(delay=0.03) for _ in range(3)])
+    try:
+        t0 = time.monotonic()
+        ports.ends[0].send(vnet_frame(BROADCAST, MAC[0], 100, tag=1))
+        for port in (1, 2):  # flooded to everyone else, one delay later
+            frame, at = ports.recv(port)
+            assert frame[10 + 14:10 + 18] == (1).to_bytes(4, "big")
+            assert 0.03 <= at - t0 < 0.5
+        assert ports.recv(0, timeout=0.1) is None, "a frame went back to its sender"
+        ports.ends[1].send(vnet_frame(MAC[0], MAC[1], 100, tag=2))  # MAC[0] was learnt
+        frame, _ = ports.recv(0)
+        assert frame[10 + 14:10 + 18] == (2).to_bytes(4, "big")
+        assert ports.recv(2, timeout=0.1) is None, "a unicast frame was flooded"
+    finally:
+        ports.close()
+
+
+def test_linkhub_rate_keeps_order_under_jitter():
+    """20 frames of 1000 bytes at 1 Mbit/s leave 8 ms apart; jitter of +-4 ms on a 5 ms delay
+    never reorders them."""
+    ports = HubPorts([linkhub.Link(delay=0.005, jitter=0.004, rate=1e6) for _ in range(2)])
+    try:
+        t0 = time.monotonic()
+        for tag in range(20):
+            ports.ends[0].send(vnet_frame(MAC[1], MAC[0], 1000, tag=tag))
+        arrivals = [ports.recv(1) for _ in range(20)]
+        assert all(arrivals), "frames lost"
+        tags = [int.from_bytes(frame[24:28], "big") for frame, _ in arrivals]
+        assert tags == list(range(20)), f"reordered: {tags}"
+        last = arrivals[-1][1] - t0
+        assert last >= 20 * 1000 * 8 / 1e6 + 0.001, f"rate not enforced: {last:.3f} s"
+        assert last < 0.16 + 0.009 + 0.5
+        assert ports.hub.links[0].frames == 20 and ports.hub.links[0].bytes == 20 * 1000
+    finally:
+        ports.close()
+
+
+def test_linkhub_counts_segmented_frames_on_the_wire():
+    """A 64 KiB TCP segment the kernel left to offloading counts its 66 header bytes once per
+    MTU-sized packet, like the kernel's qdisc accounting."""
+    mss, segments, headers = 1448, 10, 14 + 20 + 32
+    tcp_start = 14 + 20
+    vnet = linkhub.VNET_HDR.pack(1, linkhub.VNET_GSO_TCPV4, headers, mss, tcp_start, 16)
+    frame = bytearray(headers + segments * mss)
+    frame[tcp_start + 12] = (32 // 4) << 4  # TCP data offset
+    data = vnet + bytes(frame)
+    assert linkhub.wire_bytes(data) == len(frame) + (segments - 1) * headers
+    assert linkhub.wire_bytes(bytes(10) + bytes(100)) == 100
+
+
+@pytest.mark.parametrize("text, value", [("1gbit", 1e9), ("100mbit", 1e8), ("10Mbit", 1e7),
+                                         ("500kbit", 5e5), ("12.5mbps", 1e8), ("1000", 1e3)])
+def test_parse_rate(text, value):
+    assert linkhub.parse_rate(text) == pytest.approx(value)
+
+
+@pytest.mark.parametrize("text, value", [("0.2ms", 2e-4), ("1ms", 1e-3), ("150us", 1.5e-4),
+                                         ("1s", 1.0), ("0ms", 0.0), ("250", 2.5e-4)])
+def test_parse_time(text, value):
+    assert linkhub.parse_time(text) == pytest.approx(value)
+
+
+@pytest.mark.parametrize("bad", ["fast", "1mbitx", "1 gigabit", "0mbit"])
+def test_bad_rate_is_refused(bad):
+    with pytest.raises(ValueError):
+        linkhub.parse_rate(bad)
+    result = launch([PYTHON, CLUSTER, "--link", "custom", "--rate", bad, "--", "true"])
+    assert result.rc == 2 and "rate" in result.stderr, result.describe()
