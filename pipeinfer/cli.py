@@ -7,6 +7,12 @@ import os
 import signal
 import sys
 
+from . import supervisor
+
+# First of all, before MPI starts: one of several ranks of `pipeinfer run` under a launcher
+# forks; the child goes on as the rank, the parent waits to name it if a signal kills it.
+supervisor.supervise()
+
 # Set by MPI launchers in every rank's environment (MPICH/Intel MPI, Open MPI, PMIx).
 _RANK_VARS = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK")
 

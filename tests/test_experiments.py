@@ -59,8 +59,11 @@ def test_smoke_config_runs_end_to_end(smoke):
         assert row["target"] == Path(row["target"]).name  # as pipeinfer writes it
         if row["strategy"] == "iterative":
             assert row["draft"] == "" and row["accept_rate"] == ""
-        else:
+        elif row["strategy"] == "speculative" or row["accept_rate"]:
             assert row["draft"] and 0 <= float(row["accept_rate"]) <= 1
+        else:  # pipeinfer drafting on its own thread may find nothing worth starting in a
+            # run this short (16 tokens, a pipeline as fast as the draft): no rate then
+            assert row["draft"] and row["strategy"].startswith("pipeinfer")
     # one progress line per run, with its speed
     progress = [line for line in result.stdout.splitlines() if line.startswith("[")]
     assert len(progress) == n_runs

@@ -290,22 +290,18 @@ class LongJob:
                                          stdin=subprocess.DEVNULL, start_new_session=True,
                                          env={**os.environ, "PYTHONUNBUFFERED": "1", **env})
 
-    def rank_pid(self, rank: int, timeout: float = 30.0) -> int:
-        """The pid of the `pipeinfer` process of MPI rank `rank` (PMI_RANK in its environment)."""
+    def ready_pids(self, timeout: float = 60.0) -> dict[int, int]:
+        """rank -> pid of the process running it, from the head's `ready:` line (under the
+        launcher, each is the child of the rank's supervisor: pipeinfer.supervisor)."""
         deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            for pid in subprocess.run(["pgrep", "-f", self.marker], capture_output=True,
-                                      text=True).stdout.split():
-                try:
-                    comm = Path(f"/proc/{pid}/comm").read_text().strip()
-                    environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-                except OSError:
-                    continue
-                if comm not in ("mpiexec", "hydra_pmi_proxy") and \
-                        f"PMI_RANK={rank}".encode() in environ:
-                    return int(pid)
+        while True:
+            ready = re.search(r"^pipeinfer\[0\]: ready: (.*)$", self.output()[1], re.M)
+            if ready:
+                pairs = re.findall(r"rank (\d+) pid (\d+)", ready[1])
+                return {int(rank): int(pid) for rank, pid in pairs}
+            assert self.proc.poll() is None, f"the job ended early:\n{self.output()[1]}"
+            assert time.monotonic() < deadline, "no ready line from the job"
             time.sleep(0.05)
-        raise AssertionError(f"no process of rank {rank} found")
 
     def wait_generating(self, n_bytes: int = 200, timeout: float = 60.0) -> None:
         deadline = time.monotonic() + timeout
@@ -343,8 +339,9 @@ class LongJob:
 def long_job(tiny_model, tmp_path, cache_env):
     jobs: list[LongJob] = []
 
-    def start(n_ranks: int, *extra: str) -> LongJob:
-        jobs.append(LongJob(tiny_model, n_ranks, tmp_path, cache_env, *extra))
+    def start(n_ranks: int, *extra: str, env: dict | None = None) -> LongJob:
+        jobs.append(LongJob(tiny_model, n_ranks, tmp_path, {**cache_env, **(env or {})},
+                            *extra))
         return jobs[-1]
 
     yield start
@@ -353,31 +350,110 @@ def long_job(tiny_model, tmp_path, cache_env):
             j.kill_all()
 
 
-@pytest.mark.parametrize("victim", [1, 2, 0], ids=["rank1", "last-rank", "head"])
-def test_rank_killed_mid_generation(long_job, victim) -> None:
-    """SIGKILL to one rank: MPICH's hydra SIGKILLs the other ranks at once and prints
-    "BAD TERMINATION ... PID <pid> RUNNING AT <host>"; the head's `ready:` line maps pids to
-    ranks. Hydra names the first process it reaped, which is usually the killed one but can be
-    rank 0 (which it killed itself while cleaning up), so the test only requires a pid of
-    this job there."""
+def _parent(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
+def _gone(pid: int) -> bool:
+    """No such process, or a zombie (reparented; its reaper may be slow)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
+
+
+@pytest.mark.parametrize("victim, sig", [(1, signal.SIGKILL), (2, signal.SIGKILL),
+                                         (0, signal.SIGKILL), (1, signal.SIGTERM)],
+                         ids=["rank1", "last-rank", "head", "rank1-sigterm"])
+def test_rank_killed_mid_generation(long_job, victim, sig) -> None:
+    """A rank killed by a signal (the OOM killer's SIGKILL, say): its supervisor names it in
+    one line and ends the job, whose launcher then kills the other ranks' supervisors, and
+    with them their ranks. (MPICH's own "BAD TERMINATION ... PID <pid>" names the first
+    process it reaped, often a supervisor it killed while cleaning up.)"""
     j = long_job(3)
-    pid = j.rank_pid(victim)
     j.wait_generating()
+    ranks = j.ready_pids()
+    assert sorted(ranks) == [0, 1, 2], ranks
+    supervisors = {r: _parent(pid) for r, pid in ranks.items()}
+    for r, sup in supervisors.items():  # each rank runs under a supervisor of the same command
+        assert j.marker in Path(f"/proc/{sup}/cmdline").read_text(), (r, sup)
+    pid = ranks[victim]
     time.sleep(1.0)
-    os.kill(pid, signal.SIGKILL)
+    os.kill(pid, sig)
     rc, elapsed = j.wait(timeout=30)
     out, err = j.output()
     assert rc is not None, "the job did not end within 30 s of the kill\n" + err
     assert rc != 0
     assert not _leftovers(j.marker)
+    assert all(_gone(p) for p in [*ranks.values(), *supervisors.values()]), err
     assert "Traceback" not in out + err
-    ready = re.search(r"^pipeinfer\[0\]: ready: (.*)$", err, re.M)
-    assert ready and f"rank {victim} pid {pid} on {HOST}" in ready[1], err
-    ranks = {int(p): int(r) for r, p in re.findall(r"rank (\d+) pid (\d+)", ready[1])}
-    named = re.search(r"BAD TERMINATION.*?PID (\d+) RUNNING AT (\S+)", out + err, re.S)
-    assert named and int(named[1]) in ranks and named[2] == HOST, out[-2000:]
-    print(f"\n[SIGKILL rank {victim}] rc={rc}, job over {elapsed:.2f} s after the kill; "
-          f"hydra named pid {named[1]} = rank {ranks[int(named[1])]}")
+    errors = [line for line in err.splitlines() if "error" in line.lower()]
+    expected = (f"pipeinfer: error: rank {victim} ({HOST}, pid {pid}) was killed by signal "
+                f"{int(sig)} ({sig.name}")
+    assert len(errors) == 1 and errors[0].startswith(expected), err
+    assert errors[0].endswith("; ending the job"), errors[0]
+    assert ("out of memory?" in errors[0]) == (sig == signal.SIGKILL), errors[0]
+    print(f"\n[{sig.name} rank {victim}] rc={rc}, job over {elapsed:.2f} s after the kill: "
+          f"{errors[0]}")
+
+
+def test_supervisor_killed(long_job) -> None:
+    """The launcher kills what it started, the supervisors: their ranks die with them
+    (PR_SET_PDEATHSIG), and nothing is left behind."""
+    j = long_job(3)
+    j.wait_generating()
+    ranks = j.ready_pids()
+    supervisors = [_parent(pid) for pid in ranks.values()]
+    os.kill(supervisors[1], signal.SIGKILL)
+    rc, elapsed = j.wait(timeout=30)
+    out, err = j.output()
+    assert rc is not None and rc != 0, err
+    assert not _leftovers(j.marker)
+    assert all(_gone(p) for p in [*ranks.values(), *supervisors]), err
+    assert "Traceback" not in out + err
+    print(f"\n[supervisor of rank 1 killed] rc={rc}, over {elapsed:.2f} s after the kill")
+
+
+def test_supervisor_can_be_turned_off(long_job) -> None:
+    """PIPEINFER_NO_SUPERVISOR=1: each rank runs in the process the launcher started."""
+    j = long_job(3, env={"PIPEINFER_NO_SUPERVISOR": "1"})
+    j.wait_generating()
+    for rank, pid in j.ready_pids().items():
+        assert Path(f"/proc/{_parent(pid)}/comm").read_text().strip() == "hydra_pmi_proxy"
+    j.proc.send_signal(signal.SIGINT)
+    rc, _ = j.wait(timeout=FAIL_LIMIT_S)
+    assert rc is not None and rc != 0
+    assert not _leftovers(j.marker)
+    assert j.output()[1].count("pipeinfer: interrupted") == 1
+
+
+@pytest.mark.parametrize("argv, env, wanted", [
+    (["pipeinfer", "run"], {"PMI_RANK": "1", "PMI_SIZE": "3"}, True),
+    (["pipeinfer", "run"], {"OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_SIZE": "2"}, True),
+    (["pipeinfer", "run"], {"PMIX_RANK": "0"}, True),  # size unknown
+    (["pipeinfer", "run"], {"SLURM_PROCID": "3", "SLURM_NTASKS": "4"}, True),
+    (["pipeinfer", "run"], {"PMI_RANK": "0", "PMI_SIZE": "1"}, False),  # one rank
+    (["pipeinfer", "run"], {}, False),  # no launcher
+    (["pipeinfer", "split"], {"PMI_RANK": "1", "PMI_SIZE": "3"}, False),
+    (["pipeinfer", "run"], {"PMI_RANK": "1", "PMI_SIZE": "3", "PIPEINFER_NO_SUPERVISOR": "1"},
+     False),
+    (["pipeinfer", "run"], {"PMI_RANK": "1", "PMI_SIZE": "3", "PIPEINFER_NO_SUPERVISOR": "0"},
+     True),
+])
+def test_supervisor_wanted(argv, env, wanted) -> None:
+    from pipeinfer import supervisor
+
+    assert supervisor.wanted(argv, env) is wanted
+
+
+def test_killed_message() -> None:
+    from pipeinfer.supervisor import killed_message
+
+    assert killed_message(2, "node3", 4242, signal.SIGKILL) == (
+        "pipeinfer: error: rank 2 (node3, pid 4242) was killed by signal 9 (SIGKILL; out of "
+        "memory?); ending the job")
+    assert killed_message(1, "h", 7, signal.SIGSEGV, core=True).endswith(
+        "was killed by signal 11 (SIGSEGV, core dumped); ending the job")
 
 
 def test_sigint_mid_generation(long_job) -> None:
