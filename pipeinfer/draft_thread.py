@@ -18,7 +18,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Sequence
 
-from .drafter import DraftParams, Drafter
+from .drafter import WARM_STEP, DraftParams, Drafter
 
 
 @dataclass
@@ -52,6 +52,7 @@ class DraftThread:
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
         self._done: queue.SimpleQueue = queue.SimpleQueue()
         self._warm_error: BaseException | None = None
+        self._closing = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="drafter", daemon=True)
         self._thread.start()
 
@@ -84,6 +85,7 @@ class DraftThread:
     def close(self) -> None:
         """Stop the job in progress (it ends after the draft step being computed) and the
         thread; the drafter is free for the caller again afterwards."""
+        self._closing.set()
         if self.current is not None:
             self.current.stop.set()
         self._jobs.put(None)
@@ -92,9 +94,10 @@ class DraftThread:
 
     def _loop(self) -> None:
         while (job := self._jobs.get()) is not None:
-            if isinstance(job, list):  # the prompt warm-up
+            if isinstance(job, list):  # the prompt warm-up, in steps so that close() is prompt
                 try:
-                    self.drafter.prepare(job)
+                    while self.drafter.n_held < len(job) and not self._closing.is_set():
+                        self.drafter.prepare(job, max_tokens=WARM_STEP)
                 except BaseException as err:  # noqa: BLE001 (re-raised on the head's thread)
                     self._warm_error = err
                 continue

@@ -491,6 +491,15 @@ def test_draft_thread_exact(tiny, draft, head_layers, transport, continuous):
     check_consistent(out, tiny.reference)
 
 
+@pytest.mark.parametrize("n_predict", [1, 2, 5])
+def test_draft_thread_few_tokens(tiny, n_predict):
+    """Generation over while the thread may still be warming up or drafting: it is stopped
+    and joined, and the output is exact."""
+    out = run_inprocess(tiny, "pipeinfer", tiny.aligned, spec=SpecOptions(draft_thread=True),
+                        n_predict=n_predict, transport=lambda st: LocalTransport(st, delay=1))
+    check_consistent(out, tiny.reference, n_predict)
+
+
 def test_draft_thread_speculates(tiny):
     """With a pipeline slower than a draft step, threaded drafting starts speculative runs
     whose tokens are accepted (a slow transport: every poll sleeps)."""
