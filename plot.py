@@ -7,8 +7,9 @@ Writes speed.png (generation speed), ttft.png (time to first token), itl.png (in
 latency): grouped bars, one panel per model pair and prompt, the cluster settings along the x
 axis and one bar per strategy, the mean over repeated runs with the standard deviation as the
 error bar. ablation.png when the CSV holds PipeInfer ablation variants (paper Fig. 8), and
-acceptance.png when it holds acceptance rates. Rows are grouped by the `label` column that
-experiments/run_experiments.py writes ("pair=..;prompt=..;setting=..;variant=.."); rows without
+acceptance.png when it holds acceptance rates. summary.txt holds the table that is also printed:
+means +- standard deviation over the repeats, and speed and TTFT as ratios of iterative's.
+Rows are grouped by the `label` column that experiments/run_experiments.py writes ("pair=..;prompt=..;setting=..;variant=.."); rows without
 such a label are grouped by target/draft, rank count and strategy.
 """
 
@@ -278,25 +279,48 @@ def ablation_chart(plt, rows: list[Row], variants: list[str], path: Path) -> boo
     return True
 
 
+def _stats(group: list[Row], column: str) -> tuple[float, float] | None:
+    values = [r.values[column] for r in group if r.values[column] is not None]
+    if not values:
+        return None
+    return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else 0.0
+
+
 def summary(rows: list[Row]) -> str:
+    """One line per pair, prompt, setting and variant: means +- standard deviation over the
+    repeats, and the variant's speed and TTFT as ratios of iterative's (same pair, prompt and
+    setting) when the CSV has iterative runs there."""
     lines = [f"{'pair':<18} {'prompt':<10} {'setting':<16} {'variant':<24} {'n':>3} "
-             f"{'speed t/s':>11} {'TTFT ms':>9} {'ITL ms':>8} {'accept':>7}"]
+             f"{'speed t/s':>13} {'TTFT ms':>15} {'ITL ms':>13} {'accept':>11} "
+             f"{'x iter':>7} {'TTFT x iter':>11}"]
     keys = ordered((r.pair, r.prompt, r.setting) for r in rows)
     variants = variant_order(r.variant for r in rows)
     for key in keys:
+        here = [r for r in rows if (r.pair, r.prompt, r.setting) == key]
+        base = [r for r in here if r.variant == "iterative"]
+        base_speed, base_ttft = _stats(base, "speed_tps"), _stats(base, "ttft_s")
         for variant in variants:
-            group = [r for r in rows if (r.pair, r.prompt, r.setting) == key
-                     and r.variant == variant]
+            group = [r for r in here if r.variant == variant]
             if not group:
                 continue
 
-            def mean(column, scale=1.0, digits=2):
-                values = [r.values[column] for r in group if r.values[column] is not None]
-                return f"{statistics.fmean(values) * scale:.{digits}f}" if values else "-"
+            def cell(column, scale=1.0, digits=2):
+                stats = _stats(group, column)
+                if stats is None:
+                    return "-"
+                mean, std = stats[0] * scale, stats[1] * scale
+                return f"{mean:.{digits}f}" + (f" ±{std:.{digits}f}" if len(group) > 1 else "")
+
+            def ratio(column, reference):
+                stats = _stats(group, column)
+                if stats is None or reference is None or reference[0] <= 0:
+                    return "-"
+                return f"{stats[0] / reference[0]:.2f}"
             lines.append(f"{key[0]:<18} {key[1] or '-':<10} {key[2]:<16} {variant:<24} "
-                         f"{len(group):>3} {mean('speed_tps'):>11} "
-                         f"{mean('ttft_s', 1000, 1):>9} {mean('itl_s', 1000, 1):>8} "
-                         f"{mean('accept_rate'):>7}")
+                         f"{len(group):>3} {cell('speed_tps'):>13} "
+                         f"{cell('ttft_s', 1000, 0):>15} {cell('itl_s', 1000, 0):>13} "
+                         f"{cell('accept_rate'):>11} {ratio('speed_tps', base_speed):>7} "
+                         f"{ratio('ttft_s', base_ttft):>11}")
     return "\n".join(lines)
 
 
@@ -347,8 +371,10 @@ def main(argv: list[str] | None = None) -> int:
                                  out / "acceptance.png", METRICS["acceptance"].title):
         written.append(out / "acceptance.png")
 
-    print(summary(rows))
-    for path in written:
+    table = summary(rows)
+    (out / "summary.txt").write_text(table + "\n")
+    print(table)
+    for path in written + [out / "summary.txt"]:
         print(f"wrote {path}")
     if args.show:
         for path in written:

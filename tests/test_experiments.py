@@ -97,7 +97,31 @@ def test_plot_without_ablation_or_acceptance(tmp_path, smoke):
     result = launch([PYTHON, PLOT, only, "--out", tmp_path / "fig"], timeout=120)
     assert result.rc == 0, result.describe()
     assert sorted(p.name for p in (tmp_path / "fig").iterdir()) == \
-        ["itl.png", "speed.png", "ttft.png"]
+        ["itl.png", "speed.png", "summary.txt", "ttft.png"]
+
+
+def test_plot_summary_has_spread_and_ratios_to_iterative(tmp_path):
+    """Two repeats per strategy with known values: summary.txt (and stdout) give the mean, the
+    standard deviation and the ratios to iterative of the same prompt and setting."""
+    path = tmp_path / "results.csv"
+    rows = [("iterative", 4.0, 0.2, ""), ("iterative", 6.0, 0.2, ""),
+            ("pipeinfer", 7.0, 0.3, "0.5"), ("pipeinfer", 8.0, 0.3, "0.7")]
+    with open(path, "w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["strategy", "speed_tps", "ttft_s", "itl_s", "accept_rate", "label"])
+        for strategy, speed, ttft, accept in rows:
+            writer.writerow([strategy, speed, ttft, 1 / speed, accept,
+                             f"pair=p;prompt=code;setting=4n;variant={strategy}"])
+    result = launch([PYTHON, PLOT, path, "--out", tmp_path / "fig"], timeout=120)
+    assert result.rc == 0, result.describe()
+    table = (tmp_path / "fig" / "summary.txt").read_text()
+    assert table.strip() in result.stdout
+    lines = {line.split()[3]: line.split() for line in table.splitlines()[1:]}
+    # pair prompt setting variant n speed ±sd TTFT ±sd ITL ±sd accept [±sd] x-iter TTFT-x-iter
+    assert lines["iterative"][4:7] == ["2", "5.00", "±1.41"]
+    assert lines["iterative"][-2:] == ["1.00", "1.00"]
+    assert lines["pipeinfer"][4:9] == ["2", "7.50", "±0.71", "300", "±0"]
+    assert lines["pipeinfer"][-4:] == ["0.60", "±0.14", "1.50", "1.50"]
 
 
 def test_plot_missing_csv_is_a_clear_error(tmp_path):
