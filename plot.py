@@ -9,8 +9,9 @@ axis and one bar per strategy, the mean over repeated runs with the standard dev
 error bar. ablation.png when the CSV holds PipeInfer ablation variants (paper Fig. 8), and
 acceptance.png when it holds acceptance rates. summary.txt holds the table that is also printed:
 means +- standard deviation over the repeats, and speed and TTFT as ratios of iterative's.
-Rows are grouped by the `label` column that experiments/run_experiments.py writes ("pair=..;prompt=..;setting=..;variant=.."); rows without
-such a label are grouped by target/draft, rank count and strategy.
+Rows are grouped by the `label` column that experiments/run_experiments.py writes
+("pair=..;prompt=..;setting=..;variant=.."); rows without such a label are grouped by
+target/draft, rank count and strategy.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import csv
 import math
 import statistics
 import sys
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -279,48 +280,40 @@ def ablation_chart(plt, rows: list[Row], variants: list[str], path: Path) -> boo
     return True
 
 
-def _stats(group: list[Row], column: str) -> tuple[float, float] | None:
-    values = [r.values[column] for r in group if r.values[column] is not None]
-    if not values:
-        return None
-    return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else 0.0
-
-
 def summary(rows: list[Row]) -> str:
     """One line per pair, prompt, setting and variant: means +- standard deviation over the
     repeats, and the variant's speed and TTFT as ratios of iterative's (same pair, prompt and
     setting) when the CSV has iterative runs there."""
+    columns = ("speed_tps", "ttft_s", "itl_s", "accept_rate")
+    stats = {column: aggregate(rows, column) for column in columns}
+    runs = Counter(((r.pair, r.prompt), r.setting, r.variant) for r in rows)
     lines = [f"{'pair':<18} {'prompt':<10} {'setting':<16} {'variant':<24} {'n':>3} "
              f"{'speed t/s':>13} {'TTFT ms':>15} {'ITL ms':>13} {'accept':>11} "
              f"{'x iter':>7} {'TTFT x iter':>11}"]
-    keys = ordered((r.pair, r.prompt, r.setting) for r in rows)
-    variants = variant_order(r.variant for r in rows)
-    for key in keys:
-        here = [r for r in rows if (r.pair, r.prompt, r.setting) == key]
-        base = [r for r in here if r.variant == "iterative"]
-        base_speed, base_ttft = _stats(base, "speed_tps"), _stats(base, "ttft_s")
-        for variant in variants:
-            group = [r for r in here if r.variant == variant]
-            if not group:
+    for panel, setting in ordered(((r.pair, r.prompt), r.setting) for r in rows):
+        for variant in variant_order(r.variant for r in rows):
+            n = runs[panel, setting, variant]
+            if not n:
                 continue
 
             def cell(column, scale=1.0, digits=2):
-                stats = _stats(group, column)
-                if stats is None:
+                if (panel, setting, variant) not in stats[column]:
                     return "-"
-                mean, std = stats[0] * scale, stats[1] * scale
-                return f"{mean:.{digits}f}" + (f" ±{std:.{digits}f}" if len(group) > 1 else "")
+                mean, std, _ = stats[column][panel, setting, variant]
+                return f"{mean * scale:.{digits}f}" + (f" ±{std * scale:.{digits}f}" if n > 1
+                                                       else "")
 
-            def ratio(column, reference):
-                stats = _stats(group, column)
-                if stats is None or reference is None or reference[0] <= 0:
+            def ratio(column):
+                own = stats[column].get((panel, setting, variant))
+                base = stats[column].get((panel, setting, "iterative"))
+                if own is None or base is None or base[0] <= 0:
                     return "-"
-                return f"{stats[0] / reference[0]:.2f}"
-            lines.append(f"{key[0]:<18} {key[1] or '-':<10} {key[2]:<16} {variant:<24} "
-                         f"{len(group):>3} {cell('speed_tps'):>13} "
+                return f"{own[0] / base[0]:.2f}"
+            lines.append(f"{panel[0]:<18} {panel[1] or '-':<10} {setting:<16} {variant:<24} "
+                         f"{n:>3} {cell('speed_tps'):>13} "
                          f"{cell('ttft_s', 1000, 0):>15} {cell('itl_s', 1000, 0):>13} "
-                         f"{cell('accept_rate'):>11} {ratio('speed_tps', base_speed):>7} "
-                         f"{ratio('ttft_s', base_ttft):>11}")
+                         f"{cell('accept_rate'):>11} {ratio('speed_tps'):>7} "
+                         f"{ratio('ttft_s'):>11}")
     return "\n".join(lines)
 
 
