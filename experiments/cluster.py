@@ -16,6 +16,7 @@ or cgroup v2 `cpu.max`; iproute2 for links).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import shutil
 import signal
@@ -179,8 +180,7 @@ class Links:
     def _create_taps(self) -> None:
         self.made_tun_node = linkhub.ensure_tun_device()
         fds = linkhub.open_taps([f"/run/netns/{self.ns(r)}" for r in range(self.nodes)])
-        links = [linkhub.Link(self.link.delay, self.link.jitter, self.link.rate)
-                 for _ in range(self.nodes)]
+        links = [dataclasses.replace(self.link) for _ in range(self.nodes)]  # own counters
         self.linkhub = linkhub.LinkHub(fds, links)  # owns the fds from here on
         for rank in range(self.nodes):
             _ip("-n", self.ns(rank), "addr", "add", f"{self.address(rank)}/24", "dev", "eth0")
@@ -293,8 +293,8 @@ def _terminate(signum, frame):
 def launch(args: argparse.Namespace) -> int:
     if not args.command:
         raise ClusterError("give the command to run after --")
+    rate, delay, jitter = LINK_PRESETS.get(args.link, (args.rate, args.delay, args.jitter))
     if args.link != "none":
-        rate, delay, jitter = LINK_PRESETS.get(args.link, (args.rate, args.delay, args.jitter))
         parse_link(rate, delay, jitter)
     if os.geteuid() != 0:
         raise ClusterError("the cluster emulation needs root (cgroups, network namespaces)")
@@ -312,7 +312,6 @@ def launch(args: argparse.Namespace) -> int:
         quotas.create()
         shim += ["--cgroup", str(quotas.root)]
         if args.link != "none":
-            rate, delay, jitter = LINK_PRESETS.get(args.link, (args.rate, args.delay, args.jitter))
             links = Links(job, args.nodes, rate, delay, jitter, args.shaper)
             cleanup.callback(links.remove)
             links.create()
