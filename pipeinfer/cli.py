@@ -13,17 +13,11 @@ from . import supervisor
 # forks; the child goes on as the rank, the parent waits to name it if a signal kills it.
 supervisor.supervise()
 
-# Set by MPI launchers in every rank's environment (MPICH/Intel MPI, Open MPI, PMIx).
-_RANK_VARS = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK")
-
 
 def _launcher_rank() -> int | None:
     """This process's rank as its MPI launcher set it; None when not started by a launcher."""
-    for var in _RANK_VARS:
-        value = os.environ.get(var, "")
-        if value.isdigit():
-            return int(value)
-    return None
+    position = supervisor.launch_position()
+    return None if position is None else position[0]
 
 
 # Ctrl-C under a launcher: mpiexec forwards SIGINT to every rank; each must end soon, with
