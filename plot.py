@@ -8,7 +8,8 @@ latency): grouped bars, one panel per model pair and prompt, the cluster setting
 axis and one bar per strategy, the mean over repeated runs with the standard deviation as the
 error bar. ablation.png when the CSV holds PipeInfer ablation variants (paper Fig. 8), and
 acceptance.png when it holds acceptance rates. summary.txt holds the table that is also printed:
-means +- standard deviation over the repeats, and speed and TTFT as ratios of iterative's.
+means +- standard deviation over the repeats, and speed and TTFT as ratios of iterative's; a
+pair run on several prompts also gets lines for all its prompts together (prompt "(all)").
 Rows are grouped by the `label` column that experiments/run_experiments.py writes
 ("pair=..;prompt=..;setting=..;variant=.."); rows without such a label are grouped by
 target/draft, rank count and strategy.
@@ -22,7 +23,7 @@ import math
 import statistics
 import sys
 from collections import Counter, defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 # Strategies in the main charts (other variants, e.g. "pipeinfer-nocancel", are ablations).
@@ -31,6 +32,7 @@ COLORS = {"iterative": "#4c72b0", "speculative": "#dd8452", "pipeinfer": "#55a86
           "pipespec": "#bcbd22", "specpipe": "#17becf"}
 EXTRA_COLORS = ["#c44e52", "#8172b3", "#937860", "#da8bc3", "#8c8c8c", "#ccb974", "#64b5cd"]
 REQUIRED = ("strategy", "speed_tps", "ttft_s", "itl_s")
+ALL_PROMPTS = "(all)"  # summary.txt's prompt column for the lines over every prompt
 
 
 class PlotError(Exception):
@@ -283,7 +285,12 @@ def ablation_chart(plt, rows: list[Row], variants: list[str], path: Path) -> boo
 def summary(rows: list[Row]) -> str:
     """One line per pair, prompt, setting and variant: means +- standard deviation over the
     repeats, and the variant's speed and TTFT as ratios of iterative's (same pair, prompt and
-    setting) when the CSV has iterative runs there."""
+    setting) when the CSV has iterative runs there. A pair with several prompts gets a block
+    over all of them (prompt ALL_PROMPTS): every run of the setting and variant counts once."""
+    prompts = defaultdict(set)
+    for row in rows:
+        prompts[row.pair].add(row.prompt)
+    rows = rows + [replace(row, prompt=ALL_PROMPTS) for row in rows if len(prompts[row.pair]) > 1]
     columns = ("speed_tps", "ttft_s", "itl_s", "accept_rate")
     stats = {column: aggregate(rows, column) for column in columns}
     runs = Counter(((r.pair, r.prompt), r.setting, r.variant) for r in rows)

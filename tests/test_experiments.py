@@ -124,6 +124,32 @@ def test_plot_summary_has_spread_and_ratios_to_iterative(tmp_path):
     assert lines["pipeinfer"][-4:] == ["0.60", "±0.14", "1.50", "1.50"]
 
 
+def test_plot_summary_adds_lines_over_all_prompts(tmp_path):
+    """Two prompts: each keeps its own lines, and "(all)" lines pool every run of the setting
+    and variant (mean over runs; speed ratio = ratio of those means)."""
+    path = tmp_path / "results.csv"
+    rows = [("code", "iterative", 4.0), ("code", "pipeinfer", 6.0),
+            ("story", "iterative", 2.0), ("story", "pipeinfer", 5.0)]
+    with open(path, "w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["strategy", "speed_tps", "ttft_s", "itl_s", "label"])
+        for prompt, strategy, speed in rows:
+            writer.writerow([strategy, speed, 0.1, 1 / speed,
+                             f"pair=p;prompt={prompt};setting=2n;variant={strategy}"])
+    result = launch([PYTHON, PLOT, path, "--out", tmp_path / "fig"], timeout=120)
+    assert result.rc == 0, result.describe()
+    table = (tmp_path / "fig" / "summary.txt").read_text().splitlines()[1:]
+    lines = {(line.split()[1], line.split()[3]): line.split() for line in table}
+    assert sorted(lines) == [("(all)", "iterative"), ("(all)", "pipeinfer"),
+                             ("code", "iterative"), ("code", "pipeinfer"),
+                             ("story", "iterative"), ("story", "pipeinfer")]
+    assert [line.split()[1] for line in table][-2:] == ["(all)", "(all)"]  # after the prompts
+    assert lines["code", "pipeinfer"][-2] == "1.50"
+    assert lines["(all)", "iterative"][4:7] == ["2", "3.00", "±1.41"]
+    assert lines["(all)", "pipeinfer"][4:7] == ["2", "5.50", "±0.71"]
+    assert lines["(all)", "pipeinfer"][-2] == "1.83"
+
+
 def test_plot_missing_csv_is_a_clear_error(tmp_path):
     result = launch([PYTHON, PLOT, tmp_path / "nope.csv", "--out", tmp_path / "fig"])
     assert result.rc == 2
