@@ -29,69 +29,14 @@ from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import linkhub  # noqa: E402  (beside this script)
+from cpu_quota import CpuQuotas, QuotaError, join_quota  # noqa: E402
 
 LINK_PRESETS = {"gigabit": ("1gbit", "0.2ms", "0ms"), "slow": ("100mbit", "1ms", "0ms")}
-CGROUP_V1 = Path("/sys/fs/cgroup/cpu")
-CGROUP_V2 = Path("/sys/fs/cgroup")
 SUBNET = "10.77.0"
 
 
 class ClusterError(RuntimeError):
     pass
-
-
-# --- CPU quotas ------------------------------------------------------------------------------
-class CpuQuotas:
-    """One cgroup per rank with quota = cpus x period."""
-
-    def __init__(self, job: str, cpus: list[float], period_us: int):
-        self.job, self.cpus, self.period_us = job, cpus, period_us
-        if (CGROUP_V1 / "cpu.cfs_quota_us").exists():
-            self.root, self.v2 = CGROUP_V1 / f"pipeinfer-{job}", False
-        elif (CGROUP_V2 / "cgroup.controllers").exists():
-            self.root, self.v2 = CGROUP_V2 / f"pipeinfer-{job}", True
-        else:
-            raise ClusterError("no writable cgroup cpu controller (v1 cpu or v2 cpu.max)")
-
-    def create(self) -> None:
-        try:
-            self.root.mkdir()
-            if self.v2:
-                (self.root / "cgroup.subtree_control").write_text("+cpu")
-            for rank, cpu in enumerate(self.cpus):
-                group = self.rank_dir(rank)
-                group.mkdir()
-                quota = int(cpu * self.period_us)
-                if self.v2:
-                    (group / "cpu.max").write_text(f"{quota} {self.period_us}")
-                else:
-                    (group / "cpu.cfs_period_us").write_text(str(self.period_us))
-                    (group / "cpu.cfs_quota_us").write_text(str(quota))
-        except OSError as err:
-            raise ClusterError(f"cannot set up cgroups under {self.root.parent}: {err}") from None
-
-    def rank_dir(self, rank: int) -> Path:
-        return self.root / f"rank{rank}"
-
-    def remove(self) -> None:
-        for rank in range(len(self.cpus)):
-            _rmdir_cgroup(self.rank_dir(rank))
-        _rmdir_cgroup(self.root)
-
-
-def _rmdir_cgroup(path: Path) -> None:
-    if not path.exists():
-        return
-    leftover = (path / "cgroup.procs").read_text().split() if (path / "cgroup.procs").exists() else []
-    for pid in leftover:  # stray processes of a failed job: move them back to the root group
-        try:
-            (path.parent.parent / "cgroup.procs").write_text(pid)
-        except OSError:
-            pass
-    try:
-        path.rmdir()
-    except OSError:
-        pass
 
 
 # --- network namespaces ----------------------------------------------------------------------
@@ -253,7 +198,7 @@ def rank_shim(args: argparse.Namespace) -> None:
     """Runs as each MPI rank: join the rank's cgroup (and namespace), then exec the command."""
     rank = int(os.environ.get("PMI_RANK", os.environ.get("OMPI_COMM_WORLD_RANK", "0")))
     if args.cgroup:
-        (Path(args.cgroup) / f"rank{rank}" / "cgroup.procs").write_text(str(os.getpid()))
+        join_quota(Path(args.cgroup), rank)
     command = args.command
     if args.netns:
         command = ["nsenter", f"--net=/run/netns/{args.netns}r{rank}", "--"] + command
@@ -396,7 +341,7 @@ def main(argv: list[str] | None = None) -> int:
         args.command = args.command[1:]
     try:
         return launch(args)
-    except ClusterError as err:
+    except (ClusterError, QuotaError) as err:
         print(f"cluster: error: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

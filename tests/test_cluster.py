@@ -26,27 +26,18 @@ from mpi_util import PIPEINFER, PYTHON, launch, run_pipeinfer
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "experiments"))
 import linkhub  # noqa: E402  (experiments/linkhub.py: cluster.py's userspace links)
+from cpu_quota import CGROUP_V1, CGROUP_V2, QuotaError, controller  # noqa: E402
 
 CLUSTER = ROOT / "experiments" / "cluster.py"
-CGROUP_V1 = Path("/sys/fs/cgroup/cpu")
-CGROUP_V2 = Path("/sys/fs/cgroup")
-
-
-def _cgroup_root() -> Path | None:
-    if (CGROUP_V1 / "cpu.cfs_quota_us").exists():
-        return CGROUP_V1
-    controllers = CGROUP_V2 / "cgroup.controllers"
-    if controllers.exists() and "cpu" in controllers.read_text().split():
-        return CGROUP_V2
-    return None
 
 
 def _why_no_cgroups() -> str | None:
     if os.geteuid() != 0:
         return "the cluster emulation needs root (cgroups, network namespaces)"
-    root = _cgroup_root()
-    if root is None:
-        return "no cgroup cpu controller (v1 /sys/fs/cgroup/cpu or v2 cpu.max)"
+    try:
+        root, _ = controller()
+    except QuotaError as err:
+        return str(err)
     probe = root / f"pitest-probe-{os.getpid()}"
     try:
         probe.mkdir()
