@@ -5,8 +5,8 @@
 
 Writes speed.png (generation speed), ttft.png (time to first token), itl.png (inter-token
 latency): grouped bars, one panel per model pair and prompt, the cluster settings along the x
-axis and one bar per strategy, the mean over repeated runs with the standard deviation as the
-error bar. ablation.png when the CSV holds PipeInfer ablation variants (paper Fig. 8), and
+axis (by node count, then in the order they first appear) and one bar per strategy, the mean
+over repeated runs with the standard deviation as the error bar. ablation.png when the CSV holds PipeInfer ablation variants (paper Fig. 8), and
 acceptance.png when it holds acceptance rates. summary.txt holds the table that is also printed:
 means +- standard deviation over the repeats, and speed and TTFT as ratios of iterative's; a
 pair run on several prompts also gets lines for all its prompts together (prompt "(all)").
@@ -119,6 +119,16 @@ def ordered(values) -> list[str]:
     return list(dict.fromkeys(values))
 
 
+def setting_order(settings) -> list[str]:
+    """Settings by their leading node count ("2n-slow" before "4n-none" before "8n-none"),
+    settings of one count (and names without one, after those) in first-seen order: rows
+    appended by later runs still land in their place on the x axis."""
+    def nodes(name: str) -> float:
+        digits = name[:len(name) - len(name.lstrip("0123456789"))]
+        return int(digits) if digits else math.inf
+    return sorted(ordered(settings), key=nodes)
+
+
 def variant_order(variants) -> list[str]:
     variants = ordered(variants)
     return [v for v in BASE if v in variants] + [v for v in variants if v not in BASE]
@@ -157,7 +167,7 @@ def value_labels(ax, pos, means, stds) -> None:
 
 def bar_chart(plt, rows: list[Row], metric: Metric, variants: list[str], path: Path,
               title: str, x_of=lambda row: row.setting, panel_of=None,
-              x_title: str = "cluster setting") -> bool:
+              x_title: str = "cluster setting", order_x=setting_order) -> bool:
     """Grouped bars: one panel per (pair, prompt); x groups = settings; bars = variants."""
     rows = [r for r in rows if r.variant in variants and r.values[metric.column] is not None]
     if not rows:
@@ -170,7 +180,8 @@ def bar_chart(plt, rows: list[Row], metric: Metric, variants: list[str], path: P
         groups[panel_of(r), x_of(r), r.variant].append(r.values[metric.column] * metric.scale)
     variants = [v for v in variants if any(r.variant == v for r in rows)]
     colors = colors_for(variants)
-    n_x_max = max(len(ordered(x_of(r) for r in rows if panel_of(r) == p)) for p in panels)
+    xs_of = {p: order_x(x_of(r) for r in rows if panel_of(r) == p) for p in panels}
+    n_x_max = max(len(xs) for xs in xs_of.values())
     ncols = 1 if n_x_max > 4 or len(panels) == 1 else min(2, len(panels))
     nrows = math.ceil(len(panels) / ncols)
     width_in = max(7.0, min(22.0, 1.2 + n_x_max * (0.35 * len(variants) + 0.5))) \
@@ -181,7 +192,7 @@ def bar_chart(plt, rows: list[Row], metric: Metric, variants: list[str], path: P
     many = n_x_max * len(variants) > 36
     for index, panel in enumerate(panels):
         ax = axes[index // ncols][index % ncols]
-        xs = ordered(x_of(r) for r in rows if panel_of(r) == panel)
+        xs = xs_of[panel]
         top = 0.0
         for j, variant in enumerate(variants):
             means, stds, pos = [], [], []
@@ -238,6 +249,8 @@ def ablation_chart(plt, rows: list[Row], variants: list[str], path: Path) -> boo
     if not rows:
         return False
     configs = ordered((r.pair, r.prompt, r.setting) for r in rows)
+    by_setting = {s: i for i, s in enumerate(setting_order(r.setting for r in rows))}
+    configs.sort(key=lambda c: by_setting[c[2]])
     names = [" / ".join(x for x in c if x) for c in configs]
     colors = colors_for(variants)
     width_in = max(8.0, min(22.0, 2.0 + len(configs) * (0.45 * len(variants) + 0.6)))
@@ -297,7 +310,10 @@ def summary(rows: list[Row]) -> str:
     lines = [f"{'pair':<18} {'prompt':<10} {'setting':<16} {'variant':<24} {'n':>3} "
              f"{'speed t/s':>13} {'TTFT ms':>15} {'ITL ms':>13} {'accept':>11} "
              f"{'x iter':>7} {'TTFT x iter':>11}"]
-    for panel, setting in ordered(((r.pair, r.prompt), r.setting) for r in rows):
+    settings = {s: i for i, s in enumerate(setting_order(r.setting for r in rows))}
+    blocks = sorted(ordered(((r.pair, r.prompt), r.setting) for r in rows),
+                    key=lambda b: (b[0][1] == ALL_PROMPTS, settings[b[1]]))
+    for panel, setting in blocks:
         for variant in variant_order(r.variant for r in rows):
             n = runs[panel, setting, variant]
             if not n:

@@ -150,6 +150,24 @@ def test_plot_summary_adds_lines_over_all_prompts(tmp_path):
     assert lines["(all)", "pipeinfer"][-2] == "1.83"
 
 
+def test_plot_orders_settings_by_node_count(tmp_path):
+    """Rows appended by later runs (8 nodes, then 2, then a second 4-node link) are listed by
+    node count; settings with the same count, and names without one, keep first-seen order."""
+    path = tmp_path / "results.csv"
+    settings = ["4n-none", "8n-none", "2n-slow", "4n-slow", "local", "2n-none", "4n-het"]
+    with open(path, "w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["strategy", "speed_tps", "ttft_s", "itl_s", "label"])
+        for setting in settings:
+            writer.writerow(["iterative", 1.0, 0.1, 1.0,
+                             f"pair=p;prompt=code;setting={setting};variant=iterative"])
+    result = launch([PYTHON, PLOT, path, "--out", tmp_path / "fig"], timeout=120)
+    assert result.rc == 0, result.describe()
+    table = (tmp_path / "fig" / "summary.txt").read_text().splitlines()[1:]
+    assert [line.split()[2] for line in table] == \
+        ["2n-slow", "2n-none", "4n-none", "4n-slow", "4n-het", "8n-none", "local"]
+
+
 def test_plot_missing_csv_is_a_clear_error(tmp_path):
     result = launch([PYTHON, PLOT, tmp_path / "nope.csv", "--out", tmp_path / "fig"])
     assert result.rc == 2
