@@ -59,6 +59,7 @@ class Counters:
     """Speculation counters (zero for strategies that do not speculate)."""
     n_drafted: int = 0
     n_accepted: int = 0
+    n_unverified: int = 0        # drafted tokens of runs dropped (cancelled) before verification
     runs_started: int = 0
     runs_speculative: int = 0
     runs_cancelled_superfluous: int = 0
@@ -80,7 +81,16 @@ class Counters:
 
     @property
     def accept_rate(self) -> float | None:
+        """Share of the drafted tokens that were accepted (tokens of cancelled runs count as
+        not accepted: they cost drafting and pipeline time)."""
         return self.n_accepted / self.n_drafted if self.n_drafted else None
+
+    @property
+    def verified_accept_rate(self) -> float | None:
+        """Share of the drafted tokens the target verified that it accepted: the draft's
+        alignment as verification saw it (equals accept_rate when nothing was cancelled)."""
+        verified = self.n_drafted - self.n_unverified
+        return self.n_accepted / verified if verified > 0 else None
 
     @property
     def mean_microbatch(self) -> float | None:
@@ -116,6 +126,8 @@ class CsvRow:
     hit_rate: float | None = None        # specpipe
     flushes: int = 0                     # specpipe
     mean_tree_size: float | None = None  # specpipe
+    n_unverified: int = 0
+    verified_accept_rate: float | None = None
 
 
 def append_csv(path: str | os.PathLike, row: CsvRow) -> None:

@@ -42,6 +42,7 @@ def result_json(cfg, gen, setup, ranges, stats, wall: float) -> dict:
         "ttft_s": _round(tl.ttft_s),
         "itl_s": _round(tl.itl_s),
         "accept_rate": _round(counters.accept_rate, 4),
+        "verified_accept_rate": _round(counters.verified_accept_rate, 4),
         "mean_microbatch": _round(counters.mean_microbatch, 3),
         "hit_rate": _round(counters.hit_rate, 4),
         "mean_tree_size": _round(counters.mean_tree_size, 3),
@@ -67,6 +68,9 @@ def summary_line(r: dict) -> str:
             f"{r['speed_tps'] or 0:.2f} t/s; TTFT {_ms(r['ttft_s'])}; ITL {_ms(r['itl_s'])}")
     if r["accept_rate"] is not None:
         line += f"; acceptance {r['accept_rate']:.2f}"
+        if r.get("n_unverified"):  # runs were cancelled: what verification itself accepted
+            line += (f" ({r['verified_accept_rate'] or 0:.2f} of the verified, "
+                     f"{r['n_unverified']} drafted token(s) cancelled unverified)")
     if r.get("hit_rate") is not None:  # specpipe
         line += (f"; tree hit rate {r['hit_rate']:.2f}, {r['flushes']} flush(es), "
                  f"mean tree size {r['mean_tree_size']:.1f}")

@@ -39,6 +39,8 @@ class Run:
     partition: tuple[int, ...] | None = None
     cancelled: bool = False
     main_path: list[int] = field(default_factory=list)  # node indices of branch 0
+    guesses: int = 0          # nodes that are the draft's guesses (not a known token)
+    root_credited: bool = False  # its root guess was counted as accepted (see Speculation)
 
     @property
     def max_pos(self) -> int:

@@ -87,7 +87,9 @@ class Speculation:
         c = self.gen.counters
         c.runs_speculative += 1
         c.microbatch_tokens += len(nodes)
-        c.n_drafted += len(nodes) - (0 if run.base > self.pending else 1)
+        # A root at the pending position is the pending token itself, not a guess.
+        run.guesses = len(nodes) - (0 if run.base > self.pending else 1)
+        c.n_drafted += run.guesses
         return run
 
     def fits(self, n_tokens: int) -> bool:
@@ -145,6 +147,7 @@ class Speculation:
         self.sources.pop(run.run_id, None)
         if run.cancelled or result.cancelled or run.classify(self.accepted) != RunState.VALID:
             log.debug("drop %s", run.describe())
+            self._unverified(run)
             return
         self._verify(run, result)
         if not self.gen.done:
@@ -152,6 +155,12 @@ class Speculation:
         cover = self.cover()
         if cover is not None and cover.base == self.pending and cover.speculative:
             self.gen.counters.n_accepted += 1  # its root was the draft's guess of this token
+            cover.root_credited = True
+
+    def _unverified(self, run: Run) -> None:
+        """`run` leaves without its result being verified: its guesses never met the target
+        (except a root already counted as accepted)."""
+        self.gen.counters.n_unverified += run.guesses - run.root_credited
 
     def _verify(self, run: Run, result: RunResult) -> None:
         node = run.path_to(self.accepted)
@@ -203,4 +212,5 @@ class Speculation:
             if run.partition is not None:
                 self.pool.give_back(run.partition)
             self.sources.pop(run.run_id, None)
+            self._unverified(run)
             assert run.run_id == result.run_id

@@ -48,7 +48,8 @@ def check_run(result: dict, reference: list[int], n_worker_ranks: int) -> None:
     assert result["stop_reason"] == "length"
     assert result["partitions_free"] is True
     assert result["runs_started"] >= result["runs_speculative"]
-    assert 0 <= result["n_accepted"] <= result["n_drafted"]
+    assert 0 <= result["n_unverified"] <= result["n_drafted"]
+    assert 0 <= result["n_accepted"] <= result["n_drafted"] - result["n_unverified"]
     comps = result["stage_computations"]
     assert result["runs_aborted_midway"] == comps["aborted"]
     workers = [s for s in result["rank_stats"] if s["rank"] > 0]

@@ -420,7 +420,11 @@ def check_consistent(out: Outcome, reference: Sequence[int], n_predict: int = N_
     assert out.gen.tokens == list(reference[:n_predict])
     assert out.pool.all_free, f"{out.pool.size - out.pool.n_free} partition(s) never returned"
     assert c.runs_started >= c.runs_speculative
-    assert 0 <= c.n_accepted <= c.n_drafted
+    # accepted guesses come from verified runs only
+    assert 0 <= c.n_unverified <= c.n_drafted
+    assert 0 <= c.n_accepted <= c.n_drafted - c.n_unverified
+    if c.n_drafted > c.n_unverified:
+        assert c.accept_rate <= c.verified_accept_rate <= 1
     assert c.runs_cancelled_superfluous + c.runs_cancelled_invalidated <= c.runs_started
     # sequence 0 only ever holds accepted tokens, up to (not including) the pending one
     n_prompt = len(out.gen.request.prompt)
@@ -821,16 +825,25 @@ def test_counters_perfect_and_useless_drafts(tiny, lag):
 
     c = go("speculative", PERFECT)   # every drafted token verified: 5 tokens per run
     assert c.n_accepted == c.n_drafted == 4 * c.runs_speculative
+    assert c.n_unverified == 0 and c.verified_accept_rate == c.accept_rate == 1
     assert c.runs_speculative == -(-(n - 1) // 5) and c.runs_started == c.runs_speculative + 1
     c = go("pipeinfer", PERFECT)     # every token after the first was a verified draft ...
     assert c.n_accepted == n - 1
+    # ... and every verified one was accepted; only runs still in flight at the end, or cut
+    # short by it, were not verified
+    assert c.n_drafted - c.n_unverified - c.n_accepted <= spec.draft
+    assert c.n_unverified <= spec.max_runs * spec.draft
     # ... so after the prefill and the first token's run, every run was speculative
     assert c.runs_started - c.runs_speculative == 2
     assert c.runs_cancelled_invalidated == c.runs_cancelled_superfluous == 0
     c = go("speculative", USELESS)
     assert c.n_accepted == 0 and c.n_drafted > 0 and c.runs_speculative == n - 1
+    assert c.n_unverified == 0 and c.verified_accept_rate == c.accept_rate == 0
     c = go("pipeinfer", USELESS)
     assert c.n_accepted == 0 and c.n_drafted > 0
+    # every speculative run was invalidated by the result before it (its first guess was
+    # wrong) and dropped unverified: verification never saw a drafted token
+    assert c.n_unverified == c.n_drafted and c.verified_accept_rate is None
     # every generated token after the first needed its own non-speculative run
     assert c.runs_started - c.runs_speculative == n
     assert c.runs_cancelled_invalidated > 0
