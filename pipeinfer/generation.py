@@ -8,7 +8,6 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
-import numpy as np
 
 from .head import Pipeline
 from .metrics import Counters, Timeline

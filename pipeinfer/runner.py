@@ -23,7 +23,7 @@ from .hierarchy import Level
 from .hierarchy_remote import DraftRank, RemoteHierarchy
 from .mpi_transport import (DraftLink, HeadTransport, Link, RankFailed, WorkerLink, abort_job,
                             hostname)
-from .partition import PartitionError, StageRange, even_split, format_split, partition
+from .partition import PartitionError, StageRange, even_split, partition
 from .report import summary_line, result_json
 from .sampling import Sampler, SamplingParams
 from .slicing import model_info, read_model

@@ -7,7 +7,6 @@ from __future__ import annotations
 import socket
 from pathlib import Path
 
-import gguf
 import numpy as np
 import pytest
 

@@ -8,7 +8,6 @@ number of ranks; the JSON and CSV outputs must be complete; idle workers must no
 from __future__ import annotations
 
 import csv
-import json
 import textwrap
 from pathlib import Path
 
