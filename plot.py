@@ -6,13 +6,13 @@
 Writes speed.png (generation speed), ttft.png (time to first token), itl.png (inter-token
 latency): grouped bars, one panel per model pair and prompt, the cluster settings along the x
 axis (by node count, then in the order they first appear) and one bar per strategy, the mean
-over repeated runs with the standard deviation as the error bar. ablation.png when the CSV holds PipeInfer ablation variants (paper Fig. 8), and
-acceptance.png when it holds acceptance rates. summary.txt holds the table that is also printed:
-means +- standard deviation over the repeats, and speed and TTFT as ratios of iterative's; a
-pair run on several prompts also gets lines for all its prompts together (prompt "(all)").
-Rows are grouped by the `label` column that experiments/run_experiments.py writes
-("pair=..;prompt=..;setting=..;variant=.."); rows without such a label are grouped by
-target/draft, rank count and strategy.
+over repeated runs with the standard deviation as the error bar. ablation.png when the CSV
+holds PipeInfer ablation variants (paper Fig. 8), acceptance.png when it holds acceptance
+rates, verified_acceptance.png when it holds verified acceptance rates (the share of the
+drafted tokens the target did verify that it accepted). summary.txt holds the table that is
+also printed (pipeinfer/results.py): means +- standard deviation over the repeats, and speed
+and TTFT as ratios of iterative's; a pair run on several prompts also gets lines for all its
+prompts together (prompt "(all)").
 """
 
 from __future__ import annotations
@@ -22,116 +22,26 @@ import csv
 import math
 import statistics
 import sys
-from collections import Counter, defaultdict
-from dataclasses import dataclass, replace
+from collections import defaultdict
 from pathlib import Path
 
-# Strategies in the main charts (other variants, e.g. "pipeinfer-nocancel", are ablations).
-BASE = ("iterative", "speculative", "pipeinfer", "pipespec", "specpipe")
+from pipeinfer.results import (
+    BASE,
+    METRICS,
+    Metric,
+    ResultsError,
+    Row,
+    ordered,
+    read_rows,
+    setting_order,
+    summary,
+    variant_order,
+    with_values,
+)
+
 COLORS = {"iterative": "#4c72b0", "speculative": "#dd8452", "pipeinfer": "#55a868",
           "pipespec": "#bcbd22", "specpipe": "#17becf"}
 EXTRA_COLORS = ["#c44e52", "#8172b3", "#937860", "#da8bc3", "#8c8c8c", "#ccb974", "#64b5cd"]
-REQUIRED = ("strategy", "speed_tps", "ttft_s", "itl_s")
-ALL_PROMPTS = "(all)"  # summary.txt's prompt column for the lines over every prompt
-
-
-class PlotError(Exception):
-    pass
-
-
-@dataclass
-class Row:
-    pair: str
-    prompt: str
-    setting: str
-    variant: str
-    strategy: str
-    values: dict[str, float | None]
-
-
-@dataclass
-class Metric:
-    column: str
-    title: str
-    unit: str
-    scale: float = 1.0
-    higher_is_better: bool = True
-
-
-METRICS = {
-    "speed": Metric("speed_tps", "Generation speed", "tokens/s"),
-    "ttft": Metric("ttft_s", "Time to first token (TTFT)", "ms", 1000.0, False),
-    "itl": Metric("itl_s", "Inter-token latency (ITL)", "ms", 1000.0, False),
-    "acceptance": Metric("accept_rate", "Draft acceptance rate", "%", 100.0),
-}
-
-
-def parse_label(label: str) -> dict[str, str]:
-    """"a=1;b=2" -> {"a": "1", "b": "2"}; pieces without '=' are ignored."""
-    out = {}
-    for piece in (label or "").split(";"):
-        key, sep, value = piece.partition("=")
-        if sep and key.strip():
-            out[key.strip()] = value.strip()
-    return out
-
-
-def _float(text: str | None) -> float | None:
-    try:
-        value = float(text)
-    except (TypeError, ValueError):
-        return None
-    return value if math.isfinite(value) else None
-
-
-def read_rows(path: Path) -> list[Row]:
-    if not path.exists():
-        raise PlotError(f"results file {path} does not exist (run "
-                        "experiments/run_experiments.py CONFIG --out FILE first)")
-    if path.is_dir():
-        raise PlotError(f"{path} is a directory, not a results CSV")
-    with open(path, newline="") as handle:
-        reader = csv.DictReader(handle)
-        if not reader.fieldnames:
-            raise PlotError(f"results file {path} is empty")
-        missing = [c for c in REQUIRED if c not in reader.fieldnames]
-        if missing:
-            raise PlotError(f"{path} is not a pipeinfer results CSV (no column(s) "
-                            f"{', '.join(missing)})")
-        raw = list(reader)
-    if not raw:
-        raise PlotError(f"results file {path} has a header but no result rows")
-    rows = []
-    for r in raw:
-        label = parse_label(r.get("label", ""))
-        strategy = r.get("strategy") or "?"
-        target, draft = r.get("target") or "?", r.get("draft") or ""
-        pair = label.get("pair") or (f"{target}+{draft}" if draft else target)
-        setting = label.get("setting") or f"{r.get('ranks') or '?'} ranks"
-        rows.append(Row(pair=pair, prompt=label.get("prompt", ""), setting=setting,
-                        variant=label.get("variant") or strategy, strategy=strategy,
-                        values={m.column: _float(r.get(m.column)) for m in METRICS.values()}))
-    return rows
-
-
-def ordered(values) -> list[str]:
-    """First-seen order (the order the experiments ran in)."""
-    return list(dict.fromkeys(values))
-
-
-def setting_order(settings) -> list[str]:
-    """Settings by their leading node count ("2n-slow" before "4n-none" before "8n-none"),
-    settings of one count (and names without one, after those) in first-seen order: rows
-    appended by later runs still land in their place on the x axis."""
-    def nodes(name: str) -> float:
-        digits = name[:len(name) - len(name.lstrip("0123456789"))]
-        return int(digits) if digits else math.inf
-    return sorted(ordered(settings), key=nodes)
-
-
-def variant_order(variants) -> list[str]:
-    variants = ordered(variants)
-    return [v for v in BASE if v in variants] + [v for v in variants if v not in BASE]
 
 
 def colors_for(variants: list[str]) -> dict[str, str]:
@@ -139,17 +49,6 @@ def colors_for(variants: list[str]) -> dict[str, str]:
     for v in variants:
         out[v] = COLORS.get(v) or next(extra)
     return out
-
-
-def aggregate(rows: list[Row], column: str):
-    """(panel, setting, variant) -> (mean, std, n) over the rows with a value."""
-    groups: dict[tuple, list[float]] = defaultdict(list)
-    for row in rows:
-        value = row.values[column]
-        if value is not None:
-            groups[(row.pair, row.prompt), row.setting, row.variant].append(value)
-    return {k: (statistics.fmean(v), statistics.stdev(v) if len(v) > 1 else 0.0, len(v))
-            for k, v in groups.items()}
 
 
 def panel_title(panel: tuple[str, str]) -> str:
@@ -173,7 +72,7 @@ def bar_chart(plt, rows: list[Row], metric: Metric, variants: list[str], path: P
     if not rows:
         return False
     if panel_of is None:
-        panel_of = lambda row: (row.pair, row.prompt)  # noqa: E731
+        panel_of = lambda row: (row.pair, row.prompt)
     panels = ordered(panel_of(r) for r in rows)
     groups: dict[tuple, list[float]] = defaultdict(list)
     for r in rows:
@@ -295,51 +194,6 @@ def ablation_chart(plt, rows: list[Row], variants: list[str], path: Path) -> boo
     return True
 
 
-def summary(rows: list[Row]) -> str:
-    """One line per pair, prompt, setting and variant: means +- standard deviation over the
-    repeats, and the variant's speed and TTFT as ratios of iterative's (same pair, prompt and
-    setting) when the CSV has iterative runs there. A pair with several prompts gets a block
-    over all of them (prompt ALL_PROMPTS): every run of the setting and variant counts once."""
-    prompts = defaultdict(set)
-    for row in rows:
-        prompts[row.pair].add(row.prompt)
-    rows = rows + [replace(row, prompt=ALL_PROMPTS) for row in rows if len(prompts[row.pair]) > 1]
-    columns = ("speed_tps", "ttft_s", "itl_s", "accept_rate")
-    stats = {column: aggregate(rows, column) for column in columns}
-    runs = Counter(((r.pair, r.prompt), r.setting, r.variant) for r in rows)
-    lines = [f"{'pair':<18} {'prompt':<10} {'setting':<16} {'variant':<24} {'n':>3} "
-             f"{'speed t/s':>13} {'TTFT ms':>15} {'ITL ms':>13} {'accept':>11} "
-             f"{'x iter':>7} {'TTFT x iter':>11}"]
-    settings = {s: i for i, s in enumerate(setting_order(r.setting for r in rows))}
-    blocks = sorted(ordered(((r.pair, r.prompt), r.setting) for r in rows),
-                    key=lambda b: (b[0][1] == ALL_PROMPTS, settings[b[1]]))
-    for panel, setting in blocks:
-        for variant in variant_order(r.variant for r in rows):
-            n = runs[panel, setting, variant]
-            if not n:
-                continue
-
-            def cell(column, scale=1.0, digits=2):
-                if (panel, setting, variant) not in stats[column]:
-                    return "-"
-                mean, std, _ = stats[column][panel, setting, variant]
-                return f"{mean * scale:.{digits}f}" + (f" ±{std * scale:.{digits}f}" if n > 1
-                                                       else "")
-
-            def ratio(column):
-                own = stats[column].get((panel, setting, variant))
-                base = stats[column].get((panel, setting, "iterative"))
-                if own is None or base is None or base[0] <= 0:
-                    return "-"
-                return f"{own[0] / base[0]:.2f}"
-            lines.append(f"{panel[0]:<18} {panel[1] or '-':<10} {setting:<16} {variant:<24} "
-                         f"{n:>3} {cell('speed_tps'):>13} "
-                         f"{cell('ttft_s', 1000, 0):>15} {cell('itl_s', 1000, 0):>13} "
-                         f"{cell('accept_rate'):>11} {ratio('speed_tps'):>7} "
-                         f"{ratio('ttft_s'):>11}")
-    return "\n".join(lines)
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("csv", help="results CSV written by pipeinfer run --csv")
@@ -349,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         rows = read_rows(Path(args.csv))
-    except (PlotError, OSError, csv.Error) as err:
+    except (ResultsError, OSError, csv.Error) as err:
         print(f"plot.py: error: {err}", file=sys.stderr)
         return 2
 
@@ -381,11 +235,12 @@ def main(argv: list[str] | None = None) -> int:
         abl = (["pipeinfer"] if "pipeinfer" in variants else []) + ablations
         if ablation_chart(plt, rows, abl, out / "ablation.png"):
             written.append(out / "ablation.png")
-    speculating = [v for v in variants
-                   if any(r.variant == v and r.values["accept_rate"] is not None for r in rows)]
-    if speculating and bar_chart(plt, rows, METRICS["acceptance"], speculating,
-                                 out / "acceptance.png", METRICS["acceptance"].title):
-        written.append(out / "acceptance.png")
+    for key, name in (("acceptance", "acceptance"), ("verified", "verified_acceptance")):
+        metric = METRICS[key]
+        speculating = with_values(rows, metric.column, variants)
+        if speculating and bar_chart(plt, rows, metric, speculating, out / f"{name}.png",
+                                     metric.title):
+            written.append(out / f"{name}.png")
 
     table = summary(rows)
     (out / "summary.txt").write_text(table + "\n")

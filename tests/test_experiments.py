@@ -77,7 +77,7 @@ def test_plot_writes_pngs_from_smoke_csv(smoke, tmp_path):
     out = tmp_path / "figures"
     plot = launch([PYTHON, PLOT, csv_path, "--out", out], timeout=120)
     assert plot.rc == 0, plot.describe()
-    for name in ("speed", "ttft", "itl", "ablation", "acceptance"):
+    for name in ("speed", "ttft", "itl", "ablation", "acceptance", "verified_acceptance"):
         png = out / f"{name}.png"
         assert png.is_file(), f"{name}.png missing; {plot.describe()}"
         data = png.read_bytes()
@@ -122,6 +122,39 @@ def test_plot_summary_has_spread_and_ratios_to_iterative(tmp_path):
     assert lines["iterative"][-2:] == ["1.00", "1.00"]
     assert lines["pipeinfer"][4:9] == ["2", "7.50", "±0.71", "300", "±0"]
     assert lines["pipeinfer"][-4:] == ["0.60", "±0.14", "1.50", "1.50"]
+
+
+def test_plot_summary_and_chart_of_verified_acceptance(tmp_path):
+    """A CSV with verified_accept_rate (runs cancelled before verification): the summary gains
+    a last column with its mean +- std, and verified_acceptance.png is drawn; a CSV without the
+    column (older runs) keeps the table without it."""
+    path = tmp_path / "results.csv"
+    rows = [("iterative", "", ""), ("pipeinfer", "0.50", "0.80"), ("pipeinfer", "0.70", "0.90")]
+    with open(path, "w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["strategy", "speed_tps", "ttft_s", "itl_s", "accept_rate",
+                         "verified_accept_rate", "label"])
+        for strategy, accept, verified in rows:
+            writer.writerow([strategy, 5.0, 0.2, 0.2, accept, verified,
+                             f"pair=p;prompt=code;setting=4n;variant={strategy}"])
+    result = launch([PYTHON, PLOT, path, "--out", tmp_path / "fig"], timeout=120)
+    assert result.rc == 0, result.describe()
+    table = (tmp_path / "fig" / "summary.txt").read_text().splitlines()
+    assert table[0].split()[-1] == "verified"
+    lines = {line.split()[3]: line.split() for line in table[1:]}
+    assert lines["pipeinfer"][-2:] == ["0.85", "±0.07"]
+    assert lines["iterative"][-1] == "-"
+    png = tmp_path / "fig" / "verified_acceptance.png"
+    assert png.read_bytes().startswith(PNG_SIGNATURE)
+
+    older = tmp_path / "older.csv"
+    older.write_text("\n".join(",".join(line.split(",")[:5] + line.split(",")[6:])
+                               for line in path.read_text().splitlines()) + "\n")
+    result = launch([PYTHON, PLOT, older, "--out", tmp_path / "old"], timeout=120)
+    assert result.rc == 0, result.describe()
+    assert "verified" not in (tmp_path / "old" / "summary.txt").read_text()
+    assert not (tmp_path / "old" / "verified_acceptance.png").exists()
+    assert (tmp_path / "old" / "acceptance.png").exists()
 
 
 def test_plot_summary_adds_lines_over_all_prompts(tmp_path):
