@@ -125,9 +125,8 @@ def variant_order(variants) -> list[str]:
     return [v for v in BASE if v in variants] + [v for v in variants if v not in BASE]
 
 
-def with_values(rows: list[Row], column: str, variants=None) -> list[str]:
-    """The variants (in `variants`' order, default all) with at least one value in `column`."""
-    variants = variant_order(r.variant for r in rows) if variants is None else variants
+def with_values(rows: list[Row], column: str, variants: list[str]) -> list[str]:
+    """The variants (in `variants`' order) with at least one value in `column`."""
     return [v for v in variants
             if any(r.variant == v and r.values[column] is not None for r in rows)]
 
@@ -153,9 +152,9 @@ def summary(rows: list[Row]) -> str:
     for row in rows:
         prompts[row.pair].add(row.prompt)
     rows = rows + [replace(row, prompt=ALL_PROMPTS) for row in rows if len(prompts[row.pair]) > 1]
-    verified = bool(with_values(rows, "verified_accept_rate"))
     columns = ("speed_tps", "ttft_s", "itl_s", "accept_rate", "verified_accept_rate")
     stats = {column: aggregate(rows, column) for column in columns}
+    verified = bool(stats["verified_accept_rate"])
     runs = Counter(((r.pair, r.prompt), r.setting, r.variant) for r in rows)
     lines = [f"{'pair':<18} {'prompt':<10} {'setting':<16} {'variant':<24} {'n':>3} "
              f"{'speed t/s':>13} {'TTFT ms':>15} {'ITL ms':>13} {'accept':>11} "
