@@ -229,10 +229,22 @@ class Terminated(BaseException):
     """SIGTERM or SIGHUP arrived: unwind like Ctrl-C, so that everything is cleaned up."""
 
 
-def _terminate(signum, frame):
-    for other in (signal.SIGTERM, signal.SIGHUP):  # a second signal must not cut the cleanup
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+def _ignore_stop_signals() -> None:
+    for other in STOP_SIGNALS:  # a second signal must not cut the cleanup
         signal.signal(other, signal.SIG_IGN)
+
+
+def _terminate(signum, frame):
+    _ignore_stop_signals()
     raise Terminated(signum)
+
+
+def _interrupt(signum, frame):
+    _ignore_stop_signals()
+    raise KeyboardInterrupt
 
 
 def launch(args: argparse.Namespace) -> int:
@@ -250,8 +262,9 @@ def launch(args: argparse.Namespace) -> int:
     shim = [sys.executable, os.path.abspath(__file__), "_rank"]
     links = None
     with ExitStack() as cleanup:
-        for signum in (signal.SIGTERM, signal.SIGHUP):
-            cleanup.callback(signal.signal, signum, signal.signal(signum, _terminate))
+        for signum in STOP_SIGNALS:
+            handler = _interrupt if signum == signal.SIGINT else _terminate
+            cleanup.callback(signal.signal, signum, signal.signal(signum, handler))
         quotas = CpuQuotas(job, parse_cpus(args), args.period_us)
         cleanup.callback(quotas.remove)
         quotas.create()
@@ -274,29 +287,35 @@ def launch(args: argparse.Namespace) -> int:
         command = [mpiexec, "-n", str(args.nodes)] + shim + ["--"] + args.command
         if args.verbose:
             print("cluster: " + " ".join(command), file=sys.stderr)
-        proc = subprocess.Popen(command, env=env, start_new_session=True)
-        deadline = time.monotonic() + args.timeout
-        try:
-            while True:
-                try:
-                    return proc.wait(timeout=max(0.0, min(1.0, deadline - time.monotonic())))
-                except subprocess.TimeoutExpired:
-                    if time.monotonic() >= deadline:
-                        raise
-                    if links is not None:
-                        links.check()  # a dead link forwarder would leave the job hanging
-        except (KeyboardInterrupt, Terminated, ClusterError, subprocess.TimeoutExpired) as err:
-            os.killpg(proc.pid, signal.SIGINT)
+        return _run_job(subprocess.Popen(command, env=env, start_new_session=True),
+                        args.timeout, links)
+
+
+def _run_job(proc: subprocess.Popen, timeout: float, links: Links | None) -> int:
+    """Wait for the launched job; on a signal, a timeout or a dead link forwarder, interrupt it
+    (SIGKILL 10 s later) and pass the reason on."""
+    deadline = time.monotonic() + timeout
+    try:
+        while True:
             try:
-                proc.wait(timeout=10)
+                return proc.wait(timeout=max(0.0, min(1.0, deadline - time.monotonic())))
             except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-            if isinstance(err, subprocess.TimeoutExpired):
-                raise ClusterError(f"the job exceeded --timeout {args.timeout} s") from None
-            if isinstance(err, (ClusterError, Terminated)):
-                raise
-            return 130
+                if time.monotonic() >= deadline:
+                    raise
+                if links is not None:
+                    links.check()  # a dead link forwarder would leave the job hanging
+    except (KeyboardInterrupt, Terminated, ClusterError, subprocess.TimeoutExpired) as err:
+        os.killpg(proc.pid, signal.SIGINT)
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        if isinstance(err, subprocess.TimeoutExpired):
+            raise ClusterError(f"the job exceeded --timeout {timeout} s") from None
+        if isinstance(err, (ClusterError, Terminated)):
+            raise
+        return 130
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -311,6 +330,10 @@ def main(argv: list[str] | None = None) -> int:
             args.command = args.command[1:]
         rank_shim(args)
         return 1  # exec failed
+    # Explicitly, not Python's default: started from a non-interactive shell's background job
+    # (`nohup ... &`) a process inherits SIGINT ignored, Python then installs no handler, and
+    # Ctrl-C (or the SIGINT a test sends) would be lost while the job runs on.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--nodes", type=int, default=4, help="MPI ranks (emulated nodes)")

@@ -114,6 +114,10 @@ class RankedCommand(click.Command):
         if signal.getsignal(signal.SIGINT) is _quit_at_once:
             from . import mpi_transport  # noqa: F401  (starts MPI; Ctrl-C meanwhile: see there)
             signal.signal(signal.SIGINT, _interrupt)
+        else:
+            # No launcher: still explicitly, as a background job of a non-interactive shell
+            # (`nohup ... &`) inherits SIGINT ignored and Python then installs no handler.
+            signal.signal(signal.SIGINT, signal.default_int_handler)
         try:
             return super().invoke(ctx)
         except click.ClickException as err:

@@ -138,6 +138,9 @@ def _supervise(child: int, rank: int, old_mask) -> None:
         except ProcessLookupError:
             pass
 
+    # Whatever the inherited disposition: a job started from a background job of a
+    # non-interactive shell (`nohup ... &`) inherits SIGINT ignored, and Ctrl-C must still
+    # reach the rank (which installs its own handler in cli.py).
     for signum in FORWARDED:
         signal.signal(signum, pass_on)
     signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
