@@ -23,12 +23,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from .gguf_header import HeaderError, check_extents, read_header
+from .gguf_header import GGUF_MAGIC, GGUF_VERSIONS, HeaderError, check_extents, read_header
 
 Progress = Callable[[str], None] | None
 
-GGUF_MAGIC = b"GGUF"
-GGUF_VERSIONS = (2, 3)
 DEFAULT_MODEL = "smollm2"
 _COPY_CHUNK = 16 << 20
 

@@ -17,10 +17,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
 
-from gguf import (GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader, GGUFValueType, Keys,
-                  MODEL_TENSOR, TENSOR_NAMES)
+from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType, Keys, MODEL_TENSOR, TENSOR_NAMES
 
-from .gguf_header import Header, read_header
+from .gguf_header import Header, HeaderError, check_extents, read_header
 from .models import ModelError, check_gguf
 from .partition import StageRange
 
@@ -100,135 +99,91 @@ def write_stage(source: Header | GGUFReader, info: ModelInfo, stage: StageRange,
     `source` is the model's parsed header (open_model) or a GGUFReader of it. Metadata entries
     are copied as raw bytes: re-encoding a 150k-entry tokenizer through gguf's writer, after
     gguf's reader turned every entry into Python objects, took seconds per stage."""
-    path = source.path if isinstance(source, Header) else source.data.filename
-    arch = info.arch
-    overrides = {Keys.LLM.BLOCK_COUNT.format(arch=arch): _kv_uint32(stage.n_layer)}
+    # A reader only gives the path: its per-entry objects are what the raw copy avoids.
+    header = source if isinstance(source, Header) else read_model(source.data.filename)
+    try:
+        check_extents(header)
+    except HeaderError as err:
+        raise SliceError(str(err)) from None
+    kvs = _stage_kvs(header, info, stage)
+    tensors = _stage_tensors(header, info, stage)
+    tmp = dst.with_name(dst.name + f".tmp{os.getpid()}")
+    try:
+        with open(header.path, "rb") as handle, \
+                mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as buf, \
+                open(tmp, "wb") as out:
+            _write_gguf(out, buf, kvs, tensors, header.alignment,
+                        progress and (lambda i: progress(f"{dst.name}: tensor {i + 1}/"
+                                                         f"{len(tensors)}")))
+        os.replace(tmp, dst)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+
+
+def _stage_kvs(header: Header, info: ModelInfo, stage: StageRange) -> list:
+    """The stage's metadata entries: (start, end) spans of the source to copy, or new bytes."""
+    overrides = {Keys.LLM.BLOCK_COUNT.format(arch=info.arch): _kv_uint32(stage.n_layer)}
     if not stage.final:
         overrides[Keys.Tokenizer.MODEL] = _kv_string("none")
-        overrides[Keys.LLM.VOCAB_SIZE.format(arch=arch)] = _kv_uint32(1)
-    tmp = dst.with_name(dst.name + f".tmp{os.getpid()}")
-    with open(path, "rb") as handle, \
-            mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as buf:
-        src = _scan(buf, path)
-        kvs = []
-        for key, span in src.kvs:
-            if key in overrides:
-                kvs.append(_kv_key(key) + overrides.pop(key))
-            elif not (not stage.final and key.startswith("tokenizer.")):
-                kvs.append(buf[span[0]:span[1]])
-        kvs += [_kv_key(key) + value for key, value in overrides.items()]
-
-        tensors = []  # (name, dims, type, bytes or (offset, size) in the source)
-        for name, dims, ttype, offset, size in src.tensors:
-            m = _BLOCK_NAME.match(name)
-            if m:
-                layer = int(m.group(1))
-                if stage.first <= layer < stage.last:
-                    tensors.append((f"blk.{layer - stage.first}.{m.group(2)}", dims, ttype,
-                                    (offset, size)))
-            elif not stage.final and name in (_TOKEN_EMBD, _OUTPUT):
-                continue  # replaced by one-row zeros below
-            else:
-                tensors.append((name, dims, ttype, (offset, size)))
-        if not stage.final:
-            zeros = bytes(4 * info.n_embd)
-            tensors += [(n, (info.n_embd, 1), GGMLQuantizationType.F32, zeros)
-                        for n in (_TOKEN_EMBD, _OUTPUT)]
-
-        align = src.alignment
-        infos, rel = [], 0
-        for name, dims, ttype, data in tensors:
-            infos.append(_string(name) + struct.pack(f"<I{len(dims)}Q", len(dims), *dims)
-                         + struct.pack("<IQ", ttype, rel))
-            rel += _pad(_size(data), align)
-        try:
-            with open(tmp, "wb") as out:
-                out.write(b"GGUF" + struct.pack("<IQQ", 3, len(tensors), len(kvs)))
-                for chunk in (*kvs, *infos):
-                    out.write(chunk)
-                out.write(bytes(_pad(out.tell(), align) - out.tell()))
-                for i, (name, _, _, data) in enumerate(tensors):
-                    if isinstance(data, tuple):
-                        offset, size = data
-                        with memoryview(buf) as view, view[offset:offset + size] as part:
-                            out.write(part)  # no copy of the tensor in memory
-                    else:
-                        out.write(data)
-                    size = _size(data)
-                    out.write(bytes(_pad(size, align) - size))
-                    if progress and i % 64 == 0:
-                        progress(f"{dst.name}: tensor {i + 1}/{len(tensors)}")
-            os.replace(tmp, dst)
-        finally:
-            if tmp.exists():
-                tmp.unlink()
+        overrides[Keys.LLM.VOCAB_SIZE.format(arch=info.arch)] = _kv_uint32(1)
+    kvs = []
+    for key, span in header.kv_spans.items():
+        if key in overrides:
+            kvs.append(_kv_key(key) + overrides.pop(key))
+        elif stage.final or not key.startswith("tokenizer."):
+            kvs.append(span)
+    return kvs + [_kv_key(key) + value for key, value in overrides.items()]
 
 
-@dataclass
-class _RawGGUF:
-    kvs: list          # (key, (start, end) byte span of the whole entry)
-    tensors: list      # (name, dims, type, absolute data offset, data size)
-    alignment: int
-
-
-_SCALAR_SIZES = {GGUFValueType.UINT8: 1, GGUFValueType.INT8: 1, GGUFValueType.UINT16: 2,
-                 GGUFValueType.INT16: 2, GGUFValueType.UINT32: 4, GGUFValueType.INT32: 4,
-                 GGUFValueType.FLOAT32: 4, GGUFValueType.BOOL: 1, GGUFValueType.UINT64: 8,
-                 GGUFValueType.INT64: 8, GGUFValueType.FLOAT64: 8}
-
-
-def _scan(buf, path) -> _RawGGUF:
-    """Byte spans of every metadata entry and the tensor infos of a GGUF file (v2/v3, little
-    endian). The file passed check_gguf, so errors here mean a malformed header."""
-    try:
-        version, n_tensors, n_kv = struct.unpack_from("<IQQ", buf, 4)
-        pos, kvs, alignment = 24, [], 32
-        for _ in range(n_kv):
-            start = pos
-            n, = struct.unpack_from("<Q", buf, pos)
-            key = bytes(buf[pos + 8:pos + 8 + n]).decode("utf-8")
-            vtype, = struct.unpack_from("<I", buf, pos + 8 + n)
-            pos = pos + 12 + n
-            if vtype == GGUFValueType.ARRAY:
-                etype, count = struct.unpack_from("<IQ", buf, pos)
-                pos += 12
-                if etype == GGUFValueType.STRING:
-                    unpack = struct.Struct("<Q").unpack_from
-                    for _ in range(count):
-                        pos += 8 + unpack(buf, pos)[0]
-                else:
-                    pos += _SCALAR_SIZES[GGUFValueType(etype)] * count
-            elif vtype == GGUFValueType.STRING:
-                pos += 8 + struct.unpack_from("<Q", buf, pos)[0]
-            else:
-                if key == Keys.General.ALIGNMENT:
-                    alignment = struct.unpack_from("<I", buf, pos)[0]
-                pos += _SCALAR_SIZES[GGUFValueType(vtype)]
-            kvs.append((key, (start, pos)))
-        infos = []
-        for _ in range(n_tensors):
-            n, = struct.unpack_from("<Q", buf, pos)
-            name = bytes(buf[pos + 8:pos + 8 + n]).decode("utf-8")
-            n_dims, = struct.unpack_from("<I", buf, pos + 8 + n)
-            pos += 12 + n
-            dims = struct.unpack_from(f"<{n_dims}Q", buf, pos)
-            pos += 8 * n_dims
-            ttype, offset = struct.unpack_from("<IQ", buf, pos)
-            pos += 12
-            infos.append((name, dims, GGMLQuantizationType(ttype), offset))
-    except (struct.error, ValueError, KeyError) as err:
-        raise SliceError(f"{path}: malformed GGUF header ({err})") from None
-    data_start = _pad(pos, alignment)
+def _stage_tensors(header: Header, info: ModelInfo, stage: StageRange) -> list:
+    """(name, dims, type, data): data is an (offset, size) span of the source or new bytes."""
     tensors = []
-    for name, dims, ttype, offset in infos:
-        block, type_size = GGML_QUANT_SIZES[ttype]
-        n_elements = 1
-        for d in dims:
-            n_elements *= d
-        tensors.append((name, dims, ttype, data_start + offset, n_elements // block * type_size))
-    if tensors and max(o + n for _, _, _, o, n in tensors) > len(buf):
-        raise SliceError(f"{path} is truncated: tensor data runs past the end of the file")
-    return _RawGGUF(kvs, tensors, alignment)
+    for t in header.tensors.values():
+        span = (t.offset, t.n_bytes)
+        m = _BLOCK_NAME.match(t.name)
+        if m:
+            layer = int(m.group(1))
+            if stage.first <= layer < stage.last:
+                tensors.append((f"blk.{layer - stage.first}.{m.group(2)}", t.shape,
+                                t.ggml_type, span))
+        elif stage.final or t.name not in (_TOKEN_EMBD, _OUTPUT):
+            tensors.append((t.name, t.shape, t.ggml_type, span))
+    if not stage.final:  # one-row zeros instead of the real embedding and output head
+        zeros = bytes(4 * info.n_embd)
+        tensors += [(n, (info.n_embd, 1), GGMLQuantizationType.F32, zeros)
+                    for n in (_TOKEN_EMBD, _OUTPUT)]
+    return tensors
+
+
+def _write_gguf(out, buf, kvs: list, tensors: list, align: int,
+                progress: Callable[[int], None] | None) -> None:
+    """A GGUF v3 file from metadata entries and tensors as _stage_kvs/_stage_tensors give
+    them; spans are copied from `buf` (the source, memory-mapped) without an in-memory copy."""
+    infos, rel = [], 0
+    for name, dims, ttype, data in tensors:
+        infos.append(_string(name) + struct.pack(f"<I{len(dims)}Q", len(dims), *dims)
+                     + struct.pack("<IQ", ttype, rel))
+        rel += _pad(_size(data), align)
+    out.write(b"GGUF" + struct.pack("<IQQ", 3, len(tensors), len(kvs)))
+    with memoryview(buf) as view:
+        for kv in kvs:
+            if isinstance(kv, tuple):
+                with view[kv[0]:kv[1]] as part:
+                    out.write(part)
+            else:
+                out.write(kv)
+        out.write(b"".join(infos))
+        out.write(bytes(_pad(out.tell(), align) - out.tell()))
+        for i, (_, _, _, data) in enumerate(tensors):
+            if isinstance(data, tuple):
+                with view[data[0]:data[0] + data[1]] as part:
+                    out.write(part)
+            else:
+                out.write(data)
+            out.write(bytes(_pad(_size(data), align) - _size(data)))
+            if progress and i % 64 == 0:
+                progress(i)
 
 
 def _pad(n: int, align: int) -> int:
