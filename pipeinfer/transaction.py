@@ -44,6 +44,7 @@ class Tag(enum.IntEnum):
     ERROR = 8       # any rank -> head: a pickled message
     STATS = 9       # worker -> head at shutdown: a pickled dict
     DRAFT = 10      # between PipeSpec's draft ranks and the head: int64 [kind, arg, tokens...]
+    CLOCK = 11      # start-up clock offsets: head <-> each rank, float64 ping/pong
 
 
 class DecodeFlag(enum.IntFlag):

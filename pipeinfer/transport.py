@@ -7,6 +7,7 @@ so schedulers can be tested and simulated without MPI.
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from typing import Protocol
 
@@ -35,6 +36,14 @@ def apply_kv(stage: Stage, ops: list[KvOp]) -> None:
             stage.seq_keep(op.seq)
 
 
+def record_span(spans, tx: DecodeTx, start: float, end: float, outcome: str) -> None:
+    """Append one decode's span in the compact form a stage's stats["spans"] carries (pickled
+    with a worker's statistics, hence a list of plain values, not an object): [run_id, start,
+    end, outcome, n_tokens, speculative], times in this process's time.monotonic() seconds,
+    outcome one of "computed", "aborted", "skipped" (a skipped run's span has zero length)."""
+    spans.append([tx.run_id, start, end, outcome, tx.n_tokens, tx.speculative])
+
+
 class LocalTransport:
     """Worker stages evaluated in this process, in order, when their transaction is sent.
 
@@ -42,6 +51,7 @@ class LocalTransport:
     and a poll finds a result only after `delay` polls that found none (each such poll then
     evaluates one more run). This lets a test exercise a scheduler's handling of results
     arriving while it speculates, and of cancellations reaching runs not computed yet.
+    Each stage's stats carry "spans" as a worker's do (record_span), in this process's clock.
     """
 
     def __init__(self, stages: list[Stage], delay: int = 0):
@@ -52,7 +62,7 @@ class LocalTransport:
         self._cancelled: set[int] = set()
         self._empty_polls = 0
         self.stats = [{"rank": i + 1, "computed": 0, "skipped": 0, "aborted": 0, "busy_s": 0.0,
-                       "kv_ops": 0} for i in range(len(stages))]
+                       "kv_ops": 0, "spans": []} for i in range(len(stages))]
 
     def send_decode(self, tx: DecodeTx, activations: np.ndarray) -> None:
         self._queue.append((tx, activations))
@@ -105,15 +115,19 @@ class LocalTransport:
 
     def _run(self, tx: DecodeTx, x) -> RunResult:
         for stage, stats in zip(self.stages, self.stats):
+            start = time.monotonic()
             if tx.run_id in self._cancelled:
+                record_span(stats["spans"], tx, start, start, "skipped")
                 stats["skipped"] += 1
                 x = None
                 continue
             try:
                 x = stage.decode(tx.positions, tx.seq_ids, embd=x, logit_rows=tx.logit_rows,
                                  run_id=tx.run_id)
+                record_span(stats["spans"], tx, start, time.monotonic(), "computed")
                 stats["computed"] += 1
             except StageAborted:
+                record_span(stats["spans"], tx, start, time.monotonic(), "aborted")
                 stats["aborted"] += 1
                 x = None
         self._cancelled.discard(tx.run_id)

@@ -3,6 +3,10 @@
 Cancellations arrive on a side thread (they travel backwards, independent of the begin
 stream); a run named by one is skipped if not started, or aborted at the next graph node
 through llama.cpp's abort callback if it is being computed.
+
+Every decode leaves a span (run id, start, end, outcome, tokens, speculative) in the worker's
+own time.monotonic() clock; they go to the head with the statistics at shutdown, where the
+trace converts them with this rank's clock offset (Link.clock_offsets).
 """
 
 from __future__ import annotations
@@ -10,6 +14,7 @@ from __future__ import annotations
 import resource
 import threading
 import time
+from collections import deque
 
 import numpy as np
 
@@ -18,13 +23,16 @@ from .metrics import rss_mb
 from .mpi_transport import CANCEL_END, WorkerLink
 from .stage import Stage, StageAborted
 from .transaction import DecodeFlag, DecodeTx, Tag, TxType, decode_kv_ops
-from .transport import apply_kv
+from .transport import apply_kv, record_span
 
 # The cancel watcher polls (fast) only while a decode it may have to abort is running.
 WATCH_FAST_S = 500e-6
 
 
 RSS_EVERY = 64  # record the resident size every this many computed decodes
+# Spans kept for the trace (the newest ones): bounds a long-lived worker's memory (~200 bytes
+# a span) while any single run of the program fits with room to spare.
+SPANS_MAX = 100_000
 
 
 class Worker:
@@ -42,6 +50,8 @@ class Worker:
         self._cancels_ended = False           # CANCEL_END received (and passed upstream)
         self.stats = {"rank": link.rank, "computed": 0, "skipped": 0, "aborted": 0,
                       "busy_s": 0.0, "kv_ops": 0, "rss_trace_mb": []}
+        # [run_id, start, end, outcome, n_tokens, speculative], see record_span
+        self.spans: deque[list] = deque(maxlen=SPANS_MAX)
 
     # --- main loop --------------------------------------------------------------------------
     def run(self) -> dict:
@@ -77,6 +87,7 @@ class Worker:
                 backoff.wait()
         self.stats["wall_s"] = time.monotonic() - started
         self.stats["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        self.stats["spans"] = list(self.spans)
         self.link.send_stats(self.stats)
         self.link.flush()
         return self.stats
@@ -90,7 +101,7 @@ class Worker:
             x = self.link.recv_payload(Tag.ACTIVATIONS, np.float32).reshape(tx.n_tokens, -1)
         if x is None or self._take_cancel(tx.run_id):
             out = None
-            self._skip(tx.run_id)
+            self._skip(tx)
         else:
             out = self._compute(tx, x)
         if self.is_last:
@@ -106,15 +117,18 @@ class Worker:
             if tx.run_id in self._cancelled:  # cancelled since the check in _decode
                 self.stage.cancel(tx.run_id)
         t0 = time.perf_counter()
+        start = time.monotonic()
         self._computing.set()
         try:
             out = self.stage.decode(tx.positions, tx.seq_ids, embd=x, logit_rows=tx.logit_rows,
                                     run_id=tx.run_id)
+            record_span(self.spans, tx, start, time.monotonic(), "computed")
             self.stats["computed"] += 1
             if self.stats["computed"] % RSS_EVERY == 0:
                 self.stats["rss_trace_mb"].append(round(rss_mb(), 1))
             return out
         except StageAborted:
+            record_span(self.spans, tx, start, time.monotonic(), "aborted")
             self.stats["aborted"] += 1
             return None
         finally:
@@ -130,11 +144,13 @@ class Worker:
         with self._lock:
             return run_id in self._cancelled
 
-    def _skip(self, run_id: int) -> None:
+    def _skip(self, tx: DecodeTx) -> None:
+        now = time.monotonic()
+        record_span(self.spans, tx, now, now, "skipped")
         self.stats["skipped"] += 1
         with self._lock:
-            self._cancelled.discard(run_id)
-            self._done_through = max(self._done_through, run_id)
+            self._cancelled.discard(tx.run_id)
+            self._done_through = max(self._done_through, tx.run_id)
 
     def _kv(self, header: np.ndarray) -> None:
         buf = self.link.recv_payload(Tag.KV_OPS, np.int32)

@@ -1,0 +1,167 @@
+"""What the head's trace gets from other ranks (issue 18 item 6): each rank's clock offset
+(Link.clock_offsets, under a real `mpiexec -n 3`) and the stage spans a worker sends with its
+statistics (a real Worker under `mpiexec -n 2`; LocalTransport's in-process stages).
+
+Ranks on one host share the monotonic clock, so the true offset is 0; a rank whose clock the
+test script shifts (pipeinfer.mpi_transport._now patched on rank 2) must come out shifted by
+that much.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import numpy as np
+import pytest
+
+from mpi_util import PYTHON, launch, mpi_command
+from pipeinfer.stage import StageAborted
+from pipeinfer.transaction import DecodeTx
+from pipeinfer.transport import LocalTransport
+
+TOLERANCE_S = 5e-3
+TIMEOUT = 120.0
+
+SCRIPT = """
+import json, pathlib, sys
+from pipeinfer import mpi_transport as mt
+
+skew, out_dir = float(sys.argv[1]), pathlib.Path(sys.argv[2])
+link = mt.Link()
+if link.rank == 2 and skew:
+    real = mt._now
+    mt._now = lambda: real() + skew
+offsets = link.clock_offsets()
+result = None if offsets is None else {str(k): v for k, v in offsets.items()}
+# a file per rank: the launcher may splice lines that ranks print at the same time
+(out_dir / f"rank{link.rank}.json").write_text(json.dumps(result))
+link.barrier()
+"""
+
+
+def run_clock(tmp_path, skew: float) -> dict[int, dict | None]:
+    script = tmp_path / "clock.py"
+    script.write_text(SCRIPT)
+    result = launch(mpi_command(3, [PYTHON, script, str(skew), tmp_path]), timeout=TIMEOUT)
+    assert result.rc == 0 and not result.timed_out, result.describe()
+    return {rank: json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in range(3)}
+
+
+@pytest.mark.parametrize("skew", [0.0, 100.0])
+def test_clock_offsets(tmp_path, skew):
+    out = run_clock(tmp_path, skew)
+    assert out[1] is None and out[2] is None  # only the head gets the offsets
+    offsets = out[0]
+    assert sorted(offsets) == ["1", "2"]
+    assert abs(offsets["1"]) < TOLERANCE_S, offsets
+    assert abs(offsets["2"] - skew) < TOLERANCE_S, offsets
+
+
+# Rank 0 sends three decodes to a real Worker on rank 1 whose stage is a stand-in: run 0 is
+# computed, run 1 arrives marked skipped (as if an earlier rank had skipped it), run 2's decode
+# is aborted. The head writes the worker's spans, its clock offset and its own time window.
+WORKER_SCRIPT = """
+import json, pathlib, sys, time
+import numpy as np
+from pipeinfer.mpi_transport import HeadTransport, WorkerLink, world
+from pipeinfer.stage import StageAborted
+from pipeinfer.transaction import DecodeTx, Tag
+from pipeinfer.worker import Worker
+
+N_VOCAB = 4
+
+class FakeStage:
+    def decode(self, positions, seq_ids, *, embd=None, logit_rows=None, run_id=-1):
+        time.sleep(0.01)
+        if run_id == 2:
+            raise StageAborted()
+        return np.zeros((sum(logit_rows), N_VOCAB), dtype=np.float32)
+
+    def cancel(self, run_id):
+        pass
+
+def tx(run, n, speculative):
+    return DecodeTx(run, tuple(range(n)), ((0,),) * n, (True,) * n, speculative)
+
+out = pathlib.Path(sys.argv[1])
+if world()[0] == 0:
+    link = HeadTransport(N_VOCAB)
+    offsets = link.clock_offsets()
+    t_first = time.monotonic()
+    link.send_decode(tx(0, 2, False), np.zeros((2, 8), dtype=np.float32))
+    skipped = tx(1, 1, True)
+    meta = skipped.encode_meta()
+    link.isend(skipped.header(skipped=True, meta_len=len(meta)), 1, Tag.BEGIN)
+    link.isend(meta, 1, Tag.DECODE_META)
+    link.send_decode(tx(2, 3, True), np.zeros((3, 8), dtype=np.float32))
+    results = []
+    while len(results) < 3:
+        result = link.poll_result()
+        if result is None:
+            time.sleep(0.001)
+        else:
+            results.append((result.run_id, result.cancelled))
+    t_last = time.monotonic()
+    stats = link.shutdown()
+    out.write_text(json.dumps({"offset": offsets[1], "window": [t_first, t_last],
+                               "results": results, "spans": stats[0]["spans"]}))
+else:
+    link = WorkerLink()
+    link.clock_offsets()
+    Worker(link, FakeStage()).run()
+"""
+
+
+def test_worker_spans_reach_the_head(tmp_path):
+    script, out = tmp_path / "worker.py", tmp_path / "out.json"
+    script.write_text(WORKER_SCRIPT)
+    result = launch(mpi_command(2, [PYTHON, script, out]), timeout=TIMEOUT)
+    assert result.rc == 0 and not result.timed_out, result.describe()
+    got = json.loads(out.read_text())
+    assert got["results"] == [[0, False], [1, True], [2, True]]
+    spans = got["spans"]
+    assert [[run, outcome, n, spec] for run, _, _, outcome, n, spec in spans] == [
+        [0, "computed", 2, False], [1, "skipped", 1, True], [2, "aborted", 3, True]]
+    first, last = got["window"]
+    for run, start, end, outcome, _, _ in spans:
+        start, end = start - got["offset"], end - got["offset"]  # into the head's clock
+        assert first - TOLERANCE_S <= start <= end <= last + TOLERANCE_S, (spans, got)
+        assert (end == start) == (outcome == "skipped")
+        if outcome == "computed":
+            assert end - start >= 0.009  # the stand-in stage's sleep
+
+
+class SpanStage:
+    """A stand-in stage for LocalTransport: each decode takes a moment; `aborts` abort."""
+
+    def __init__(self, aborts=()):
+        self.aborts = set(aborts)
+
+    def decode(self, positions, seq_ids, *, embd=None, logit_rows=None, run_id=-1):
+        time.sleep(0.002)
+        if run_id in self.aborts:
+            raise StageAborted()
+        return np.zeros((len(positions), 4), dtype=np.float32)
+
+
+def test_local_transport_spans():
+    transport = LocalTransport([SpanStage(), SpanStage(aborts={2})], delay=0)
+    before = time.monotonic()
+    transport.send_decode(DecodeTx(0, (0, 1), ((0,), (0,)), (True, True)), None)
+    transport.send_cancel([1])
+    transport.send_decode(DecodeTx(1, (2,), ((1,),), (True,), speculative=True), None)
+    transport.send_decode(DecodeTx(2, (2,), ((2,),), (True,), speculative=True), None)
+    stats = transport.shutdown()
+    after = time.monotonic()
+    compact = [[[run, outcome, n, spec] for run, _, _, outcome, n, spec in s["spans"]]
+               for s in stats]
+    assert compact[0] == [[0, "computed", 2, False], [1, "skipped", 1, True],
+                          [2, "computed", 1, True]]
+    assert compact[1] == [[0, "computed", 2, False], [1, "skipped", 1, True],
+                          [2, "aborted", 1, True]]
+    for s in stats:
+        for run, start, end, outcome, _, _ in s["spans"]:
+            assert before <= start <= end <= after
+            assert (start == end) == (outcome == "skipped")
+        assert len(s["spans"]) == s["computed"] + s["skipped"] + s["aborted"]
