@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
-"""Turn a pipeinfer results CSV into PNG charts (PipeInfer paper, Figs. 4-8).
+"""Turn a pipeinfer results CSV into PNG charts (PipeInfer paper, Figs. 4-8), and a trace into
+a pipeline timeline (Figs. 2-3).
 
     python plot.py results.csv --out figures/ [--show]
+    python plot.py --timeline trace.jsonl --out figures/
 
 Writes speed.png (generation speed), ttft.png (time to first token), itl.png (inter-token
 latency): grouped bars, one panel per model pair and prompt, the cluster settings along the x
@@ -13,6 +15,10 @@ drafted tokens the target did verify that it accepted). summary.txt holds the ta
 also printed (pipeinfer/results.py): means +- standard deviation over the repeats, and speed
 and TTFT as ratios of iterative's; a pair run on several prompts also gets lines for all its
 prompts together (prompt "(all)").
+
+--timeline TRACE (a `pipeinfer run --trace` file) writes timeline.png: one row per rank, a bar
+per run on each, coloured by kind, cancelled runs marked, the accepted tokens on the head's
+row (pipeinfer/timeline.py). A CSV is then optional.
 """
 
 from __future__ import annotations
@@ -38,6 +44,7 @@ from pipeinfer.results import (
     variant_order,
     with_values,
 )
+from pipeinfer.timeline import Trace, TraceError, draw_timeline, read_trace
 
 COLORS = {"iterative": "#4c72b0", "speculative": "#dd8452", "pipeinfer": "#55a868",
           "pipespec": "#bcbd22", "specpipe": "#17becf"}
@@ -194,26 +201,8 @@ def ablation_chart(plt, rows: list[Row], variants: list[str], path: Path) -> boo
     return True
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("csv", help="results CSV written by pipeinfer run --csv")
-    parser.add_argument("--out", default="figures", help="directory for the PNG files")
-    parser.add_argument("--show", action="store_true", help="also open the charts in a window")
-    args = parser.parse_args(argv)
-
-    try:
-        rows = read_rows(Path(args.csv))
-    except (ResultsError, OSError, csv.Error) as err:
-        print(f"plot.py: error: {err}", file=sys.stderr)
-        return 2
-
-    import matplotlib
-    if not args.show:
-        matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+def csv_charts(plt, rows: list[Row], out: Path, csv_name: str) -> list[Path]:
+    """The charts of a results CSV (and summary.txt, whose table is also printed)."""
     variants = variant_order(r.variant for r in rows)
     base = [v for v in variants if v in BASE]
     ablations = [v for v in variants if v not in BASE]
@@ -226,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
             # no value at all for the metric: still write the chart, saying so
             fig, ax = plt.subplots(figsize=(6, 2))
             ax.axis("off")
-            ax.text(0.5, 0.5, f"{metric.title}: no values in {args.csv}", ha="center",
+            ax.text(0.5, 0.5, f"{metric.title}: no values in {csv_name}", ha="center",
                     va="center")
             fig.savefig(path, dpi=110)
             plt.close(fig)
@@ -241,11 +230,51 @@ def main(argv: list[str] | None = None) -> int:
         if speculating and bar_chart(plt, rows, metric, speculating, out / f"{name}.png",
                                      metric.title):
             written.append(out / f"{name}.png")
-
     table = summary(rows)
     (out / "summary.txt").write_text(table + "\n")
     print(table)
-    for path in written + [out / "summary.txt"]:
+    return written
+
+
+def read_inputs(args) -> tuple[list[Row] | None, Trace | None]:
+    """The CSV's rows and the trace, each None when not asked for (errors propagate)."""
+    rows = read_rows(Path(args.csv)) if args.csv else None
+    try:
+        trace = read_trace(Path(args.timeline)) if args.timeline else None
+    except TraceError as err:  # name the file: the message names only the line
+        raise TraceError(None, f"{args.timeline}: {err}") from None
+    return rows, trace
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("csv", nargs="?", help="results CSV written by pipeinfer run --csv")
+    parser.add_argument("--timeline", metavar="TRACE",
+                        help="trace written by pipeinfer run --trace: draw timeline.png")
+    parser.add_argument("--out", default="figures", help="directory for the PNG files")
+    parser.add_argument("--show", action="store_true", help="also open the charts in a window")
+    args = parser.parse_args(argv)
+    if args.csv is None and args.timeline is None:
+        parser.error("give a results CSV, --timeline TRACE, or both")
+
+    try:
+        rows, trace = read_inputs(args)
+    except (ResultsError, TraceError, OSError, csv.Error, UnicodeDecodeError) as err:
+        print(f"plot.py: error: {err}", file=sys.stderr)
+        return 2
+
+    import matplotlib
+    if not args.show:
+        matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    written = csv_charts(plt, rows, out, args.csv) if rows is not None else []
+    if trace is not None:
+        draw_timeline(trace, out / "timeline.png")
+        written.append(out / "timeline.png")
+    for path in written + ([out / "summary.txt"] if rows is not None else []):
         print(f"wrote {path}")
     if args.show:
         for path in written:
