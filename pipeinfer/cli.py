@@ -226,11 +226,17 @@ def main() -> None:
 @click.option("-np", "--n-parallel", default=1, type=click.IntRange(1, 16),
               help="Most branches per draft tree.")
 @click.option("-pr", "--p-recovery", default=0.05, type=float,
-              help="pipeinfer: cutoff increase per speculative run started; reset to 0 when a "
-                   "run's result is verified.")
+              help="pipeinfer: the cutoff (-pa + p_adjust) rises by this per speculative run "
+                   "started; p_adjust is reset to 0 when a speculative run's drafted tokens "
+                   "are accepted.")
 @click.option("-pd", "--p-decay", default=0.01, type=float,
-              help="pipeinfer: cutoff decrease whenever drafting yields nothing while no "
-                   "result is waiting.")
+              help="pipeinfer: the cutoff falls by this per draft attempt that found no token "
+                   "above it (once per attempt of the draft model, not per idle poll), down "
+                   "to --p-floor.")
+@click.option("--p-floor", default=0.1, type=click.FloatRange(0, 1),
+              help="pipeinfer: the cutoff never decays below this (or -pa, if lower): a draft "
+                   "token less likely than that is rarely the target's, and an unbounded "
+                   "decay would switch the cutoff off.")
 @click.option("--max-runs", default=6, type=click.IntRange(2, 64),
               help="pipeinfer: most runs in flight in the target pipeline at once. specpipe: "
                    "tree levels in flight are the number of target stages + 1, at most this.")
@@ -269,10 +275,14 @@ def main() -> None:
 @click.option("--json", "as_json", is_flag=True,
               help="Print one JSON object with tokens, text and metrics instead of streaming.")
 @click.option("--label", default="", help="Free-form label stored in the CSV row.")
+@click.option("--trace", "trace_path", type=click.Path(dir_okay=False), default=None,
+              help="Write the head's events and actions and every rank's stage spans to this "
+                   "file as JSON lines; `python plot.py --timeline FILE --out DIR` draws them.")
 @click.option("-v", "--verbose", count=True,
               help="-v: progress of every rank; -vv: also llama.cpp's log; tracebacks.")
 def run(model, draft, prompt, prompt_file, n_predict, n_ctx, n_batch, seed, temp, top_k, top_p,
         threads, split, strategy, draft_max, p_accept, p_split, n_parallel, p_recovery, p_decay,
+        p_floor, trace_path,
         max_runs, partitions, kv_size, no_repack, no_continuous, no_cancel, no_draft_thread,
         ignore_eos, chat, csv_path, as_json, label, verbose, tree_width, tree_k):
     """Generate text from a prompt. Under mpirun every rank runs this same command: rank 0 is
@@ -317,9 +327,10 @@ def run(model, draft, prompt, prompt_file, n_predict, n_ctx, n_batch, seed, temp
                     spec=SpecOptions(draft_max, p_accept, p_split, n_parallel, p_recovery,
                                      p_decay, not no_continuous, not no_cancel, max_runs,
                                      partitions, kv_size, tree_width=tree_width,
-                                     tree_k=tree_k, draft_thread=not no_draft_thread),
+                                     tree_k=tree_k, draft_thread=not no_draft_thread,
+                                     p_floor=p_floor),
                     ignore_eos=ignore_eos, chat=chat, csv=csv_path, json=as_json,
-                    verbose=verbose, label=label, repack=not no_repack)
+                    verbose=verbose, label=label, repack=not no_repack, trace=trace_path)
     sys.exit(run_main(cfg))
 
 

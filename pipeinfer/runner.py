@@ -14,7 +14,7 @@ from typing import Callable
 
 from . import llama_lib
 from .embedding import Embedder
-from .generation import Generation, Request
+from .schedule.generation import Generation, Request
 from .head import Pipeline
 from .llama_lib import LlamaError
 from .metrics import CsvRow, append_csv, rss_mb
@@ -30,6 +30,7 @@ from .slicing import model_info, read_model
 from .stage import Stage, StageConfig
 from .stage_cache import stage_file
 from .drafter import Drafter
+from .engine.trace import Trace
 from .partition_pool import PartitionPool
 from .strategies import MULTI_DRAFT, NEEDS_DRAFT, STRATEGIES, SpecOptions
 from .tokenizer import TextStream, Tokenizer
@@ -63,6 +64,7 @@ class RunConfig:
     verbose: int = 0
     label: str = ""
     repack: bool = True
+    trace: str | None = None
 
     @property
     def drafts(self) -> tuple[str, ...]:
@@ -359,15 +361,19 @@ def _run_head(cfg: RunConfig, setup: HeadSetup, ranges: list[StageRange], size: 
     request = Request(tuple(setup.prompt), cfg.n_predict, cfg.n_ctx, cfg.ignore_eos)
     gen = Generation(request, setup.tokenizer.is_eog, on_token)
     t0 = time.perf_counter()
+    trace = Trace(cfg.trace) if cfg.trace else None
     try:
         STRATEGIES[cfg.strategy](setup.pipeline, gen, Sampler(cfg.sampling), cfg,
-                                 setup.drafter, setup.pool)
+                                 setup.drafter, setup.pool, trace=trace)
         worker_stats = setup.pipeline.shutdown()
     except Exception as err:
         print(f"\npipeinfer: error: {_describe(err, cfg.verbose)}", file=sys.stderr, flush=True)
         if size > 1:
             abort_job(1)  # workers may be waiting on a rank that is gone: end them all
         return 1
+    finally:
+        if trace is not None:
+            trace.close()
     wall = time.perf_counter() - t0
     if not cfg.json:
         sys.stdout.write(stream.finish() + "\n")

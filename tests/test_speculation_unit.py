@@ -33,11 +33,11 @@ from hypothesis import strategies as st
 
 from pipeinfer.drafter import Drafter
 from pipeinfer.embedding import Embedder
-from pipeinfer.generation import Generation, Request
+from pipeinfer.schedule.generation import Generation, Request
 from pipeinfer.head import Pipeline
 from pipeinfer.partition import StageRange
 from pipeinfer.partition_pool import PartitionPool
-from pipeinfer.run import Node, Run, RunState, tree_from_branches
+from pipeinfer.schedule.runs import Node, Run, RunState, tree_from_branches
 from pipeinfer.runner import RunConfig
 from pipeinfer.sampling import Sampler, SamplingParams
 from pipeinfer.slicing import model_info, open_model, write_stage

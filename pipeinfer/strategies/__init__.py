@@ -1,32 +1,20 @@
-"""Head scheduling strategies. Each is a module whose `run(pipe, gen, sampler, cfg, drafter,
-pool)` drives one generation; `drafter` and `pool` are None for strategies without a draft."""
+"""The strategies table: name -> `run(pipe, gen, sampler, cfg, drafter, pool)`.
+
+iterative, speculative and pipeinfer are policies on the scheduler core
+(pipeinfer/schedule/), driven by pipeinfer/engine/; pipespec and specpipe still run loops of
+their own here until they move onto the core too."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from ..engine.generate import strategy_runner
+from ..schedule.options import SpecOptions
+from . import pipespec, specpipe
 
-from . import iterative, pipeinfer, pipespec, specpipe, speculative
+__all__ = ["STRATEGIES", "NEEDS_DRAFT", "MULTI_DRAFT", "SpecOptions"]
 
-
-@dataclass(frozen=True)
-class SpecOptions:
-    draft: int = 4             # most tokens per micro-batch (tree depth)
-    p_accept: float = 0.3      # keep drafting while the draft's top probability >= this
-    p_split: float = 0.3       # branch when the runner-up candidate's probability > this
-    n_parallel: int = 1        # most branches per tree
-    p_recovery: float = 0.05   # cutoff grows by this per speculative run started
-    p_decay: float = 0.01      # cutoff shrinks by this when drafting yields nothing while idle
-    continuous: bool = True    # several speculative runs in flight (else one, of 2x --draft)
-    cancel: bool = True        # early inference cancellation
-    max_runs: int = 6          # runs in flight at once (speculative + the non-speculative one)
-    partitions: int = 8        # KV sequence partitions for speculative runs
-    kv_size: int = 0           # KV cells per stage; 0: 4x the context
-    tree_width: int = 4        # specpipe: nodes per tree level (beam slots)
-    tree_k: int = 2            # specpipe: draft candidates per bottom node
-    draft_thread: bool = False  # pipeinfer: the draft model on a thread of its own (CLI: on)
-
-
-STRATEGIES = {"iterative": iterative.run, "speculative": speculative.run,
-              "pipeinfer": pipeinfer.run, "pipespec": pipespec.run, "specpipe": specpipe.run}
+STRATEGIES = {"iterative": strategy_runner("iterative"),
+              "speculative": strategy_runner("speculative"),
+              "pipeinfer": strategy_runner("pipeinfer"),
+              "pipespec": pipespec.run, "specpipe": specpipe.run}
 NEEDS_DRAFT = frozenset({"speculative", "pipeinfer", "pipespec", "specpipe"})
 MULTI_DRAFT = frozenset({"pipespec"})  # strategies that take several -md (smallest first)

@@ -25,10 +25,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..backoff import IdleBackoff
-from ..generation import prefill
 from ..hierarchy import Hierarchy, StageStats, expectation
 from ..hierarchy_remote import RemoteHierarchy
-from ..speculation import Speculation
+from .legacy import ImmediateSpeculation, accept, prefill
 
 
 # Prompt tokens each draft model evaluates per warm-up step while the target prefills (the
@@ -45,14 +44,15 @@ def build_hierarchy(drafter, cfg) -> Hierarchy:
     return Hierarchy([d.stage for d in drafters], cfg.n_batch, cfg.spec.draft)
 
 
-def run(pipe, gen, sampler, cfg, drafter, pool) -> None:
+def run(pipe, gen, sampler, cfg, drafter, pool, trace=None) -> None:
+    """(`trace`: not written by this strategy yet; it is not on the scheduler core.)"""
     opts = cfg.spec
     hier = build_hierarchy(drafter, cfg)
-    spec = Speculation(pipe, gen, sampler, pool, cfg.kv_size, cancel=opts.cancel)
+    spec = ImmediateSpeculation(pipe, gen, sampler, pool, cfg.kv_size, cancel=opts.cancel)
     prompt = list(gen.request.prompt)
     hier.reset(prompt)
-    gen.accept([prefill(pipe, gen, cfg.n_batch,
-                        idle=lambda: hier.warm(prompt, WARM_TOKENS)).token(-1, sampler)])
+    accept(gen, [prefill(pipe, gen, cfg.n_batch,
+                         idle=lambda: hier.warm(prompt, WARM_TOKENS)).token(-1, sampler)])
     spec.c0 = spec.pending
     hier.sync(spec.accepted)
     # drafting past the last token that can be generated is wasted
@@ -90,7 +90,7 @@ def run(pipe, gen, sampler, cfg, drafter, pool) -> None:
     _report(gen, cfg, hier, verified, rejections)
 
 
-def _start_cover(spec: Speculation, hier: Hierarchy, pool, cfg) -> bool:
+def _start_cover(spec: ImmediateSpeculation, hier: Hierarchy, pool, cfg) -> bool:
     """A run rooted at the pending token, with M(k-1)'s proposal after it if there is one and
     a partition is free. False when the KV cache has no room left."""
     if not spec.fits(1):
@@ -101,13 +101,13 @@ def _start_cover(spec: Speculation, hier: Hierarchy, pool, cfg) -> bool:
         budget = min(cfg.spec.draft, cfg.n_ctx - len(accepted), spec.kv_free - 2)
         tokens = hier.proposal(accepted, budget)
     if tokens:
-        spec.start_speculative(accepted[:-1], [[accepted[-1]] + tokens], None, pool.take())
+        spec.start_speculative(accepted[:-1], [[accepted[-1]] + tokens], None)
     else:
         spec.start_main()
     return True
 
 
-def _feed_target(spec: Speculation, hier: Hierarchy, pool, cfg) -> bool:
+def _feed_target(spec: ImmediateSpeculation, hier: Hierarchy, pool, cfg) -> bool:
     """Start a speculative run with M(k-1)'s tokens continuing the newest speculation."""
     if pool.n_free == 0 or len(spec.fifo) >= cfg.spec.max_runs:
         return False
@@ -120,11 +120,11 @@ def _feed_target(spec: Speculation, hier: Hierarchy, pool, cfg) -> bool:
     need = 1 if len(spec.fifo) <= 1 else cfg.spec.draft
     if not tokens or len(tokens) < min(need, budget):
         return False
-    spec.start_speculative(context, [tokens], source, pool.take())
+    spec.start_speculative(context, [tokens], source)
     return True
 
 
-def _rejected(spec: Speculation, runs) -> bool:
+def _rejected(spec: ImmediateSpeculation, runs) -> bool:
     """After a verification: whether a token had been proposed for the new pending position
     (by the verified run or a run continuing it) and the target chose another."""
     if spec.gen.done or spec.cover() is not None:

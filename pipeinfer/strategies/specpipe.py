@@ -43,8 +43,9 @@ from dataclasses import dataclass
 
 from ..backoff import IdleBackoff
 from ..drafter import WARM_STEP
-from ..generation import CANONICAL_SEQ, prefill
+from ..schedule.generation import CANONICAL_SEQ
 from ..transaction import DecodeTx, seq_cp, seq_rm
+from .legacy import accept, prefill
 from .specpipe_tree import BeamTree
 
 log = logging.getLogger("pipeinfer.specpipe")
@@ -208,7 +209,7 @@ class SpecPipe:
         if child is not None:
             cnt.tree_hits += 1
             cnt.n_accepted += 1
-        self.gen.accept([token])
+        accept(self.gen, [token])
         if self.gen.done:
             return
         if child is not None:
@@ -259,9 +260,10 @@ class SpecPipe:
             self.drafter.stage.seq_rm(self.dseq(slot), -1, -1)
 
 
-def run(pipe, gen, sampler, cfg, drafter, pool) -> None:
+def run(pipe, gen, sampler, cfg, drafter, pool, trace=None) -> None:
+    """(`trace`: not written by this strategy yet; it is not on the scheduler core.)"""
     warm = lambda: drafter.prepare(gen.request.prompt, max_tokens=WARM_STEP)
-    gen.accept([prefill(pipe, gen, cfg.n_batch, idle=warm).token(-1, sampler)])
+    accept(gen, [prefill(pipe, gen, cfg.n_batch, idle=warm).token(-1, sampler)])
     if gen.done:
         return
     partition = pool.take()

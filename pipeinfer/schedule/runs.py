@@ -12,7 +12,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import Sequence
 
-from .transaction import DecodeTx
+from ..transaction import DecodeTx
 
 
 class RunState(enum.Enum):
@@ -41,6 +41,8 @@ class Run:
     main_path: list[int] = field(default_factory=list)  # node indices of branch 0
     guesses: int = 0          # nodes that are the draft's guesses (not a known token)
     root_credited: bool = False  # its root guess was counted as accepted (see Speculation)
+    prefill: bool = False     # a chunk of the prompt: only its last row (if any) is output
+    final_chunk: bool = False  # prefill: the prompt's last chunk, whose last row gives a token
 
     @property
     def max_pos(self) -> int:
@@ -53,9 +55,11 @@ class Run:
         return [i for i, n in enumerate(self.nodes) if n.parent == node]
 
     def tx(self) -> DecodeTx:
-        return DecodeTx(self.run_id, tuple(self.pos(i) for i in range(len(self.nodes))),
-                        tuple(n.seqs for n in self.nodes), (True,) * len(self.nodes),
-                        self.speculative)
+        n = len(self.nodes)
+        rows = (tuple(self.final_chunk and i == n - 1 for i in range(n)) if self.prefill
+                else (True,) * n)
+        return DecodeTx(self.run_id, tuple(self.base + node.depth for node in self.nodes),
+                        tuple(node.seqs for node in self.nodes), rows, self.speculative)
 
     def tokens(self) -> list[int]:
         return [n.token for n in self.nodes]
@@ -84,7 +88,7 @@ class Run:
         return RunState.VALID if self.path_to(accepted) is not None else RunState.INVALIDATED
 
     def describe(self) -> str:
-        kind = "spec" if self.speculative else "main"
+        kind = "spec" if self.speculative else "prefill" if self.prefill else "main"
         return (f"run {self.run_id} ({kind}) pos {self.base}..{self.max_pos} "
                 f"{len(self.nodes)} token(s) seqs {self.partition or (0,)}")
 

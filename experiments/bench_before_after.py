@@ -1,0 +1,114 @@
+#!/usr/bin/env python3
+"""Speed of this tree against an earlier commit, in one script run, on the emulated cluster.
+
+Every repeat runs every variant of both trees, interleaved, on the same emulated cluster
+(experiments/cluster.py; default 4 nodes x 0.5 core, the head without target layers), so the
+ratios compare like with like on a noisy shared machine. The earlier commit is checked out
+into a git worktree and run from there with this venv (its native module linked in).
+
+    python experiments/bench_before_after.py --baseline HEAD~3 -k 3 -n 128
+
+Prints one line per run and, at the end, per tree: median t/s, TTFT, ITL and acceptance of
+every variant, pipeinfer/iterative, and whether all outputs were identical.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+PROMPT = ("Write a Python function that parses a CSV file of transactions (date, amount, "
+          "category) and returns the total amount per category, sorted by amount.")
+VARIANTS = {"iterative": ["--strategy", "iterative"],
+            "pipeinfer": ["--strategy", "pipeinfer"],
+            "pipeinfer -pr0 -pd0": ["--strategy", "pipeinfer", "-pr", "0", "-pd", "0"]}
+LAUNCH = "import sys; sys.argv[0] = 'pipeinfer'; from pipeinfer.cli import main; main()"
+
+
+def baseline_tree(rev: str) -> Path:
+    """A worktree of `rev` that runs with this venv."""
+    sha = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", rev], check=True,
+                         capture_output=True, text=True).stdout.strip()
+    tree = Path(f"/tmp/pipeinfer-baseline-{sha}")
+    if not tree.exists():
+        subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(tree), sha],
+                       check=True, capture_output=True)
+    for native in (ROOT / "pipeinfer").glob("_native*.so"):
+        target = tree / "pipeinfer" / native.name
+        if not target.exists():
+            shutil.copy(native, target)
+    return tree
+
+
+def run_once(tree: Path, variant: str, args) -> dict:
+    cmd = [sys.executable, "-c", LAUNCH, "run", "-m", args.model, "-md", args.draft,
+           "-p", PROMPT, "--chat", "-n", str(args.n), "--ignore-eos", "--layer-split",
+           args.split, "-t", "1", "--json", *VARIANTS[variant]]
+    launch = [sys.executable, str(HERE / "cluster.py"), "--nodes", str(args.nodes),
+              "--cpu", str(args.cpu), "--"] + cmd
+    env = dict(os.environ, PYTHONPATH=str(tree))
+    out = subprocess.run(launch, capture_output=True, text=True, timeout=args.timeout, env=env)
+    if out.returncode != 0:
+        raise SystemExit(f"{tree} {variant} failed ({out.returncode}):\n{out.stderr[-2000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def report(label: str, runs: dict[str, list[dict]]) -> None:
+    def med(rs, key):
+        vals = [r[key] for r in rs if r.get(key) is not None]
+        return statistics.median(vals) if vals else None
+
+    print(f"\n{label}:")
+    print(f"  {'variant':22} {'t/s':>7} {'TTFT ms':>8} {'ITL ms':>7} {'accept':>7}  runs (t/s)")
+    for variant, rs in runs.items():
+        acc = med(rs, "accept_rate")
+        print(f"  {variant:22} {med(rs, 'speed_tps'):7.2f} {med(rs, 'ttft_s') * 1000:8.0f} "
+              f"{med(rs, 'itl_s') * 1000:7.0f} {acc if acc is None else round(acc, 2)!s:>7}  "
+              + " ".join(f"{r['speed_tps']:.2f}" for r in rs))
+    it = med(runs["iterative"], "speed_tps")
+    for variant in runs:
+        if variant != "iterative":
+            print(f"  {variant} / iterative = {med(runs[variant], 'speed_tps') / it:.2f}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--baseline", required=True, help="git revision to compare with")
+    parser.add_argument("--model", default="qwen-coder-1.5b")
+    parser.add_argument("--draft", default="qwen-coder-0.5b")
+    parser.add_argument("--nodes", type=int, default=4)
+    parser.add_argument("--cpu", type=float, default=0.5)
+    parser.add_argument("--split", default="0,0.34,0.33,0.33")
+    parser.add_argument("-n", type=int, default=128)
+    parser.add_argument("-k", type=int, default=3, help="repeats (interleaved)")
+    parser.add_argument("--timeout", type=float, default=900)
+    args = parser.parse_args()
+    trees = {f"baseline {args.baseline}": baseline_tree(args.baseline), "this tree": ROOT}
+    runs = {t: {v: [] for v in VARIANTS} for t in trees}
+    for rep in range(args.k):
+        for variant in VARIANTS:
+            for label, tree in trees.items():
+                t0 = time.time()
+                result = run_once(tree, variant, args)
+                runs[label][variant].append(result)
+                print(f"# rep {rep} {label} {variant}: {result['speed_tps']:.2f} t/s, "
+                      f"accept {result.get('accept_rate')} ({time.time() - t0:.0f} s)",
+                      flush=True)
+    for label in trees:
+        report(label, runs[label])
+    first = next(iter(runs.values()))["iterative"][0]["tokens"]
+    same = all(r["tokens"] == first for t in runs.values() for rs in t.values() for r in rs)
+    print(f"\noutputs identical across trees, variants and repeats: {same}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,124 @@
+"""The one loop that does the head's I/O for every strategy: transport -> driver -> core ->
+actions -> driver.
+
+Per turn: take a waiting result (ResultArrived), else a finished draft job (DraftReady,
+DraftInterrupted), else tell the scheduler nothing happened (Tick); carry out the actions the
+scheduler returns; back off (a sleep that grows) only when a turn changed nothing. After
+Finish, runs still in flight are drained: their results go to the scheduler, which discards
+them, so partitions come back and no result is left in the pipeline.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from ..backoff import IdleBackoff
+from ..head import Pipeline
+from ..schedule import actions as A
+from ..schedule.core import Scheduler
+from ..schedule.events import ResultArrived, Start, Tick
+from ..schedule.generation import Generation
+from .trace import Trace
+
+log = logging.getLogger("pipeinfer.head")
+
+
+class Driver:
+    def __init__(self, pipe: Pipeline, scheduler: Scheduler, gen: Generation, drafts=None,
+                 trace: Trace | None = None):
+        self.pipe, self.sched, self.gen = pipe, scheduler, gen
+        self.drafts, self.trace = drafts, trace
+
+    def run(self) -> None:
+        """The whole generation: start, turns until Finish, drain."""
+        self.gen.timeline.start = time.perf_counter()
+        try:
+            self.feed(Start())
+            backoff = IdleBackoff()
+            while not self.sched.finished:
+                if self.turn():
+                    backoff.reset()
+                else:
+                    backoff.wait()
+        finally:
+            if self.drafts is not None:
+                self.drafts.close()
+        self._drain()
+
+    def turn(self) -> bool:
+        """One poll of everything; False when nothing happened."""
+        result = self.pipe.poll()
+        if result is not None:
+            self.feed(ResultArrived(result.run_id, result))
+            return True
+        if self._draft_event():
+            return True
+        if self.feed(Tick()):
+            self._draft_event()  # an inline job submitted at this tick runs now
+            return True
+        if self.drafts is not None:
+            self.drafts.idle()
+        return False
+
+    def _draft_event(self) -> bool:
+        event = self.drafts.poll() if self.drafts is not None else None
+        if event is not None:
+            self.feed(event)
+        return event is not None
+
+    def should_stop_draft(self) -> bool:
+        """Asked between the draft steps of an inline job: a result waits, or the scheduler
+        stops the job at this tick (StopDraft)."""
+        return self.pipe.result_waiting() or any(
+            isinstance(a, A.StopDraft) for a in self.feed(Tick()))
+
+    def feed(self, event) -> list:
+        """Give the scheduler an event and carry out its actions; the actions."""
+        actions = self.sched.step(event)
+        if self.trace is not None and (actions or not isinstance(event, Tick)):
+            self.trace.record("event", event)
+        for action in actions:
+            self.apply(action)
+        return actions
+
+    def apply(self, action) -> None:
+        if self.trace is not None:
+            self.trace.record("action", action)
+        if isinstance(action, A.StartRun):
+            self._start_run(action)
+        elif isinstance(action, A.KvOps):
+            self.pipe.kv(list(action.ops))
+        elif isinstance(action, A.CancelRuns):
+            self.pipe.cancel(list(action.run_ids))
+            log.debug("cancel %s", list(action.run_ids))
+        elif isinstance(action, A.EmitTokens):
+            if not self.gen.timeline.prefill_done:
+                self.gen.timeline.prefill_done = time.perf_counter()
+            self.gen.record(action.tokens)
+        elif isinstance(action, A.StartDraft):
+            self.drafts.submit(action.job)
+        elif isinstance(action, A.StopDraft):
+            self.drafts.stop(action.job_id)
+        elif isinstance(action, A.WarmDraft):
+            self.drafts.warm(action.tokens)
+        elif not isinstance(action, (A.Finish, A.PolicyChanged)):
+            raise TypeError(f"unknown action {action!r}")
+
+    def _start_run(self, action: A.StartRun) -> None:
+        t0 = time.monotonic()
+        self.pipe.decode(action.tx, list(action.tokens))
+        log.debug("%r", action)
+        if self.trace is not None and self.pipe.stage is not None:
+            self.trace.span(0, action.run_id, t0, time.monotonic(), "computed",
+                            action.tx.speculative, action.tx.n_tokens)
+
+    def _drain(self) -> None:
+        backoff = IdleBackoff()
+        while self.sched.in_flight:
+            result = self.pipe.poll()
+            if result is None:
+                backoff.wait()
+                continue
+            self.feed(ResultArrived(result.run_id, result))
+            backoff.reset()

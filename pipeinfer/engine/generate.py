@@ -1,0 +1,41 @@
+"""One generation on the head: the strategy's scheduler, the draft executor, the driver."""
+
+from __future__ import annotations
+
+from ..drafter import DraftParams
+from ..head import Pipeline
+from ..schedule.generation import Generation
+from ..schedule.iterative import Iterative
+from ..schedule.options import Limits
+from ..schedule.pipeinfer import PipeInfer
+from ..schedule.speculative import Speculative
+from .driver import Driver
+from .drafts import InlineDrafts, ThreadedDrafts
+from .trace import Trace
+
+SCHEDULERS = {"iterative": Iterative, "speculative": Speculative, "pipeinfer": PipeInfer}
+
+
+def generate(strategy: str, pipe: Pipeline, gen: Generation, sampler, cfg, drafter=None,
+             pool=None, trace: Trace | None = None) -> None:
+    """Run `gen` to its end with `strategy` (a key of SCHEDULERS); `cfg` gives n_batch,
+    n_ctx, kv_size and the SpecOptions (`cfg.spec`)."""
+    limits = Limits(cfg.n_batch, cfg.n_ctx, cfg.kv_size, pipe.n_stages)
+    scheduler = SCHEDULERS[strategy](gen, sampler, limits, cfg.spec, pool)
+    driver = Driver(pipe, scheduler, gen, trace=trace)
+    if drafter is not None and strategy != "iterative":
+        opts = cfg.spec
+        params = DraftParams(scheduler.batch.limit if hasattr(scheduler, "batch")
+                             else opts.draft, opts.p_split, opts.n_parallel)
+        threaded = strategy == "pipeinfer" and opts.draft_thread
+        driver.drafts = (ThreadedDrafts(drafter, params) if threaded else
+                         InlineDrafts(drafter, params, driver.should_stop_draft))
+    driver.run()
+
+
+def strategy_runner(strategy: str):
+    """`generate` for one strategy, with the signature of the strategies table."""
+    def run(pipe, gen, sampler, cfg, drafter=None, pool=None, trace=None):
+        generate(strategy, pipe, gen, sampler, cfg, drafter, pool, trace)
+    run.__name__ = f"run_{strategy}"
+    return run

@@ -1,0 +1,117 @@
+"""What the scheduler asks the driver to do, in order: frozen records with short reprs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..transaction import DecodeTx, KvOp
+
+
+@dataclass(frozen=True)
+class StartRun:
+    """Send a run into the pipeline: its decode configuration and its tokens."""
+    tx: DecodeTx
+    tokens: tuple[int, ...]
+
+    @property
+    def run_id(self) -> int:
+        return self.tx.run_id
+
+    def __repr__(self) -> str:
+        kind = "spec" if self.tx.speculative else "main"
+        pos = self.tx.positions
+        return f"StartRun(run={self.run_id} {kind} pos {min(pos)}..{max(pos)} n={len(pos)})"
+
+
+@dataclass(frozen=True)
+class KvOps:
+    """Apply KV cache operations on every stage, after every run already started."""
+    ops: tuple[KvOp, ...]
+
+    def __repr__(self) -> str:
+        return f"KvOps({', '.join(map(repr, self.ops))})"
+
+
+@dataclass(frozen=True)
+class CancelRuns:
+    run_ids: tuple[int, ...]
+
+    def __repr__(self) -> str:
+        return f"CancelRuns({list(self.run_ids)})"
+
+
+@dataclass(frozen=True)
+class DraftJob:
+    """One micro-batch to draft: the tree continuing `context` under `cutoff`, at most
+    `budget` tokens deep. `source` is where a run continuing it copies the context's KV
+    entries from ((run id, sequence id), or None for sequence 0)."""
+    job_id: int
+    context: tuple[int, ...]
+    source: tuple[int, int] | None
+    cutoff: float
+    budget: int
+
+    def __repr__(self) -> str:
+        return (f"DraftJob({self.job_id} after {len(self.context)} tokens, cutoff "
+                f"{self.cutoff:.3f}, budget {self.budget})")
+
+
+@dataclass(frozen=True)
+class StartDraft:
+    job: DraftJob
+
+    def __repr__(self) -> str:
+        return f"StartDraft({self.job!r})"
+
+
+@dataclass(frozen=True)
+class StopDraft:
+    """Ship what job `job_id` drafted so far (or drop it, if its speculation is gone)."""
+    job_id: int
+
+    def __repr__(self) -> str:
+        return f"StopDraft(job={self.job_id})"
+
+
+@dataclass(frozen=True)
+class WarmDraft:
+    """Let the draft model read `tokens` (the prompt) while the target prefills them."""
+    tokens: tuple[int, ...]
+
+    def __repr__(self) -> str:
+        return f"WarmDraft({len(self.tokens)} tokens)"
+
+
+@dataclass(frozen=True)
+class EmitTokens:
+    """Tokens accepted into the generation, in order (`run_id`: the run that decided them)."""
+    tokens: tuple[int, ...]
+    run_id: int
+
+    def __repr__(self) -> str:
+        return f"EmitTokens({list(self.tokens)} by run {self.run_id})"
+
+
+@dataclass(frozen=True)
+class Finish:
+    """The generation is over (`reason`: eos, length, context, kv-cache, cancelled); runs
+    still in flight are drained by the driver, whose results the scheduler discards."""
+    reason: str
+
+    def __repr__(self) -> str:
+        return f"Finish({self.reason})"
+
+
+@dataclass(frozen=True)
+class PolicyChanged:
+    """A policy's state moved (for the trace): e.g. the cutoff, with why."""
+    name: str
+    value: float
+    why: str
+
+    def __repr__(self) -> str:
+        return f"PolicyChanged({self.name}={self.value:.4f}: {self.why})"
+
+
+Action = (StartRun | KvOps | CancelRuns | StartDraft | StopDraft | WarmDraft | EmitTokens
+          | Finish | PolicyChanged)

@@ -1,0 +1,96 @@
+"""The scheduler core: `step(event) -> list[action]` over one generation.
+
+A strategy is a subclass that fills in the hooks: what to do at the start, when the prefill
+is done, when a run's result was absorbed, when a draft job came back, and when the driver
+found nothing new (a tick). Everything shared (the run table, verification, KV
+multibuffering, cancellation, finishing and draining) is here and in speculation.py.
+"""
+
+from __future__ import annotations
+
+from ..partition_pool import PartitionPool
+from .actions import Finish, PolicyChanged
+from .events import Cancel, DraftInterrupted, DraftReady, ResultArrived, Start, Tick
+from .generation import Generation
+from .options import Limits, SpecOptions
+from .speculation import Absorbed, Speculation
+
+
+class Scheduler:
+    """Base of every strategy: dispatches events to the hooks and collects the actions."""
+
+    def __init__(self, gen: Generation, sampler, limits: Limits, opts: SpecOptions,
+                 pool: PartitionPool | None):
+        self.gen, self.limits, self.opts, self.pool = gen, limits, opts, pool
+        self.spec = Speculation(gen, sampler, pool, limits.kv_size, cancel=opts.cancel)
+        self.finished = False
+        self.prefilled = False  # no draft job goes out before the prompt is in (they wait)
+
+    @property
+    def in_flight(self) -> int:
+        return len(self.spec.fifo)
+
+    def step(self, event) -> list:
+        if isinstance(event, ResultArrived):
+            self._result(event.result)
+        elif isinstance(event, (DraftReady, DraftInterrupted)):
+            if not self.finished:
+                self.on_draft(event)
+        elif isinstance(event, Tick):
+            if self.prefilled and not self.finished:
+                self.on_tick()
+        elif isinstance(event, Start):
+            self.on_start()
+        elif isinstance(event, Cancel):
+            self.stop("cancelled")
+        else:
+            raise TypeError(f"unknown event {event!r}")
+        if self.gen.done and not self.finished:
+            self.finished = True
+            self.spec.emit(Finish(self.gen.stop_reason))
+        return self.spec.take()
+
+    def _result(self, result) -> None:
+        if self.finished:
+            self.spec.discard(result)
+            return
+        absorbed = self.spec.absorb(result)
+        if absorbed.prefill_done:
+            self.prefilled = True
+            if not self.gen.done:
+                self.after_prefill()
+        elif not absorbed.run.prefill:
+            self.on_result(absorbed)
+
+    def stop(self, reason: str) -> None:
+        """End the generation (runs in flight are drained, their results discarded)."""
+        if not self.gen.stop_reason:
+            self.gen.stop_reason = reason
+
+    def record(self, name: str, value: float, why: str) -> None:
+        self.spec.emit(PolicyChanged(name, value, why))
+
+    def start_cover(self) -> None:
+        """After a result: if no run evaluates the pending token, start one in sequence 0."""
+        if self.gen.done or self.spec.cover() is not None:
+            return
+        if not self.spec.fits(1):
+            self.stop("kv-cache")
+        else:
+            self.spec.start_main()
+
+    # --- hooks ---------------------------------------------------------------------------------
+    def on_start(self) -> None:
+        self.spec.prefill(self.limits.n_batch)
+
+    def after_prefill(self) -> None:
+        self.start_cover()
+
+    def on_result(self, absorbed: Absorbed) -> None:
+        self.start_cover()
+
+    def on_draft(self, event) -> None:
+        raise RuntimeError(f"{type(self).__name__} drafts nothing, got {event!r}")
+
+    def on_tick(self) -> None:
+        pass

@@ -1,0 +1,65 @@
+"""What the driver tells the scheduler: frozen records with short reprs (a trace prints them)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Start:
+    """Begin the generation the scheduler was made for (prefill its prompt)."""
+
+    def __repr__(self) -> str:
+        return "Start()"
+
+
+@dataclass(frozen=True)
+class ResultArrived:
+    """Run `run_id` came back from the last stage: `result` holds its output rows (logits
+    or argmaxes; a RunResult), or nothing if a stage skipped or aborted it."""
+    run_id: int
+    result: Any
+
+    def __repr__(self) -> str:
+        return f"ResultArrived(run={self.run_id})"
+
+
+@dataclass(frozen=True)
+class DraftReady:
+    """Draft job `job_id` finished: `branches` continue its context (branch 0 first), empty
+    when the draft's first guess fell under the cutoff."""
+    job_id: int
+    branches: tuple[tuple[int, ...], ...]
+
+    def __repr__(self) -> str:
+        sizes = "+".join(str(len(b)) for b in self.branches) or "0"
+        return f"DraftReady(job={self.job_id}, tokens={sizes})"
+
+
+@dataclass(frozen=True)
+class DraftInterrupted:
+    """Draft job `job_id` was stopped before it drafted anything (not a failed attempt)."""
+    job_id: int
+
+    def __repr__(self) -> str:
+        return f"DraftInterrupted(job={self.job_id})"
+
+
+@dataclass(frozen=True)
+class Tick:
+    """The driver polled and found nothing new."""
+
+    def __repr__(self) -> str:
+        return "Tick()"
+
+
+@dataclass(frozen=True)
+class Cancel:
+    """The generation is cancelled (a client went away): stop as soon as possible."""
+
+    def __repr__(self) -> str:
+        return "Cancel()"
+
+
+Event = Start | ResultArrived | DraftReady | DraftInterrupted | Tick | Cancel

@@ -1,0 +1,35 @@
+"""The scheduler's knobs (the CLI's speculation flags)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .cutoff import FLOOR
+
+
+@dataclass(frozen=True)
+class SpecOptions:
+    draft: int = 4             # most tokens per micro-batch (tree depth)
+    p_accept: float = 0.3      # keep drafting while the draft's top probability >= this
+    p_split: float = 0.3       # branch when the runner-up candidate's probability > this
+    n_parallel: int = 1        # most branches per tree
+    p_recovery: float = 0.05   # cutoff grows by this per speculative run started
+    p_decay: float = 0.01      # cutoff shrinks by this per draft attempt that yields nothing
+    continuous: bool = True    # several speculative runs in flight (else one, of 2x --draft)
+    cancel: bool = True        # early inference cancellation
+    max_runs: int = 6          # runs in flight at once (speculative + the non-speculative one)
+    partitions: int = 8        # KV sequence partitions for speculative runs
+    kv_size: int = 0           # KV cells per stage; 0: 4x the context
+    tree_width: int = 4        # specpipe: nodes per tree level (beam slots)
+    tree_k: int = 2            # specpipe: draft candidates per bottom node
+    draft_thread: bool = False  # pipeinfer: the draft model on a thread of its own (CLI: on)
+    p_floor: float = FLOOR     # the cutoff never decays below min(this, p_accept)
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What the scheduler needs of the run's configuration besides the options."""
+    n_batch: int               # largest batch a stage evaluates (prompt chunks)
+    n_ctx: int                 # context size
+    kv_size: int               # KV cells per stage
+    n_stages: int              # stages holding target layers (the head's slice counts)

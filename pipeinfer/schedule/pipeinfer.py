@@ -1,0 +1,120 @@
+"""PipeInfer (paper IV): asynchronous, continuous speculation with KV multibuffering and early
+inference cancellation.
+
+The schedule:
+- Start: the draft model reads the prompt while the target prefills it.
+- After the prefill, and after every result that leaves the pending token without a run: a
+  non-speculative run of it, so the target always evaluates the newest accepted token.
+- Whenever the driver finds nothing new (a tick) and no draft job is out: draft a micro-batch
+  continuing the newest speculation in flight (the *tip*), under the cutoff, at most the
+  micro-batch limit deep, if another run may go out (a free KV partition, fewer than
+  --max-runs in flight; without continuous speculation, no speculative run in flight).
+- While a job is out, a tick that finds a target stage idle stops it: what it drafted ships.
+- A finished job becomes a speculative run continuing the tip. If results moved the tip
+  meanwhile, its branches are rebased onto the new tip (their tokens after what was
+  accepted) or dropped. An attempt that drafted nothing is not repeated unchanged.
+- A result is verified (speculation.py), runs it made useless are cancelled, and a job whose
+  context left the speculation is stopped early.
+The cutoff (cutoff.py) rises per speculative run started, resets when a completed speculative
+run is accepted, decays once per failed draft attempt down to its floor.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+from .actions import DraftJob, StartDraft, StopDraft, WarmDraft
+from .core import Scheduler
+from .cutoff import Cutoff
+from .events import DraftInterrupted
+from .microbatch import MicroBatch
+from .runs import trim_branches
+
+
+class PipeInfer(Scheduler):
+    def __init__(self, *args, **kw):
+        super().__init__(*args, **kw)
+        o = self.opts
+        self.cutoff = Cutoff(o.p_accept, o.p_recovery, o.p_decay, o.p_floor)
+        self.batch = MicroBatch(o.draft, o.continuous, self.limits.n_stages)
+        self.jobs = itertools.count()
+        self.job: DraftJob | None = None
+        self.stopping = False          # StopDraft sent for the job out
+        self.failed_at: tuple | None = None  # the last attempt that drafted nothing
+
+    def on_start(self) -> None:
+        self.spec.emit(WarmDraft(self.gen.request.prompt))
+        super().on_start()
+
+    def on_result(self, absorbed) -> None:
+        if absorbed.verified and absorbed.run.speculative and absorbed.drafted:
+            if self.cutoff.accepted():
+                self.record("cutoff", self.cutoff.value, "speculative run accepted")
+        self.failed_at = None
+        self.start_cover()
+        job = self.job
+        if job is not None and not self.gen.done and not _extends(self.spec.tip()[0],
+                                                                   job.context):
+            self._stop_job()  # it continues a speculation that is gone
+
+    def on_tick(self) -> None:
+        if self.job is None:
+            if self._may_speculate():
+                self._submit()
+        elif not self.stopping and self.batch.ship_now(self.in_flight):
+            self._stop_job()  # a target stage idles: ship the tokens drafted so far
+
+    def on_draft(self, event) -> None:
+        job = self.job
+        if job is None or event.job_id != job.job_id:
+            return
+        self.job, self.stopping = None, False
+        if isinstance(event, DraftInterrupted):
+            return  # stopped before it drafted anything: draft again
+        context, source = self.spec.tip()
+        branches = trim_branches(_rebase(job, event.branches, context), self.spec.kv_free - 1)
+        if branches and self._may_speculate():
+            self.spec.start_speculative(context, branches, source)
+            self.failed_at = None
+            if self.cutoff.run_started():
+                self.record("cutoff", self.cutoff.value, "speculative run started")
+        elif not event.branches:
+            self.failed_at = (len(job.context), job.source, job.cutoff)
+            if self.cutoff.attempt_failed():
+                self.failed_at = None  # the cutoff changed: worth another try
+                self.record("cutoff", self.cutoff.value, "draft attempt failed")
+
+    def _submit(self) -> None:
+        context, source = self.spec.tip()
+        cutoff = self.cutoff.value
+        # keep one cell for the non-speculative run a rejection may need
+        budget = min(self.batch.limit, self.limits.n_ctx - len(context),
+                     self.spec.kv_free - 1)
+        if (len(context), source, cutoff) == self.failed_at or budget <= 0:
+            return
+        self.job = DraftJob(next(self.jobs), tuple(context), source, cutoff, budget)
+        self.spec.emit(StartDraft(self.job))
+
+    def _stop_job(self) -> None:
+        self.stopping = True
+        self.spec.emit(StopDraft(self.job.job_id))
+
+    def _may_speculate(self) -> bool:
+        if self.pool.n_free == 0 or self.in_flight >= self.opts.max_runs:
+            return False
+        return self.batch.continuous or not any(r.speculative for r in self.spec.live())
+
+
+def _extends(tokens, prefix) -> bool:
+    return len(tokens) >= len(prefix) and list(tokens[:len(prefix)]) == list(prefix)
+
+
+def _rebase(job: DraftJob, branches, context: list[int]) -> list[list[int]]:
+    """The job's branches continuing `context`, the newest speculation now: the tokens after
+    it of every branch that agrees with what the tip gained meanwhile (the accepted tokens
+    the draft had guessed, typically); none if the tip left the job's context."""
+    if not _extends(context, job.context):
+        return []
+    gained = list(context[len(job.context):])
+    n = len(gained)
+    return [list(b[n:]) for b in branches if len(b) > n and list(b[:n]) == gained]

@@ -1,0 +1,52 @@
+"""Synchronous speculative pipeline parallelism (SpecInfer-style baseline).
+
+The schedule: while the target prefills the prompt the draft model reads it too; then draft a
+token tree after the accepted tokens (under the fixed cutoff p_accept, at most --draft deep),
+verify it in one run rooted at the pending token, accept the longest verified path plus the
+target's next token, repeat. Drafting and verification wait for each other: one run in flight.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+from .actions import DraftJob, StartDraft, WarmDraft
+from .core import Scheduler
+from .runs import trim_branches
+
+
+class Speculative(Scheduler):
+    def __init__(self, *args, **kw):
+        super().__init__(*args, **kw)
+        self.jobs = itertools.count()
+        self.job: DraftJob | None = None
+
+    def on_start(self) -> None:
+        self.spec.emit(WarmDraft(self.gen.request.prompt))
+        super().on_start()
+
+    def after_prefill(self) -> None:
+        self._draft()
+
+    def on_result(self, absorbed) -> None:
+        if not self.gen.done:
+            self._draft()
+
+    def _draft(self) -> None:
+        context = self.spec.accepted
+        budget = min(self.opts.draft, self.limits.n_ctx - len(context), self.spec.kv_free - 1)
+        if budget < 0:
+            self.stop("kv-cache")
+            return
+        self.job = DraftJob(next(self.jobs), tuple(context), None, self.opts.p_accept, budget)
+        self.spec.emit(StartDraft(self.job))
+
+    def on_draft(self, event) -> None:
+        if self.job is None or event.job_id != self.job.job_id:
+            return
+        context, self.job = list(self.job.context), None
+        branches = getattr(event, "branches", ())
+        branches = trim_branches(branches, self.spec.kv_free - 1)  # the root takes a cell
+        pending = context[-1]
+        tree = [[pending] + list(b) for b in branches] or [[pending]]
+        self.spec.start_speculative(context[:-1], tree, None)

@@ -1,0 +1,255 @@
+"""The scheduler core on its own: scripted events in, actions out, no MPI and no llama.cpp.
+
+Each policy gets a test of its own (exactness cannot catch a policy that does nothing): the
+cutoff rises per speculative run started, resets when a speculative run is accepted, decays
+once per failed draft attempt and stops at its floor; micro-batches end early exactly when a
+stage would idle; invalidated and superfluous runs are cancelled; the non-continuous ablation
+never has two speculative runs in flight. The "target" here is a scripted greedy model: the
+token after position p is TARGET[p]; results carry argmaxes, as greedy workers send them.
+"""
+
+from __future__ import annotations
+
+import random
+import sys
+
+import numpy as np
+import pytest
+
+from pipeinfer.partition_pool import PartitionPool
+from pipeinfer.schedule import actions as A
+from pipeinfer.schedule.cutoff import Cutoff
+from pipeinfer.schedule.events import (Cancel, DraftInterrupted, DraftReady, ResultArrived,
+                                       Start, Tick)
+from pipeinfer.schedule.generation import Generation, Request
+from pipeinfer.schedule.iterative import Iterative
+from pipeinfer.schedule.options import Limits, SpecOptions
+from pipeinfer.schedule.pipeinfer import PipeInfer
+from pipeinfer.schedule.speculative import Speculative
+from pipeinfer.transaction import RunResult
+
+PROMPT = (5, 6, 7, 8)
+TARGET = list(PROMPT) + [10 + i for i in range(200)]  # the target's greedy continuation
+
+
+def make(cls=PipeInfer, n_predict=40, n_stages=3, **opts):
+    opts.setdefault("p_recovery", 0.05)
+    spec = SpecOptions(**opts)
+    gen = Generation(Request(PROMPT, n_predict, 512), lambda t: False)
+    pool = PartitionPool(spec.partitions, spec.n_parallel)
+    return cls(gen, None, Limits(64, 512, 2048, n_stages), spec, pool)
+
+
+def result_for(start: A.StartRun, target=TARGET) -> ResultArrived:
+    """What a greedy pipeline returns for a run: per output row, the target's token after
+    that row's position (whatever the row's token was: the core checks the path)."""
+    rows = [target[p + 1] for p, out in zip(start.tx.positions, start.tx.logit_rows) if out]
+    return ResultArrived(start.run_id, RunResult(start.run_id, None, np.array(rows)))
+
+
+def of(actions, kind):
+    return [a for a in actions if isinstance(a, kind)]
+
+
+class Script:
+    """Feeds events, remembers runs in flight (oldest first) and the cutoff over time."""
+
+    def __init__(self, sched):
+        self.sched, self.flight, self.cutoffs, self.log = sched, [], [], []
+
+    def step(self, event):
+        actions = self.sched.step(event)
+        self.log.append((event, actions))
+        self.flight += of(actions, A.StartRun)
+        self.cutoffs += [a.value for a in of(actions, A.PolicyChanged) if a.name == "cutoff"]
+        return actions
+
+    def finish_oldest(self):
+        return self.step(result_for(self.flight.pop(0)))
+
+    def prefill(self):
+        self.step(Start())
+        return self.finish_oldest()
+
+
+def test_cutoff_policy_alone():
+    c = Cutoff(p_accept=0.3, p_recovery=0.05, p_decay=0.1, floor=0.1)
+    assert c.value == pytest.approx(0.3)
+    assert c.run_started() and c.run_started()
+    assert c.value == pytest.approx(0.4)
+    assert c.accepted() and c.value == pytest.approx(0.3)
+    assert not c.accepted()                        # already at p_accept
+    assert c.attempt_failed() and c.value == pytest.approx(0.2)
+    assert c.attempt_failed() and c.value == pytest.approx(0.1)
+    assert not c.attempt_failed() and c.value == pytest.approx(0.1)   # the floor holds
+    assert Cutoff(0.05, 0.0, 0.1, floor=0.1).floor == 0.05  # never above p_accept
+
+
+def test_cutoff_decays_once_per_failed_attempt_down_to_the_floor():
+    """Failed draft attempts lower the cutoff one p_decay each; ticks in between change
+    nothing; at the floor the same attempt is not repeated (no spinning on the draft)."""
+    s = Script(make(p_accept=0.3, p_decay=0.05, p_floor=0.1))
+    s.prefill()
+    attempts = []
+    for _ in range(12):
+        starts = of(s.step(Tick()), A.StartDraft)
+        for _ in range(5):  # idle ticks while the job is out: no decay
+            assert not of(s.step(Tick()), A.PolicyChanged)
+        if not starts:
+            break
+        attempts.append(starts[0].job.cutoff)
+        s.step(DraftReady(starts[0].job.job_id, ()))
+    assert attempts == pytest.approx([0.3, 0.25, 0.2, 0.15, 0.1])
+    assert s.cutoffs == pytest.approx([0.25, 0.2, 0.15, 0.1])
+    assert not of(s.step(Tick()), A.StartDraft)
+
+
+def test_interrupted_draft_is_not_a_failed_attempt():
+    s = Script(make(p_accept=0.3, p_decay=0.05))
+    s.prefill()
+    job = of(s.step(Tick()), A.StartDraft)[0].job
+    assert not of(s.step(DraftInterrupted(job.job_id)), A.PolicyChanged)
+    again = of(s.step(Tick()), A.StartDraft)[0].job
+    assert again.cutoff == job.cutoff and again.job_id != job.job_id
+
+
+def test_cutoff_rises_per_run_started_and_resets_on_acceptance():
+    s = Script(make(p_accept=0.3, p_recovery=0.05, max_runs=8, n_stages=8))
+    s.prefill()
+    for k in range(3):
+        job = of(s.step(Tick()), A.StartDraft)[0].job
+        assert job.cutoff == pytest.approx(0.3 + 0.05 * k)
+        n = len(job.context)
+        s.step(DraftReady(job.job_id, (tuple(TARGET[n:n + 2]),)))
+    assert s.cutoffs == pytest.approx([0.35, 0.4, 0.45])
+    s.finish_oldest()                       # the non-speculative run: no reset
+    assert s.cutoffs[-1] == pytest.approx(0.45)
+    s.finish_oldest()                       # a speculative run, accepted
+    assert s.cutoffs[-1] == pytest.approx(0.3)
+
+
+def test_microbatch_ends_early_exactly_when_a_stage_would_idle():
+    """With a job out, a tick stops it iff fewer runs are in flight than target stages."""
+    for n_stages in (2, 3, 4):
+        s = Script(make(n_stages=n_stages, max_runs=8))
+        s.prefill()                          # one run (non-speculative) in flight now
+        while True:
+            job = of(s.step(Tick()), A.StartDraft)[0].job
+            stops = of(s.step(Tick()), A.StopDraft)
+            in_flight = s.sched.in_flight
+            assert bool(stops) == (in_flight < n_stages), (n_stages, in_flight)
+            assert not of(s.step(Tick()), A.StopDraft)  # said once
+            n = len(job.context)
+            s.step(DraftReady(job.job_id, (tuple(TARGET[n:n + 1]),)))
+            if in_flight >= n_stages:
+                break
+
+
+def test_no_continuous_never_has_two_speculative_runs_in_flight():
+    rng = random.Random(3)
+    s = Script(make(continuous=False, max_runs=6, n_stages=4, n_predict=60))
+    s.prefill()
+    job = None
+    while not s.sched.finished:
+        choice = rng.random()
+        if choice < 0.3 and s.flight:
+            s.finish_oldest()
+        elif choice < 0.6 and job is not None:
+            n = len(job.context)
+            guess = tuple(TARGET[n:n + 3]) if rng.random() < 0.7 else (999, 998)
+            s.step(DraftReady(job.job_id, (guess,)))
+            job = None
+        else:
+            starts = of(s.step(Tick()), A.StartDraft)
+            job = starts[0].job if starts else job
+        spec_live = [r for r in s.sched.spec.live() if r.speculative]
+        assert len(spec_live) <= 1
+        assert s.sched.in_flight <= 6
+    assert s.sched.gen.tokens == TARGET[len(PROMPT):len(PROMPT) + 60]
+
+
+def test_invalidated_and_superfluous_runs_are_cancelled():
+    """A speculative run built on a wrong guess is cancelled when the guess is rejected; a
+    run whose positions were all accepted meanwhile is dropped as superfluous."""
+    s = Script(make(max_runs=8, n_stages=8))
+    s.prefill()
+    n = len(PROMPT) + 1                      # tokens accepted so far (prompt + first)
+    job = of(s.step(Tick()), A.StartDraft)[0].job
+    s.step(DraftReady(job.job_id, ((777, 778),)))      # wrong from its first token
+    bad = s.flight[-1].run_id
+    job = of(s.step(Tick()), A.StartDraft)[0].job      # continues the wrong guess
+    s.step(DraftReady(job.job_id, ((779,),)))
+    worse = s.flight[-1].run_id
+    actions = s.finish_oldest()              # the main run: the target's token is not 777
+    cancels = [i for a in of(actions, A.CancelRuns) for i in a.run_ids]
+    assert bad in cancels and worse in cancels
+    assert s.sched.gen.counters.runs_cancelled_invalidated == 2
+    assert s.sched.gen.tokens == TARGET[len(PROMPT):n + 1]
+
+
+def test_superfluous_run_is_cancelled():
+    """A run whose every position got accepted by an older run is dropped (and cancelled):
+    here a speculative run rooted at the pending position, beside the main run of it."""
+    s = Script(make(max_runs=8, n_stages=8))
+    s.prefill()
+    spec = s.sched.spec
+    accepted = spec.accepted
+    spec.start_speculative(accepted[:-1], [[accepted[-1]]], None)
+    s.flight += of(spec.take(), A.StartRun)
+    doomed = s.flight[-1].run_id
+    actions = s.finish_oldest()              # the main run accepts the next token
+    assert doomed in [i for a in of(actions, A.CancelRuns) for i in a.run_ids]
+    assert s.sched.gen.counters.runs_cancelled_superfluous == 1
+    assert not s.finish_oldest()             # its result is dropped
+
+
+def test_iterative_is_one_run_at_a_time():
+    s = Script(make(Iterative, n_predict=10))
+    s.prefill()
+    while not s.sched.finished:
+        assert s.sched.in_flight == 1
+        assert not of(s.step(Tick()), A.StartRun)
+        s.finish_oldest()
+    assert s.sched.gen.tokens == TARGET[len(PROMPT):len(PROMPT) + 10]
+    assert of(s.log[-1][1], A.Finish)[0].reason == "length"
+
+
+def test_speculative_drafts_then_verifies():
+    s = Script(make(Speculative, n_predict=12, draft=3))
+    s.step(Start())
+    assert of(s.log[0][1], A.WarmDraft)
+    s.finish_oldest()
+    while not s.sched.finished:
+        job = of(s.log[-1][1], A.StartDraft)[0].job
+        n = len(job.context)
+        s.step(DraftReady(job.job_id, (tuple(TARGET[n:n + job.budget]),)))
+        assert s.sched.in_flight == 1
+        s.finish_oldest()
+    assert s.sched.gen.tokens == TARGET[len(PROMPT):len(PROMPT) + 12]
+
+
+def test_cancel_event_finishes_and_drains():
+    s = Script(make(max_runs=8, n_stages=8))
+    s.prefill()
+    job = of(s.step(Tick()), A.StartDraft)[0].job
+    s.step(DraftReady(job.job_id, (tuple(TARGET[6:8]),)))
+    assert of(s.step(Cancel()), A.Finish)[0].reason == "cancelled"
+    while s.flight:
+        assert not s.finish_oldest()         # results after the end are discarded
+    assert s.sched.in_flight == 0 and s.sched.pool.all_free
+
+
+def test_events_and_actions_print_short():
+    s = Script(make())
+    actions = s.step(Start())
+    text = " ".join(map(repr, actions))
+    assert "StartRun(run=0 main pos 0..3 n=4)" in text and len(text) < 200
+
+
+def test_core_imports_neither_mpi_nor_llama():
+    import subprocess
+    code = ("import sys, pipeinfer.schedule.pipeinfer, pipeinfer.schedule.speculative, "
+            "pipeinfer.schedule.iterative; "
+            "bad = [m for m in sys.modules if m.split('.')[0] in ('mpi4py', 'llama_cpp')]; "
+            "print(bad); sys.exit(1 if bad else 0)")
+    subprocess.run([sys.executable, "-c", code], check=True)
