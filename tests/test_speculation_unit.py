@@ -38,7 +38,7 @@ from pipeinfer.head import Pipeline
 from pipeinfer.partition import StageRange
 from pipeinfer.partition_pool import PartitionPool
 from pipeinfer.schedule.runs import Node, Run, RunState, tree_from_branches
-from pipeinfer.runner import RunConfig
+from pipeinfer.engine.config import RunConfig
 from pipeinfer.sampling import Sampler, SamplingParams
 from pipeinfer.slicing import model_info, open_model, write_stage
 from pipeinfer.stage import Stage, StageAborted, StageConfig

@@ -1,0 +1,166 @@
+"""The roles of a pipeinfer MPI job as a library: no printing, no exit codes.
+
+    job = Job.start(cfg)              # every rank: load its part, wait until all are ready
+    if job.is_head:
+        gen = job.head.generate(on_token=print)    # tokens as they are accepted
+        stats = job.head.shutdown()
+    else:
+        job.serve()                   # a worker or draft rank, until the head shuts down
+
+`Job.start` raises StartFailed on every rank when any rank failed to load (the message names
+the rank); failures while running raise on the head (RankFailed names the rank), and a worker
+reports its own to the head before it returns. The CLI (runner.py) sits on top of this.
+"""
+
+from __future__ import annotations
+
+import os
+import traceback
+from typing import Callable
+
+from ..hierarchy import Level
+from ..hierarchy_remote import DraftRank
+from ..llama_lib import LlamaError
+from ..mpi_transport import DraftLink, Link, RankFailed, WorkerLink, hostname
+from ..sampling import Sampler
+from ..schedule.generation import Generation, Request
+from ..strategies import STRATEGIES
+from ..worker import Worker
+from .config import RunConfig
+from .setup import SETUP_ERRORS, HeadSetup, head_setup, load_draft_rank_stage, load_stage, plan
+from .trace import Trace
+
+
+class StartFailed(Exception):
+    """A rank could not load its part of the job; the message names it."""
+
+
+RUN_ERRORS = (RankFailed, LlamaError)          # expected while a job runs
+
+
+def describe(err: Exception, verbose: int = 0, known: tuple = RUN_ERRORS) -> str:
+    """The one-line report of an error: its message if it is of a `known` kind, else (a bug)
+    its type too; with `verbose` the traceback is printed."""
+    if verbose:
+        traceback.print_exc()
+    if isinstance(err, known):
+        return str(err)
+    return f"internal error: {type(err).__name__}: {err}" + ("" if verbose else
+                                                             " (run with -v for the traceback)")
+
+
+def first_failure(statuses) -> str | None:
+    for rank, host, _pid, error in statuses:
+        if error:
+            return error if rank == 0 else f"rank {rank} ({host}): {error}"
+    return None
+
+
+class Job:
+    """One rank's part of a job started on COMM_WORLD."""
+
+    def __init__(self, cfg: RunConfig, link: Link, stage, head: "Head | None", statuses):
+        self.cfg, self.link, self.stage, self.head, self.statuses = (cfg, link, stage, head,
+                                                                     statuses)
+
+    @property
+    def rank(self) -> int:
+        return self.link.rank
+
+    @property
+    def is_head(self) -> bool:
+        return self.link.rank == 0
+
+    @classmethod
+    def start(cls, cfg: RunConfig, say: Callable[[str], None] = lambda m: None,
+              check: Callable[[], None] | None = None) -> "Job":
+        """Every rank: load this rank's part, then agree with the others that all are ready
+        (a rank that failed ends the job everywhere with its message) and measure the clock
+        offsets of the other ranks (for traces). `check` runs first on the head (e.g. that
+        an output file is writable); what it raises fails the start."""
+        link = Link()
+        rank, size = link.rank, link.size
+        stage, setup, ranges, error = None, None, None, None
+        try:
+            if rank == 0 and check is not None:
+                check()
+            ranges, model = plan(cfg, size, say)
+            n_pipeline = cfg.n_pipeline(size)
+            if rank >= n_pipeline:
+                stage = load_draft_rank_stage(cfg, model, rank, n_pipeline)
+            else:
+                stage = load_stage(cfg, model, ranges[rank], n_pipeline, say)
+            if rank == 0:
+                setup = head_setup(cfg, model, stage, size)
+        except SETUP_ERRORS as err:
+            error = str(err)
+        except Exception as err:  # a bug: still take part in the gather, or the others hang
+            error = describe(err, cfg.verbose)
+        statuses = link.gather((rank, hostname(), os.getpid(), error))
+        failure = link.bcast(first_failure(statuses) if rank == 0 else None)
+        if failure:
+            raise StartFailed(failure)
+        offsets = link.clock_offsets()
+        head = Head(cfg, setup, ranges, size, offsets or {}) if rank == 0 else None
+        return cls(cfg, link, stage, head, statuses)
+
+    def serve(self) -> int:
+        """A worker or draft rank's role until the head shuts the job down: 0 when it ended
+        normally, 1 after a failure (reported to the head, which ends the job)."""
+        size = self.link.size
+        if self.rank >= self.cfg.n_pipeline(size):
+            link = DraftLink()
+            n_pipeline = self.cfg.n_pipeline(size)
+            role = DraftRank(link, Level(self.stage, self.cfg.n_batch), self.rank - n_pipeline,
+                             range(n_pipeline, size), self.cfg.spec.draft)
+        else:
+            link = WorkerLink(n_ranks=self.cfg.n_pipeline(size))
+            role = Worker(link, self.stage, argmax_only=self.cfg.sampling.greedy)
+        try:
+            role.run()
+            return 0
+        except Exception as err:  # report to the head, which ends the job with the message
+            link.report_error(describe(err, self.cfg.verbose))
+            link.flush(timeout=5)
+            return 1
+
+
+class Head:
+    """Rank 0: the tokenizer, prompt, pipeline and draft model(s) of a started job. One
+    generation per job (the workers' KV caches are not cleared between generations yet)."""
+
+    def __init__(self, cfg: RunConfig, setup: HeadSetup, ranges, size: int,
+                 offsets: dict[int, float]):
+        self.cfg, self.setup, self.ranges, self.size = cfg, setup, ranges, size
+        self.offsets = offsets
+        self.trace = Trace(cfg.trace) if cfg.trace else None
+        self.gen: Generation | None = None
+
+    @property
+    def tokenizer(self):
+        return self.setup.tokenizer
+
+    def generate(self, on_token: Callable[[int], None] = lambda t: None) -> Generation:
+        """Generate from the job's prompt until a stop condition; `on_token` gets every
+        accepted token as it is accepted. Returns the generation (tokens, timeline,
+        counters, stop reason)."""
+        if self.gen is not None:
+            raise RuntimeError("a job runs one generation")
+        cfg = self.cfg
+        request = Request(tuple(self.setup.prompt), cfg.n_predict, cfg.n_ctx, cfg.ignore_eos)
+        self.gen = Generation(request, self.setup.tokenizer.is_eog, on_token)
+        STRATEGIES[cfg.strategy](self.setup.pipeline, self.gen, Sampler(cfg.sampling), cfg,
+                                 self.setup.drafter, self.setup.pool, trace=self.trace)
+        return self.gen
+
+    def shutdown(self) -> list[dict]:
+        """Stop every worker; their statistics (rank order). Their stage spans go into the
+        trace, moved to the head's clock."""
+        stats = self.setup.pipeline.shutdown()
+        for s in stats:
+            spans = s.pop("spans", [])
+            if self.trace is not None:
+                self.trace.rank_spans(s["rank"], spans, self.offsets.get(s["rank"], 0.0))
+        if self.trace is not None:
+            self.trace.close()
+        return stats

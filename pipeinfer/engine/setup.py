@@ -1,0 +1,160 @@
+"""Loading one rank's part of a job: the layer split, the rank's stage (a slice of the
+target, or a draft model of its own), and on the head the tokenizer, prompt, pipeline,
+draft model(s) and KV partitions."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..drafter import Drafter
+from ..embedding import Embedder
+from ..head import Pipeline
+from ..hierarchy_remote import RemoteHierarchy
+from ..llama_lib import LlamaError
+from ..models import ModelError, check_gguf, resolve_model
+from ..mpi_transport import DraftLink, HeadTransport
+from ..partition import PartitionError, StageRange, even_split, partition
+from ..partition_pool import PartitionPool
+from ..slicing import model_info, read_model
+from ..stage import Stage, StageConfig
+from ..stage_cache import stage_file
+from ..tokenizer import Tokenizer
+from .config import MULTI_DRAFT, NEEDS_DRAFT, STRATEGY_NAMES, RunConfig
+
+SETUP_ERRORS = (ModelError, PartitionError, LlamaError, ValueError, OSError)
+
+
+@dataclass
+class HeadSetup:
+    tokenizer: Tokenizer
+    prompt: list[int]
+    pipeline: Pipeline
+    drafter: Drafter | None
+    pool: PartitionPool | None
+
+
+def plan(cfg: RunConfig, size: int, say) -> tuple[list[StageRange], Path]:
+    if cfg.strategy not in STRATEGY_NAMES:
+        raise ValueError(f"unknown strategy {cfg.strategy!r}")
+    if cfg.strategy in NEEDS_DRAFT and not cfg.draft:
+        raise ValueError(f"strategy {cfg.strategy} needs a draft model (-md)")
+    fractions = list(cfg.split) if cfg.split else even_split(size)
+    if cfg.draft_ranks:
+        _check_draft_ranks(cfg, size, len(fractions))
+    elif len(fractions) != size:
+        raise PartitionError(f"--layer-split has {len(fractions)} fractions but the job has "
+                             f"{size} ranks; give one fraction per rank")
+    if len(cfg.threads) not in (1, size):
+        raise ValueError(f"-t has {len(cfg.threads)} values for {size} ranks")
+    model = resolve_model(cfg.model, progress=say)
+    info = model_info(read_model(model), model)
+    return partition(info.n_layer, fractions), model
+
+
+def _check_draft_ranks(cfg: RunConfig, size: int, n_target: int) -> None:
+    if cfg.strategy != "pipespec":
+        raise PartitionError("draft models on ranks of their own ('/' in --layer-split) are "
+                             "for --strategy pipespec only")
+    if cfg.draft_ranks != len(cfg.drafts):
+        raise PartitionError(f"--layer-split gives {cfg.draft_ranks} draft rank(s) but "
+                             f"{len(cfg.drafts)} draft model(s) are given (-md); give /1 "
+                             "for each, or none to run them in the head process")
+    if n_target + cfg.draft_ranks != size:
+        raise PartitionError(f"--layer-split asks for {n_target} target rank(s) and "
+                             f"{cfg.draft_ranks} draft rank(s), {n_target + cfg.draft_ranks} "
+                             f"in all, but the job has {size} ranks")
+
+
+def load_draft_rank_stage(cfg: RunConfig, model: Path, rank: int, n_pipeline: int) -> Stage:
+    """The draft model of a draft rank (the -md numbered rank - n_pipeline), checked against
+    the target's vocabulary."""
+    tokenizer = Tokenizer(model)
+    try:
+        return _load_drafter(cfg, tokenizer, cfg.drafts[rank - n_pipeline],
+                             threads=cfg.threads_for(rank)).stage
+    finally:
+        tokenizer.close()
+
+
+def load_stage(cfg: RunConfig, model: Path, rng: StageRange, size: int, say) -> Stage | None:
+    if rng.n_layer == 0:
+        return None
+    pool = cfg.pool()
+    config = StageConfig(n_ctx=cfg.kv_size, n_batch=cfg.n_batch,
+                         n_seq_max=pool.n_seq if pool else 1, n_threads=cfg.threads_for(rng.rank),
+                         repack=cfg.repack)
+    label = f"rank {rng.rank} layers [{rng.first},{rng.last})"
+    if size == 1:
+        return Stage(model, config, final=True, label=label)
+    return Stage(stage_file(model, rng, say), config, final=rng.final, label=label)
+
+
+def head_setup(cfg: RunConfig, model: Path, stage: Stage | None, size: int) -> HeadSetup:
+    tokenizer = Tokenizer(model)
+    text = tokenizer.apply_chat_template(cfg.prompt) if cfg.chat else cfg.prompt
+    prompt = tokenizer.tokenize(text)
+    if not prompt or not cfg.prompt:
+        raise ValueError("the prompt is empty")
+    if cfg.n_predict <= 0:
+        raise ValueError(f"-n must be positive (got {cfg.n_predict})")
+    if len(prompt) >= cfg.n_ctx:
+        raise ValueError(f"the prompt has {len(prompt)} tokens but the context (-c) holds "
+                         f"{cfg.n_ctx}; raise -c or shorten the prompt")
+    if len(prompt) + cfg.n_predict > cfg.n_ctx:
+        raise ValueError(f"the context (-c {cfg.n_ctx}) cannot hold the {len(prompt)} prompt "
+                         f"tokens plus {cfg.n_predict} to generate (-n); raise -c or lower -n")
+    n_pipeline = cfg.n_pipeline(size)
+    if cfg.draft_ranks:
+        drafter = RemoteHierarchy(DraftLink(), range(n_pipeline, size),
+                                  ahead=cfg.spec.draft * cfg.spec.max_runs,
+                                  limit=min(cfg.n_ctx, len(prompt) + cfg.n_predict))
+    else:
+        drafter = _load_drafters(cfg, tokenizer) if cfg.speculates else None
+    transport = HeadTransport(tokenizer.n_vocab, n_ranks=n_pipeline) if n_pipeline > 1 else None
+    embed = None if n_pipeline == 1 else Embedder(model)
+    return HeadSetup(tokenizer, prompt,
+                     Pipeline(embed, stage, transport, whole_model=n_pipeline == 1), drafter,
+                     cfg.pool())
+
+
+def _load_drafters(cfg: RunConfig, tokenizer: Tokenizer) -> Drafter | list[Drafter]:
+    """The draft model; for strategies taking several (pipespec), the list of them, smallest
+    first. Other strategies use the first -md."""
+    if cfg.strategy in MULTI_DRAFT:
+        return [_load_drafter(cfg, tokenizer, d) for d in cfg.drafts]
+    return _load_drafter(cfg, tokenizer, cfg.drafts[0])
+
+
+def _load_drafter(cfg: RunConfig, tokenizer: Tokenizer, draft: str,
+                  threads: int | None = None) -> Drafter:
+    try:
+        path = resolve_model(draft)
+        check_gguf(path)
+    except ModelError as err:
+        raise ModelError(f"draft model (-md): {err}") from None
+    config = StageConfig(n_ctx=cfg.kv_size, n_batch=cfg.n_batch,
+                         n_seq_max=(cfg.spec.tree_width + 1 if cfg.strategy == "specpipe"
+                                    else cfg.spec.n_parallel),
+                         n_threads=threads or cfg.threads_for(0))
+    _check_same_vocabulary(Path(draft).name, path, tokenizer)
+    stage = Stage(path, config, final=True, label="draft model")
+    return Drafter(stage, cfg.n_batch)
+
+
+def _check_same_vocabulary(name: str, draft_path: Path, target: Tokenizer) -> None:
+    draft = Tokenizer(draft_path)
+    try:
+        if draft.n_vocab != target.n_vocab:
+            raise ValueError(f"the draft model {name} has {draft.n_vocab} tokens in its "
+                             f"vocabulary but the target has {target.n_vocab}; they must share "
+                             "one vocabulary")
+        for token in range(target.n_vocab):
+            if draft.piece(token) != target.piece(token):
+                raise ValueError(f"the draft model {name} and the target disagree on token "
+                                 f"{token} ({draft.piece(token)!r} vs {target.piece(token)!r}); "
+                                 "they must share one vocabulary")
+    finally:
+        draft.close()
+
+
