@@ -92,14 +92,16 @@ class Drafter:
         self.stage.seq_cp(seq, 0, pos, pos + 1)
         self.ctx, self._last = self.ctx + [token], None
 
-    def prepare(self, context: Sequence[int], max_tokens: int | None = None) -> None:
+    def prepare(self, context: Sequence[int], max_tokens: int | None = None,
+                timed: bool = True) -> None:
         """Evaluate `context` now, or only its next `max_tokens` tokens not evaluated yet: the
         head warms the draft up on the prompt in such steps while the target prefills it, so
-        the first token is not kept waiting for the draft (drafting later does the rest)."""
-        if max_tokens is not None and self._s_per_token is not None:
-            max_tokens = max(1, min(max_tokens, int(WARM_STEP_S / self._s_per_token)))
-        elif max_tokens is not None:
-            max_tokens = 1  # the first step measures the draft's speed
+        the first token is not kept waiting for the draft (drafting later does the rest).
+        `timed`: steps also of about WARM_STEP_S (the head's own thread waits for each);
+        a draft thread steps by tokens only, as nothing waits for it but its closing."""
+        if timed and max_tokens is not None:  # the first step measures the draft's speed
+            max_tokens = 1 if self._s_per_token is None else max(
+                1, min(max_tokens, int(WARM_STEP_S / self._s_per_token)))
         if max_tokens is None or len(context) - self._common(context) <= max_tokens:
             self._sync(context)
             return

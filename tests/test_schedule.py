@@ -113,14 +113,16 @@ def test_interrupted_draft_is_not_a_failed_attempt():
     assert again.cutoff == job.cutoff and again.job_id != job.job_id
 
 
-def test_cutoff_rises_per_run_started_and_resets_on_acceptance():
+@pytest.mark.parametrize("micro_batch", [1, 2])
+def test_cutoff_rises_per_run_started_and_resets_on_acceptance(micro_batch):
+    """(A one-token run accepted counts: its root guess was the accepted token.)"""
     s = Script(make(p_accept=0.3, p_recovery=0.05, max_runs=8, n_stages=8))
     s.prefill()
     for k in range(3):
         job = of(s.step(Tick()), A.StartDraft)[0].job
         assert job.cutoff == pytest.approx(0.3 + 0.05 * k)
         n = len(job.context)
-        s.step(DraftReady(job.job_id, (tuple(TARGET[n:n + 2]),)))
+        s.step(DraftReady(job.job_id, (tuple(TARGET[n:n + micro_batch]),)))
     assert s.cutoffs == pytest.approx([0.35, 0.4, 0.45])
     s.finish_oldest()                       # the non-speculative run: no reset
     assert s.cutoffs[-1] == pytest.approx(0.45)

@@ -139,6 +139,6 @@ class ThreadedDrafts:
     def _warm_up(self, tokens: list[int]) -> None:
         try:
             while self.drafter.n_held < len(tokens) and not self._closing.is_set():
-                self.drafter.prepare(tokens, max_tokens=WARM_STEP)
+                self.drafter.prepare(tokens, max_tokens=WARM_STEP, timed=False)
         except BaseException as err:  # noqa: BLE001 (raised again on the driver's thread)
             self._warm_error = err

@@ -47,7 +47,9 @@ class PipeInfer(Scheduler):
         super().on_start()
 
     def on_result(self, absorbed) -> None:
-        if absorbed.verified and absorbed.run.speculative and absorbed.drafted:
+        # A verified speculative run had its root guess accepted (it covered the pending
+        # token), even when its single token leaves `drafted` at 0.
+        if absorbed.verified and absorbed.run.speculative:
             if self.cutoff.accepted():
                 self.record("cutoff", self.cutoff.value, "speculative run accepted")
         self.failed_at = None
