@@ -4,7 +4,7 @@
 M0 drafts one token per step. Every Mi (i > 0) verifies, in one batch, up to `window` tokens of
 O(i-1) beyond O_i: it appends the tokens it agrees with plus its own next token (a correction
 or, when all matched, a bonus), and a rejection rolls every earlier buffer back to O_i. The
-target pipeline (strategies/pipespec.py) verifies O(k-1) the same way; its accepted tokens roll
+target pipeline (schedule/pipespec.py) verifies O(k-1) the same way; its accepted tokens roll
 back every buffer. Buffers hold whole token sequences (prompt included) and always satisfy
 "O_j extends O_(j+1)" for j < i after a step of model i.
 
@@ -25,6 +25,7 @@ from typing import Sequence
 
 import numpy as np
 
+from .schedule.buffers import merge, proposal
 from .stage import Stage
 
 
@@ -78,26 +79,6 @@ def _common(a: Sequence[int], b: Sequence[int]) -> int:
     while n < limit and a[n] == b[n]:
         n += 1
     return n
-
-
-def merge(lower: list[int], upper: list[int]) -> list[int]:
-    """A buffer `lower` made to extend `upper` (a later, more trusted model's buffer): kept if
-    it already does, else replaced by a copy of `upper` (rollback or catch-up)."""
-    if extends(lower, upper):
-        return lower
-    return list(upper)
-
-
-def extends(buffer: Sequence[int], prefix: Sequence[int]) -> bool:
-    return len(buffer) >= len(prefix) and list(buffer[:len(prefix)]) == list(prefix)
-
-
-def proposal(buffer: list[int], context: Sequence[int], limit: int) -> list[int]:
-    """The tokens of `buffer` continuing `context` (at most `limit`); none if it does not."""
-    n = len(context)
-    if limit <= 0 or len(buffer) <= n or not extends(buffer, context):
-        return []
-    return buffer[n:n + limit]
 
 
 class Level:

@@ -26,7 +26,8 @@ from __future__ import annotations
 from typing import Protocol, Sequence
 
 from .backoff import Backoff, IdleBackoff
-from .hierarchy import Level, extends, merge, proposal
+from .hierarchy import Level
+from .schedule.buffers import extends, merge, proposal
 
 SYNC, BUFFER, ROLLBACK, STOP, END = range(5)
 HEAD = 0
@@ -45,7 +46,7 @@ class DraftChannel(Protocol):
 
 
 class RemoteHierarchy:
-    """The head's side: what strategies/pipespec.py needs of a Hierarchy, for draft models
+    """The head's side: what engine/hierarchy_drafts.py needs of a Hierarchy, for draft models
     on the ranks `ranks` (M0 first)."""
 
     def __init__(self, link: DraftChannel, ranks: Sequence[int], ahead: int, limit: int):

@@ -14,7 +14,8 @@ from hypothesis import strategies as st
 
 import mpi_util
 from pipeinfer.hierarchy import (Hierarchy, Level, expectation, expected_tokens, geometric_tokens,
-                                 merge, rho_recursion, steady_state_rho)
+                                 rho_recursion, steady_state_rho)
+from pipeinfer.schedule.buffers import merge
 from pipeinfer.hierarchy_remote import DraftRank, RemoteHierarchy
 from pipeinfer.partition import StageRange
 from pipeinfer.slicing import model_info, open_model, write_stage

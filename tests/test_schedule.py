@@ -255,3 +255,34 @@ def test_core_imports_neither_mpi_nor_llama():
             "bad = [m for m in sys.modules if m.split('.')[0] in ('mpi4py', 'llama_cpp')]; "
             "print(bad); sys.exit(1 if bad else 0)")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_pipespec_feeds_the_target_from_the_last_draft_buffer():
+    """PipeSpec's policy: the drafts follow the accepted tokens (SyncDrafts after every
+    result); with at most one run in flight a single proposed token goes out at once
+    (lookahead 0), with more in flight only a full --draft window; the run rooted at the
+    pending token carries the proposal after it; DraftsDone before Finish."""
+    from pipeinfer.schedule.events import DraftsStepped
+    from pipeinfer.schedule.pipespec import PipeSpec
+
+    s = Script(make(PipeSpec, n_predict=20, draft=3, max_runs=6))
+    start = s.step(Start())
+    assert of(start, A.SyncDrafts)[0].reset
+    s.finish_oldest()                        # prefill: first token, then a main run
+    p = len(PROMPT) + 1
+    assert of(s.log[-1][1], A.SyncDrafts)[0].accepted == tuple(TARGET[:p])
+    s.step(DraftsStepped(tuple(TARGET[:p + 1])))      # one token beyond: goes out at once
+    assert s.sched.in_flight == 2 and s.flight[-1].tx.n_tokens == 1
+    s.step(DraftsStepped(tuple(TARGET[:p + 3])))      # two more: not a full window of 3
+    assert s.sched.in_flight == 2
+    s.step(DraftsStepped(tuple(TARGET[:p + 4])))      # three more: a window
+    assert s.sched.in_flight == 3 and s.flight[-1].tx.n_tokens == 3
+    while not s.sched.finished:
+        actions = s.finish_oldest()
+        assert of(actions, A.SyncDrafts) or of(actions, A.Finish)
+        if s.sched.in_flight == 0 and not s.sched.finished:
+            raise AssertionError("no run evaluates the pending token")
+    done = of(s.log[-1][1], A.DraftsDone)
+    assert done and s.log[-1][1].index(done[0]) < s.log[-1][1].index(of(s.log[-1][1],
+                                                                          A.Finish)[0])
+    assert s.sched.gen.tokens == TARGET[len(PROMPT):len(PROMPT) + 20]

@@ -56,10 +56,12 @@ class InlineDrafts:
     def warm(self, tokens: Sequence[int]) -> None:
         self._warm = list(tokens)
 
-    def idle(self) -> None:
-        """One warm-up step while the driver has nothing else to do."""
+    def idle(self) -> bool:
+        """One warm-up step while the driver has nothing else to do (the driver still backs
+        off: the step is short)."""
         if self._warm is not None:  # a no-op once the draft holds the prompt
             self.drafter.prepare(self._warm, max_tokens=WARM_STEP)
+        return False
 
     def submit(self, job: DraftJob) -> None:
         self._warm = None  # from now on jobs move the draft's context along
@@ -96,8 +98,8 @@ class ThreadedDrafts:
     def warm(self, tokens: Sequence[int]) -> None:
         self._todo.put(list(tokens))
 
-    def idle(self) -> None:
-        pass
+    def idle(self) -> bool:
+        return False
 
     def submit(self, job: DraftJob) -> None:
         assert self._current is None, "one draft job at a time"

@@ -57,8 +57,9 @@ class Driver:
         if self.feed(Tick()):
             self._draft_event()  # an inline job submitted at this tick runs now
             return True
-        if self.drafts is not None:
-            self.drafts.idle()
+        if self.drafts is not None and self.drafts.idle():
+            self._draft_event()  # what the step produced goes out at once
+            return True
         return False
 
     def _draft_event(self) -> bool:
@@ -102,6 +103,8 @@ class Driver:
             self.drafts.stop(action.job_id)
         elif isinstance(action, A.WarmDraft):
             self.drafts.warm(action.tokens)
+        elif isinstance(action, (A.SyncDrafts, A.DraftsDone)):
+            self.drafts.submit(action)
         elif not isinstance(action, (A.Finish, A.PolicyChanged)):
             raise TypeError(f"unknown action {action!r}")
 

@@ -8,12 +8,15 @@ from ..schedule.generation import Generation
 from ..schedule.iterative import Iterative
 from ..schedule.options import Limits
 from ..schedule.pipeinfer import PipeInfer
+from ..schedule.pipespec import PipeSpec
 from ..schedule.speculative import Speculative
 from .driver import Driver
 from .drafts import InlineDrafts, ThreadedDrafts
+from .hierarchy_drafts import HierarchyDrafts, build_hierarchy
 from .trace import Trace
 
-SCHEDULERS = {"iterative": Iterative, "speculative": Speculative, "pipeinfer": PipeInfer}
+SCHEDULERS = {"iterative": Iterative, "speculative": Speculative, "pipeinfer": PipeInfer,
+              "pipespec": PipeSpec}
 
 
 def generate(strategy: str, pipe: Pipeline, gen: Generation, sampler, cfg, drafter=None,
@@ -23,7 +26,9 @@ def generate(strategy: str, pipe: Pipeline, gen: Generation, sampler, cfg, draft
     limits = Limits(cfg.n_batch, cfg.n_ctx, cfg.kv_size, pipe.n_stages)
     scheduler = SCHEDULERS[strategy](gen, sampler, limits, cfg.spec, pool)
     driver = Driver(pipe, scheduler, gen, trace=trace)
-    if drafter is not None and strategy != "iterative":
+    if strategy == "pipespec":
+        driver.drafts = HierarchyDrafts(build_hierarchy(drafter, cfg), gen, cfg)
+    elif drafter is not None and strategy != "iterative":
         opts = cfg.spec
         params = DraftParams(scheduler.batch.limit if hasattr(scheduler, "batch")
                              else opts.draft, opts.p_split, opts.n_parallel)

@@ -113,5 +113,34 @@ class PolicyChanged:
         return f"PolicyChanged({self.name}={self.value:.4f}: {self.why})"
 
 
+
+
+@dataclass(frozen=True)
+class SyncDrafts:
+    """PipeSpec: the draft models' buffers must extend `accepted` (`reset`: begin anew with
+    it); M0 may draft up to `horizon` tokens. While the target prefills (`warm`), the draft
+    models read the prompt."""
+    accepted: tuple[int, ...]
+    horizon: int
+    reset: bool = False
+    warm: bool = False
+
+    def __repr__(self) -> str:
+        kind = "reset" if self.reset else "sync"
+        return f"SyncDrafts({kind} to {len(self.accepted)} tokens, horizon {self.horizon})"
+
+
+@dataclass(frozen=True)
+class DraftsDone:
+    """PipeSpec: the generation is over; the draft models stop at `accepted` and report, with
+    the target's verifications and rejections."""
+    accepted: tuple[int, ...]
+    verified: int
+    rejections: int
+
+    def __repr__(self) -> str:
+        return f"DraftsDone({len(self.accepted)} tokens)"
+
+
 Action = (StartRun | KvOps | CancelRuns | StartDraft | StopDraft | WarmDraft | EmitTokens
-          | Finish | PolicyChanged)
+          | Finish | PolicyChanged | SyncDrafts | DraftsDone)

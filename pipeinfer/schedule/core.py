@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from ..partition_pool import PartitionPool
 from .actions import Finish, PolicyChanged
-from .events import Cancel, DraftInterrupted, DraftReady, ResultArrived, Start, Tick
+from .events import (Cancel, DraftInterrupted, DraftReady, DraftsStepped, ResultArrived, Start,
+                     Tick)
 from .generation import Generation
 from .options import Limits, SpecOptions
 from .speculation import Absorbed, Speculation
@@ -33,7 +34,7 @@ class Scheduler:
     def step(self, event) -> list:
         if isinstance(event, ResultArrived):
             self._result(event.result)
-        elif isinstance(event, (DraftReady, DraftInterrupted)):
+        elif isinstance(event, (DraftReady, DraftInterrupted, DraftsStepped)):
             if not self.finished:
                 self.on_draft(event)
         elif isinstance(event, Tick):
@@ -47,6 +48,7 @@ class Scheduler:
             raise TypeError(f"unknown event {event!r}")
         if self.gen.done and not self.finished:
             self.finished = True
+            self.on_finish()
             self.spec.emit(Finish(self.gen.stop_reason))
         return self.spec.take()
 
@@ -93,4 +95,7 @@ class Scheduler:
         raise RuntimeError(f"{type(self).__name__} drafts nothing, got {event!r}")
 
     def on_tick(self) -> None:
+        pass
+
+    def on_finish(self) -> None:
         pass

@@ -62,4 +62,13 @@ class Cancel:
         return "Cancel()"
 
 
-Event = Start | ResultArrived | DraftReady | DraftInterrupted | Tick | Cancel
+@dataclass(frozen=True)
+class DraftsStepped:
+    """PipeSpec: the last draft model's buffer changed (a draft or verification step)."""
+    top: tuple[int, ...]
+
+    def __repr__(self) -> str:
+        return f"DraftsStepped({len(self.top)} tokens)"
+
+
+Event = Start | ResultArrived | DraftReady | DraftInterrupted | Tick | Cancel | DraftsStepped

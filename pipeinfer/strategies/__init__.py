@@ -8,13 +8,13 @@ from __future__ import annotations
 
 from ..engine.generate import strategy_runner
 from ..schedule.options import SpecOptions
-from . import pipespec, specpipe
+from . import specpipe
 
 __all__ = ["STRATEGIES", "NEEDS_DRAFT", "MULTI_DRAFT", "SpecOptions"]
 
 STRATEGIES = {"iterative": strategy_runner("iterative"),
               "speculative": strategy_runner("speculative"),
               "pipeinfer": strategy_runner("pipeinfer"),
-              "pipespec": pipespec.run, "specpipe": specpipe.run}
+              "pipespec": strategy_runner("pipespec"), "specpipe": specpipe.run}
 NEEDS_DRAFT = frozenset({"speculative", "pipeinfer", "pipespec", "specpipe"})
 MULTI_DRAFT = frozenset({"pipespec"})  # strategies that take several -md (smallest first)

@@ -1,6 +1,6 @@
-"""What pipespec and specpipe, which still run loops of their own, need until they move onto
-the scheduler core: the prompt's prefill through the pipeline, accepting tokens with the
-driver's side effects, and the core's Speculation carrying out its actions at once."""
+"""What specpipe, which still runs a loop of its own, needs until it moves onto the scheduler
+core: the prompt's prefill through the pipeline, and accepting tokens with the driver's side
+effects."""
 
 from __future__ import annotations
 
@@ -8,9 +8,7 @@ import time
 from typing import Callable, Sequence
 
 from ..head import Pipeline
-from ..schedule import actions as A
 from ..schedule.generation import CANONICAL_SEQ, Generation
-from ..schedule.speculation import Speculation
 from ..transaction import DecodeTx, RunResult
 
 
@@ -37,27 +35,3 @@ def prefill(pipe: Pipeline, gen: Generation, n_batch: int,
         result = pipe.wait(idle)
     gen.timeline.prefill_done = time.perf_counter()
     return result
-
-
-class ImmediateSpeculation(Speculation):
-    """The core's Speculation whose actions go to the pipeline as they are emitted."""
-
-    def __init__(self, pipe: Pipeline, gen: Generation, sampler, pool, kv_cells: int,
-                 cancel: bool = True):
-        super().__init__(gen, sampler, pool, kv_cells, cancel)
-        self.pipe = pipe
-
-    def emit(self, action) -> None:
-        if isinstance(action, A.StartRun):
-            self.pipe.decode(action.tx, list(action.tokens))
-        elif isinstance(action, A.KvOps):
-            self.pipe.kv(list(action.ops))
-        elif isinstance(action, A.CancelRuns):
-            self.pipe.cancel(list(action.run_ids))
-        elif isinstance(action, A.EmitTokens):
-            self.gen.record(action.tokens)
-
-    def settle(self) -> None:
-        """After generation: absorb (and discard) every run still in flight."""
-        while self.fifo:
-            self.discard(self.pipe.wait())
