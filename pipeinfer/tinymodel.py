@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 
 import gguf
@@ -127,6 +128,21 @@ def _add_weight(writer: gguf.GGUFWriter, name: str, data: np.ndarray,
         writer.add_tensor(name, gguf.quants.quantize(data, qtype), raw_dtype=qtype)
 
 
+@dataclass(frozen=True)
+class _Dims:
+    n_layer: int
+    n_embd: int
+    n_head: int
+    n_head_kv: int
+    n_ff: int
+    n_ctx_train: int
+    n_vocab: int
+
+    @property
+    def head_dim(self) -> int:
+        return self.n_embd // self.n_head
+
+
 def write_tiny_llama(
     path: str | os.PathLike[str], *, n_layer: int = 4, n_embd: int = 64, n_head: int = 4,
     n_head_kv: int = 2, n_ff: int = 128, n_ctx_train: int = 2048, seed: int = 0,
@@ -147,49 +163,66 @@ def write_tiny_llama(
         raise ValueError("n_embd must be divisible by n_head, n_head by n_head_kv")
     path = Path(path)
     tokens, merges, types = build_tokenizer(n_merges)
-    n_vocab, head_dim = len(tokens), n_embd // n_head
-    rng = np.random.default_rng(seed)
+    dims = _Dims(n_layer, n_embd, n_head, n_head_kv, n_ff, n_ctx_train, len(tokens))
+    tensors = _random_tensors(np.random.default_rng(seed), dims, weight_scale, output_scale)
+    w = gguf.GGUFWriter(path, ARCH_NAME)
+    _add_model_keys(w, name, tensor_type, dims)
+    _add_tokenizer_keys(w, tokens, merges, types)
+    for tname, data in tensors:
+        _add_weight(w, tname, data, tensor_type)
+    _finish(w)
+    return path
 
+
+def _random_tensors(rng: np.random.Generator, d: _Dims, weight_scale: float,
+                    output_scale: float) -> list[tuple[str, np.ndarray]]:
     def linear(n_out: int, n_in: int, scale: float = 1.0) -> np.ndarray:
         # numpy (rows=n_out, cols=n_in) == ggml ne = [n_in, n_out]
         return rng.standard_normal((n_out, n_in), dtype=np.float32) * np.float32(
             scale * weight_scale / np.sqrt(n_in))
 
-    ones = np.ones(n_embd, dtype=np.float32)
+    ones = np.ones(d.n_embd, dtype=np.float32)
     T = gguf.MODEL_TENSOR
     tensors: list[tuple[str, np.ndarray]] = [
-        (_tname(T.TOKEN_EMBD), rng.standard_normal((n_vocab, n_embd), dtype=np.float32)),
+        (_tname(T.TOKEN_EMBD), rng.standard_normal((d.n_vocab, d.n_embd), dtype=np.float32)),
         (_tname(T.OUTPUT_NORM), ones),
-        (_tname(T.OUTPUT), linear(n_vocab, n_embd, output_scale)),
+        (_tname(T.OUTPUT), linear(d.n_vocab, d.n_embd, output_scale)),
     ]
-    for i in range(n_layer):
+    kv = d.head_dim * d.n_head_kv
+    for i in range(d.n_layer):
         tensors += [
             (_tname(T.ATTN_NORM, i), ones),
-            (_tname(T.ATTN_Q, i), linear(n_embd, n_embd)),
-            (_tname(T.ATTN_K, i), linear(head_dim * n_head_kv, n_embd)),
-            (_tname(T.ATTN_V, i), linear(head_dim * n_head_kv, n_embd)),
-            (_tname(T.ATTN_OUT, i), linear(n_embd, n_embd)),
+            (_tname(T.ATTN_Q, i), linear(d.n_embd, d.n_embd)),
+            (_tname(T.ATTN_K, i), linear(kv, d.n_embd)),
+            (_tname(T.ATTN_V, i), linear(kv, d.n_embd)),
+            (_tname(T.ATTN_OUT, i), linear(d.n_embd, d.n_embd)),
             (_tname(T.FFN_NORM, i), ones),
-            (_tname(T.FFN_GATE, i), linear(n_ff, n_embd)),
-            (_tname(T.FFN_UP, i), linear(n_ff, n_embd)),
-            (_tname(T.FFN_DOWN, i), linear(n_embd, n_ff)),
+            (_tname(T.FFN_GATE, i), linear(d.n_ff, d.n_embd)),
+            (_tname(T.FFN_UP, i), linear(d.n_ff, d.n_embd)),
+            (_tname(T.FFN_DOWN, i), linear(d.n_embd, d.n_ff)),
         ]
+    return tensors
 
-    K = gguf.Keys
-    w = gguf.GGUFWriter(path, ARCH_NAME)
+
+def _add_model_keys(w: gguf.GGUFWriter, name: str, tensor_type, d: _Dims) -> None:
+    K, arch = gguf.Keys, ARCH_NAME
     w.add_string(K.General.NAME, name)
     w.add_uint32(K.General.FILE_TYPE, int(_FILE_TYPES[tensor_type]))
     w.add_uint32(K.General.QUANTIZATION_VERSION, gguf.GGML_QUANT_VERSION)
-    w.add_uint32(K.LLM.VOCAB_SIZE.format(arch=ARCH_NAME), n_vocab)
-    w.add_uint32(K.LLM.CONTEXT_LENGTH.format(arch=ARCH_NAME), n_ctx_train)
-    w.add_uint32(K.LLM.EMBEDDING_LENGTH.format(arch=ARCH_NAME), n_embd)
-    w.add_uint32(K.LLM.BLOCK_COUNT.format(arch=ARCH_NAME), n_layer)
-    w.add_uint32(K.LLM.FEED_FORWARD_LENGTH.format(arch=ARCH_NAME), n_ff)
-    w.add_uint32(K.Attention.HEAD_COUNT.format(arch=ARCH_NAME), n_head)
-    w.add_uint32(K.Attention.HEAD_COUNT_KV.format(arch=ARCH_NAME), n_head_kv)
-    w.add_float32(K.Attention.LAYERNORM_RMS_EPS.format(arch=ARCH_NAME), 1e-5)
-    w.add_uint32(K.Rope.DIMENSION_COUNT.format(arch=ARCH_NAME), head_dim)
-    w.add_float32(K.Rope.FREQ_BASE.format(arch=ARCH_NAME), 10000.0)
+    w.add_uint32(K.LLM.VOCAB_SIZE.format(arch=arch), d.n_vocab)
+    w.add_uint32(K.LLM.CONTEXT_LENGTH.format(arch=arch), d.n_ctx_train)
+    w.add_uint32(K.LLM.EMBEDDING_LENGTH.format(arch=arch), d.n_embd)
+    w.add_uint32(K.LLM.BLOCK_COUNT.format(arch=arch), d.n_layer)
+    w.add_uint32(K.LLM.FEED_FORWARD_LENGTH.format(arch=arch), d.n_ff)
+    w.add_uint32(K.Attention.HEAD_COUNT.format(arch=arch), d.n_head)
+    w.add_uint32(K.Attention.HEAD_COUNT_KV.format(arch=arch), d.n_head_kv)
+    w.add_float32(K.Attention.LAYERNORM_RMS_EPS.format(arch=arch), 1e-5)
+    w.add_uint32(K.Rope.DIMENSION_COUNT.format(arch=arch), d.head_dim)
+    w.add_float32(K.Rope.FREQ_BASE.format(arch=arch), 10000.0)
+
+
+def _add_tokenizer_keys(w: gguf.GGUFWriter, tokens, merges, types) -> None:
+    K = gguf.Keys
     w.add_string(K.Tokenizer.MODEL, "gpt2")
     w.add_string(K.Tokenizer.PRE, "default")
     w.add_array(K.Tokenizer.LIST, tokens)
@@ -201,10 +234,6 @@ def write_tiny_llama(
     w.add_bool(K.Tokenizer.ADD_BOS, True)
     w.add_bool(K.Tokenizer.ADD_EOS, False)
     w.add_string(K.Tokenizer.CHAT_TEMPLATE, CHAT_TEMPLATE)
-    for tname, data in tensors:
-        _add_weight(w, tname, data, tensor_type)
-    _finish(w)
-    return path
 
 
 def _finish(w: gguf.GGUFWriter) -> None:
