@@ -1,12 +1,13 @@
 #!/usr/bin/env python3
 """Speed of this tree against an earlier commit, in one script run, on the emulated cluster.
 
-Every repeat runs every variant of both trees, interleaved, on the same emulated cluster
+Every repeat runs every variant of both commits, interleaved, on the same emulated cluster
 (experiments/cluster.py; default 4 nodes x 0.5 core, the head without target layers), so the
-ratios compare like with like on a noisy shared machine. The earlier commit is checked out
-into a git worktree and run from there with this venv (its native module linked in).
+ratios compare like with like on a noisy shared machine. Both commits are checked out into
+git worktrees (so edits in progress in this checkout do not leak in) and run from there with
+this venv (the native module copied in); each run checks which tree it imported.
 
-    python experiments/bench_before_after.py --baseline HEAD~3 -k 3 -n 128
+    python experiments/bench_before_after.py --baseline HEAD~3 [--candidate HEAD] -k 3 -n 128
 
 Prints one line per run and, at the end, per tree: median t/s, TTFT, ITL and acceptance of
 every variant, pipeinfer/iterative, and whether all outputs were identical.
@@ -34,11 +35,11 @@ VARIANTS = {"iterative": ["--strategy", "iterative"],
 LAUNCH = "import sys; sys.argv[0] = 'pipeinfer'; from pipeinfer.cli import main; main()"
 
 
-def baseline_tree(rev: str) -> Path:
+def worktree(rev: str) -> Path:
     """A worktree of `rev` that runs with this venv."""
     sha = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", rev], check=True,
                          capture_output=True, text=True).stdout.strip()
-    tree = Path(f"/tmp/pipeinfer-baseline-{sha}")
+    tree = Path(f"/tmp/pipeinfer-tree-{sha}")
     if not tree.exists():
         subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(tree), sha],
                        check=True, capture_output=True)
@@ -55,11 +56,24 @@ def run_once(tree: Path, variant: str, args) -> dict:
            args.split, "-t", "1", "--json", *VARIANTS[variant]]
     launch = [sys.executable, str(HERE / "cluster.py"), "--nodes", str(args.nodes),
               "--cpu", str(args.cpu), "--"] + cmd
-    env = dict(os.environ, PYTHONPATH=str(tree))
-    out = subprocess.run(launch, capture_output=True, text=True, timeout=args.timeout, env=env)
+    out = subprocess.run(launch, capture_output=True, text=True, timeout=args.timeout,
+                         env=_env(tree), cwd=tree)
     if out.returncode != 0:
         raise SystemExit(f"{tree} {variant} failed ({out.returncode}):\n{out.stderr[-2000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def _env(tree: Path) -> dict:
+    return dict(os.environ, PYTHONPATH=str(tree))
+
+
+def check_imports(tree: Path) -> None:
+    """`python -c` puts its working directory first on sys.path, and the editable install of
+    this checkout is on it too: make sure a run in `tree` imports `tree`'s package."""
+    out = subprocess.run([sys.executable, "-c", "import pipeinfer; print(pipeinfer.__file__)"],
+                         capture_output=True, text=True, env=_env(tree), cwd=tree, check=True)
+    if not out.stdout.strip().startswith(str(tree)):
+        raise SystemExit(f"a run in {tree} would import {out.stdout.strip()}")
 
 
 def report(label: str, runs: dict[str, list[dict]]) -> None:
@@ -83,6 +97,7 @@ def report(label: str, runs: dict[str, list[dict]]) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--baseline", required=True, help="git revision to compare with")
+    parser.add_argument("--candidate", default="HEAD", help="git revision to measure")
     parser.add_argument("--model", default="qwen-coder-1.5b")
     parser.add_argument("--draft", default="qwen-coder-0.5b")
     parser.add_argument("--nodes", type=int, default=4)
@@ -92,7 +107,10 @@ def main() -> None:
     parser.add_argument("-k", type=int, default=3, help="repeats (interleaved)")
     parser.add_argument("--timeout", type=float, default=900)
     args = parser.parse_args()
-    trees = {f"baseline {args.baseline}": baseline_tree(args.baseline), "this tree": ROOT}
+    trees = {f"baseline {args.baseline}": worktree(args.baseline),
+             f"candidate {args.candidate}": worktree(args.candidate)}
+    for tree in trees.values():
+        check_imports(tree)
     runs = {t: {v: [] for v in VARIANTS} for t in trees}
     for rep in range(args.k):
         for variant in VARIANTS:

@@ -12,5 +12,11 @@ from .core import Scheduler
 
 
 class Iterative(Scheduler):
-    """The base scheduler's hooks are exactly this schedule (prefill, then a run of the
-    pending token whenever none is in flight)."""
+    def on_start(self) -> None:
+        self.spec.prefill(self.limits.n_batch)
+
+    def after_prefill(self) -> None:
+        self.start_cover()   # the run of the first token
+
+    def on_result(self, absorbed) -> None:
+        self.start_cover()   # the run of the token it gave
