@@ -22,7 +22,7 @@ from pipeinfer.head import Pipeline
 from pipeinfer.sampling import SamplingParams
 from pipeinfer.stage import Stage, StageConfig
 from pipeinfer.strategies import SpecOptions
-from pipeinfer.strategies.specpipe_tree import BeamTree
+from pipeinfer.schedule.specpipe_tree import BeamTree
 from pipeinfer.transaction import DecodeTx
 from pipeinfer.transport import LocalTransport
 from test_speculation_unit import (N_BATCH, N_PREDICT, PROMPT, Rig, SteppedTransport,

@@ -19,6 +19,7 @@ from ..schedule import actions as A
 from ..schedule.core import Scheduler
 from ..schedule.events import ResultArrived, Start, Tick
 from ..schedule.generation import Generation
+from ..schedule.tree_draft import StartTreeDraft
 from .trace import Trace
 
 log = logging.getLogger("pipeinfer.head")
@@ -105,6 +106,8 @@ class Driver:
             self.drafts.warm(action.tokens)
         elif isinstance(action, (A.SyncDrafts, A.DraftsDone)):
             self.drafts.submit(action)
+        elif isinstance(action, StartTreeDraft):
+            self.drafts.submit(action.job)
         elif not isinstance(action, (A.Finish, A.PolicyChanged)):
             raise TypeError(f"unknown action {action!r}")
 

@@ -9,14 +9,16 @@ from ..schedule.iterative import Iterative
 from ..schedule.options import Limits
 from ..schedule.pipeinfer import PipeInfer
 from ..schedule.pipespec import PipeSpec
+from ..schedule.specpipe import SpecPipe
 from ..schedule.speculative import Speculative
 from .driver import Driver
 from .drafts import InlineDrafts, ThreadedDrafts
 from .hierarchy_drafts import HierarchyDrafts, build_hierarchy
 from .trace import Trace
+from .tree_drafts import TreeDrafts
 
 SCHEDULERS = {"iterative": Iterative, "speculative": Speculative, "pipeinfer": PipeInfer,
-              "pipespec": PipeSpec}
+              "pipespec": PipeSpec, "specpipe": SpecPipe}
 
 
 def generate(strategy: str, pipe: Pipeline, gen: Generation, sampler, cfg, drafter=None,
@@ -28,6 +30,8 @@ def generate(strategy: str, pipe: Pipeline, gen: Generation, sampler, cfg, draft
     driver = Driver(pipe, scheduler, gen, trace=trace)
     if strategy == "pipespec":
         driver.drafts = HierarchyDrafts(build_hierarchy(drafter, cfg), gen, cfg)
+    elif strategy == "specpipe":
+        driver.drafts = TreeDrafts(drafter)
     elif drafter is not None and strategy != "iterative":
         opts = cfg.spec
         params = DraftParams(scheduler.batch.limit if hasattr(scheduler, "batch")

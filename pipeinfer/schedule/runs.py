@@ -41,8 +41,10 @@ class Run:
     main_path: list[int] = field(default_factory=list)  # node indices of branch 0
     guesses: int = 0          # nodes that are the draft's guesses (not a known token)
     root_credited: bool = False  # its root guess was counted as accepted (see Speculation)
-    prefill: bool = False     # a chunk of the prompt: only its last row (if any) is output
+    prefill: bool = False     # a chunk of the prompt (specpipe: of accepted tokens): only its
+                              # last row (if any) is output
     final_chunk: bool = False  # prefill: the prompt's last chunk, whose last row gives a token
+    tree_ids: tuple[int, ...] = ()  # specpipe: the BeamTree node of each output row
 
     @property
     def max_pos(self) -> int:

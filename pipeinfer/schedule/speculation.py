@@ -107,7 +107,7 @@ class Speculation:
             run = Run(self.gen.next_run_id(), start, tuple(prompt[:start]), nodes,
                       speculative=False, prefill=True,
                       final_chunk=start + n_batch >= len(prompt))
-            self._launch(run, [], count_cells=False)
+            self.launch(run, [], count_cells=False)
 
     def start_main(self) -> Run:
         """A non-speculative run of the pending token, in sequence 0."""
@@ -116,7 +116,7 @@ class Speculation:
         tokens = self.accepted
         run = Run(self.gen.next_run_id(), p, tuple(tokens[:p]),
                   [Node(tokens[p], -1, 0, (CANONICAL_SEQ,))], speculative=False, main_path=[0])
-        self._launch(run, [])
+        self.launch(run, [])
         return run
 
     def start_speculative(self, context: Sequence[int], branches: list[list[int]],
@@ -133,7 +133,7 @@ class Speculation:
         ops += [seq_cp(src_seq, s, -1, run.base) for s in partition[:len(branches)]]
         if src_run >= 0:
             self.sources[run.run_id] = src_run
-        self._launch(run, ops)
+        self.launch(run, ops)
         c = self.gen.counters
         c.runs_speculative += 1
         c.microbatch_tokens += len(nodes)
@@ -142,7 +142,9 @@ class Speculation:
         c.n_drafted += run.guesses
         return run
 
-    def _launch(self, run: Run, kv_ops: list, count_cells: bool = True) -> None:
+    def launch(self, run: Run, kv_ops: list, count_cells: bool = True) -> None:
+        """Send `run` into the pipeline after `kv_ops` and enter it in the run table (also
+        for runs a strategy builds itself: specpipe's tree levels)."""
         if count_cells:
             if not self.fits(len(run.nodes)):
                 raise RuntimeError(f"KV cache full: {run.describe()} does not fit")
@@ -156,7 +158,7 @@ class Speculation:
     # --- absorbing results -------------------------------------------------------------------
     def absorb(self, result) -> Absorbed:
         """Verify a finished run, accept tokens, fix up KV, cancel runs that became useless."""
-        run = self._pop(result)
+        run = self.pop(result)
         if run.prefill:
             if run.final_chunk:
                 self._accept([result.token(-1, self.sampler)], run.run_id)
@@ -176,9 +178,11 @@ class Speculation:
 
     def discard(self, result) -> None:
         """After the generation: a run still in flight came back; nothing of it is used."""
-        self._unverified(self._pop(result))
+        self._unverified(self.pop(result))
 
-    def _pop(self, result) -> Run:
+    def pop(self, result) -> Run:
+        """The oldest run, leaving the table with `result` (its partition comes back); a
+        strategy that verifies its runs itself (specpipe) reads the result."""
         run = self.fifo.popleft()
         if run.run_id != result.run_id:
             raise RuntimeError(f"result of run {result.run_id} arrived while {run.run_id} "
