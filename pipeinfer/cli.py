@@ -1,9 +1,8 @@
-"""The `pipeinfer` command. Only this module knows about click; library code raises, and the
-errors become one-line messages and exit codes here."""
+"""The `pipeinfer` command. Only this module knows about click; library code raises or logs,
+and here errors become one-line messages and exit codes, and log records lines on stderr."""
 
 from __future__ import annotations
 
-import os
 import signal
 import sys
 
@@ -13,56 +12,9 @@ from . import supervisor
 # forks; the child goes on as the rank, the parent waits to name it if a signal kills it.
 supervisor.supervise()
 
-
-def _launcher_rank() -> int | None:
-    """This process's rank as its MPI launcher set it; None when not started by a launcher."""
-    position = supervisor.launch_position()
-    return None if position is None else position[0]
-
-
-# Ctrl-C under a launcher: mpiexec forwards SIGINT to every rank; each must end soon, with
-# one notice (from rank 0) and status 130, and no traceback.
-INTERRUPT_RETRY_S, INTERRUPT_GRACE_S = 2, 5  # seconds
-
-
-def _interrupted_notice() -> None:
-    if not _launcher_rank():
-        print("\npipeinfer: interrupted", file=sys.stderr, flush=True)
-
-
-def _quit_at_once(signum, frame) -> None:
-    """SIGINT while still importing (a good part of a second; MPI is not started): a
-    KeyboardInterrupt there gives a traceback per rank, or is lost in an import callback."""
-    _interrupted_notice()
-    os._exit(130)
-
-
-def _interrupt(signum, frame) -> None:
-    """SIGINT once MPI runs: KeyboardInterrupt, which runner.main and RankedCommand turn into
-    an orderly exit. Python swallows it when it lands in a callback from C (llama.cpp's log
-    callback while a model loads), so it is raised again INTERRUPT_RETRY_S later; if the
-    process still runs INTERRUPT_GRACE_S after that (waiting on a rank that is gone),
-    SIGALRM's default action ends it."""
-    sys.unraisablehook = _quiet_interrupts
-    signal.signal(signal.SIGALRM, _interrupt_again)
-    signal.alarm(INTERRUPT_RETRY_S)
-    raise KeyboardInterrupt
-
-
-def _interrupt_again(signum, frame) -> None:
-    signal.signal(signal.SIGALRM, signal.SIG_DFL)
-    signal.alarm(INTERRUPT_GRACE_S)
-    raise KeyboardInterrupt
-
-
-def _quiet_interrupts(unraisable) -> None:
-    """A swallowed KeyboardInterrupt is raised again: no "Exception ignored" report for it."""
-    if not isinstance(unraisable.exc_value, KeyboardInterrupt):
-        sys.__unraisablehook__(unraisable)
-
-
-if _launcher_rank() is not None:
-    signal.signal(signal.SIGINT, _quit_at_once)
+# Ctrl-C under a launcher (the handlers are in supervisor.py): handled from here on.
+if supervisor.launcher_rank() is not None:
+    signal.signal(signal.SIGINT, supervisor.quit_at_once)
 
 import logging  # noqa: E402
 from pathlib import Path  # noqa: E402
@@ -70,6 +22,55 @@ from pathlib import Path  # noqa: E402
 import click  # noqa: E402
 
 from .partition import PartitionError, parse_layer_split, parse_split  # noqa: E402
+
+
+# --- messages: every module logs to "pipeinfer.<module>"; here is how they show ------------
+class _Stderr(logging.StreamHandler):
+    """A handler on sys.stderr as it is when a record comes (click's test runner swaps it)."""
+    stream = property(lambda self: sys.stderr, lambda self, value: None)
+
+
+class _Format(logging.Formatter):
+    """The formats users and tests know: errors `pipeinfer: error: MESSAGE`, notices
+    `pipeinfer: MESSAGE`, progress `pipeinfer[RANK]: MESSAGE` (just MESSAGE outside `run`,
+    where there are no ranks), detail with the time since start and the logger's name. A
+    record with `fresh_line` starts a line of its own (streamed text may end mid-line)."""
+
+    def __init__(self, rank: int | None):
+        super().__init__()
+        self.rank = "" if rank is None else f"[{rank}]"
+
+    def format(self, record: logging.LogRecord) -> str:
+        text = record.getMessage()
+        if record.exc_info:
+            text += "\n" + self.formatException(record.exc_info)
+        lead = "\n" if getattr(record, "fresh_line", False) else ""
+        if record.levelno >= logging.ERROR:
+            return f"{lead}pipeinfer: error: {text}"
+        if record.levelno >= logging.WARNING:
+            return f"{lead}pipeinfer: {text}"
+        if record.levelno >= logging.INFO:
+            return f"{lead}pipeinfer{self.rank}: {text}" if self.rank else lead + text
+        return f"{lead}{record.relativeCreated:9.1f} ms {record.name}{self.rank}: {text}"
+
+
+def setup_logging(verbose: int = 0, quiet: bool = False, rank: int | None = None) -> None:
+    """The process's one handler, levels by the options: progress (INFO) of rank 0 only by
+    default (other ranks: notices and errors), of every rank and all detail (DEBUG: the
+    head's scheduling, tracebacks) with -v, llama.cpp's own log too with -vv, only notices
+    and errors with -q. Called again once the options and the rank are known."""
+    if verbose and quiet:
+        raise click.UsageError("-v/--verbose and -q/--quiet exclude each other")
+    top = logging.getLogger("pipeinfer")
+    if not top.handlers:
+        top.addHandler(_Stderr())
+        top.propagate = False  # whatever else configures the root logger: one line each
+    top.handlers[0].setFormatter(_Format(rank))
+    level = logging.DEBUG if verbose else logging.WARNING if quiet or rank else logging.INFO
+    top.setLevel(level)
+    logging.getLogger("pipeinfer.llama_lib").setLevel(
+        logging.DEBUG if verbose >= 2 else max(level, logging.INFO))
+
 
 # The names of pipeinfer.strategies.STRATEGIES, without importing llama.cpp for --help.
 STRATEGY_NAMES = ("iterative", "speculative", "pipeinfer", "pipespec", "specpipe")
@@ -88,11 +89,7 @@ class Failure(click.ClickException):
         self.exit_code = code
 
     def show(self, file=None) -> None:
-        click.echo(f"pipeinfer: error: {self.format_message()}", err=True)
-
-
-def _fail(message: str, code: int = 1) -> None:
-    raise Failure(message, code)
+        logging.getLogger(__name__).error(self.format_message())
 
 
 class RankedCommand(click.Command):
@@ -111,9 +108,9 @@ class RankedCommand(click.Command):
             _end_before_start(err)
 
     def invoke(self, ctx):
-        if signal.getsignal(signal.SIGINT) is _quit_at_once:
+        if signal.getsignal(signal.SIGINT) is supervisor.quit_at_once:
             from . import mpi_transport  # noqa: F401  (starts MPI; Ctrl-C meanwhile: see there)
-            signal.signal(signal.SIGINT, _interrupt)
+            signal.signal(signal.SIGINT, supervisor.interrupt)
         else:
             # No launcher: still explicitly, as a background job of a non-interactive shell
             # (`nohup ... &`) inherits SIGINT ignored and Python then installs no handler.
@@ -123,12 +120,12 @@ class RankedCommand(click.Command):
         except click.ClickException as err:
             _end_before_start(err)
         except KeyboardInterrupt:
-            _interrupted_notice()
+            supervisor.interrupted_notice()
             sys.exit(130)
 
 
 def _end_before_start(err: click.ClickException) -> None:
-    rank = _launcher_rank()
+    rank = supervisor.launcher_rank()
     if rank is None:
         raise err  # click shows it
     if rank == 0:
@@ -172,11 +169,22 @@ def _parse_threads(ctx, param, value):
 @click.version_option(package_name="pipeinfer")
 def main() -> None:
     """Run GGUF language models across MPI ranks with asynchronous pipelined speculation.
+    Results go to stdout, messages to stderr (-v for more of them, -q for fewer).
 
     Launch with mpirun/mpiexec, e.g.
 
       mpirun -np 4 pipeinfer run -m qwen-coder-1.5b -md qwen-coder-0.5b -p "..." -n 128
     """
+    setup_logging(rank=supervisor.launcher_rank())  # for errors before the options are read
+
+
+def _verbosity(verbose_help: str = "Also detail (debug messages).",
+               quiet_help: str = "No progress lines on stderr, only notices and errors."):
+    """A command's -v/--verbose (counted) and -q/--quiet, which exclude each other."""
+    def add(command):
+        command = click.option("-q", "--quiet", is_flag=True, help=quiet_help)(command)
+        return click.option("-v", "--verbose", count=True, help=verbose_help)(command)
+    return add
 
 
 @main.command(cls=RankedCommand, context_settings={"show_default": True})
@@ -278,17 +286,18 @@ def main() -> None:
 @click.option("--trace", "trace_path", type=click.Path(dir_okay=False), default=None,
               help="Write the head's events and actions and every rank's stage spans to this "
                    "file as JSON lines; `python plot.py --timeline FILE --out DIR` draws them.")
-@click.option("-v", "--verbose", count=True,
-              help="-v: progress of every rank; -vv: also llama.cpp's log; tracebacks.")
+@_verbosity("-v: progress of every rank, the head's scheduling and tracebacks; -vv: also "
+            "llama.cpp's log.", "Only notices and errors on stderr: no progress lines, no "
+            "summary line (--json still has every result).")
 def run(model, draft, prompt, prompt_file, n_predict, n_ctx, n_batch, seed, temp, top_k, top_p,
         threads, split, strategy, draft_max, p_accept, p_split, n_parallel, p_recovery, p_decay,
         p_floor, trace_path,
         max_runs, partitions, kv_size, no_repack, no_continuous, no_cancel, no_draft_thread,
-        ignore_eos, chat, csv_path, as_json, label, verbose, tree_width, tree_k):
+        ignore_eos, chat, csv_path, as_json, label, verbose, quiet, tree_width, tree_k):
     """Generate text from a prompt. Under mpirun every rank runs this same command: rank 0 is
     the head (tokenizer, sampling, its share of layers), ranks 1..N-1 each evaluate one
     contiguous slice of the target's layers. Text streams to stdout; a summary (prompt t/s,
-    generation t/s, TTFT, ITL) goes to stderr.
+    generation t/s, TTFT, ITL) goes to stderr, after rank 0's progress lines (-q: neither).
 
     Sampling with --temp > 0 stays lossless under speculation: at every position the target
     samples a token from its own distribution (one draw per position, in order, so a seed
@@ -299,27 +308,27 @@ def run(model, draft, prompt, prompt_file, n_predict, n_ctx, n_batch, seed, temp
     prompt's logits) over the time from the end of prefill to the last token; TTFT is the
     time from the end of prefill to that second token; ITL the mean gap between tokens.
     """
+    from .mpi_transport import world
     from .runner import RunConfig, main as run_main
     from .sampling import SamplingParams
     from .strategies import SpecOptions
 
+    setup_logging(verbose, quiet, rank=world()[0])
     if partitions * n_parallel > 254:  # + sequence 0 and the graveyard: llama.cpp's 256
-        _fail("--partitions x --n-parallel must be at most 254 (llama.cpp's sequence limit)", 2)
+        raise Failure("--partitions x --n-parallel must be at most 254 (llama.cpp's sequence "
+                      "limit)", 2)
     if strategy == "specpipe" and tree_width > n_batch:
-        _fail(f"--tree-width ({tree_width}) must be at most the batch size (-b {n_batch}): "
-              "a tree level is evaluated in one batch", 2)
-    logging.basicConfig(level=logging.DEBUG if verbose else logging.WARNING,
-                        format="%(relativeCreated)9.1f ms %(name)s: %(message)s")
-
+        raise Failure(f"--tree-width ({tree_width}) must be at most the batch size (-b "
+                      f"{n_batch}): a tree level is evaluated in one batch", 2)
     if (prompt is None) == (prompt_file is None):
-        _fail("give the prompt with exactly one of -p or -f", 2)
+        raise Failure("give the prompt with exactly one of -p or -f", 2)
     if prompt_file is not None:
         prompt = ""  # only the head (rank 0) uses the prompt: workers' hosts need no copy
-        if not _launcher_rank():
+        if not supervisor.launcher_rank():
             try:
                 prompt = Path(prompt_file).read_text(encoding="utf-8")
             except OSError as err:
-                _fail(f"cannot read prompt file {prompt_file}: {err.strerror}", 2)
+                raise Failure(f"cannot read prompt file {prompt_file}: {err.strerror}", 2)
     cfg = RunConfig(model=model, prompt=prompt, n_predict=n_predict, n_ctx=n_ctx,
                     n_batch=n_batch, draft=(draft[0] if len(draft) == 1 else draft) or None,
                     strategy=strategy, split=split[0], draft_ranks=split[1],
@@ -331,7 +340,7 @@ def run(model, draft, prompt, prompt_file, n_predict, n_ctx, n_batch, seed, temp
                                      p_floor=p_floor),
                     ignore_eos=ignore_eos, chat=chat, csv=csv_path, json=as_json,
                     verbose=verbose, label=label, repack=not no_repack, trace=trace_path)
-    sys.exit(run_main(cfg))
+    sys.exit(run_main(cfg, summary=not quiet))
 
 
 @main.command(context_settings={"show_default": True})
@@ -339,26 +348,24 @@ def run(model, draft, prompt, prompt_file, n_predict, n_ctx, n_batch, seed, temp
 @click.option("--layer-split", "split", required=True, callback=_parse_split, help=SPLIT_HELP)
 @click.option("-o", "--out", "out_dir", required=True, type=click.Path(file_okay=False),
               help="Directory for stage-NN.gguf files and manifest.json.")
-def split(model, split, out_dir):
+@_verbosity()
+def split(model, split, out_dir, verbose, quiet):
     """Cut a model into one GGUF file per rank (plus manifest.json). Non-final stages get a
     one-row vocabulary so no output head is computed for nothing."""
     from .models import ModelError, resolve_model
     from .partition import partition
     from .slicing import model_info, read_model, split_model
 
+    setup_logging(verbose, quiet)
     try:
-        path = resolve_model(model, progress=_echo)
+        path = resolve_model(model)
         ranges = partition(model_info(read_model(path), path).n_layer, list(split))
-        manifest = split_model(path, ranges, out_dir, progress=_echo)
+        manifest = split_model(path, ranges, out_dir)
     except (ModelError, PartitionError) as err:
-        _fail(str(err))
+        raise Failure(str(err))
     for r in ranges:
         click.echo(str(r))
     click.echo(f"wrote {manifest}")
-
-
-def _echo(message: str) -> None:
-    click.echo(message, err=True)
 
 
 @main.group()
@@ -368,21 +375,18 @@ def models() -> None:
 
 @models.command("fetch")
 @click.argument("names", nargs=-1, required=True)
-def models_fetch(names):
+@_verbosity()
+def models_fetch(names, verbose, quiet):
     """Fetch models into the cache (smollm2, qwen-coder, qwen-coder-1.5b, qwen-coder-0.5b).
     A no-op for models already present."""
     from .models import ModelError, fetch
 
+    setup_logging(verbose, quiet)
     for name in names:
         try:
-            for path in _as_list(fetch(name, progress=_echo)):
-                click.echo(str(path))
+            click.echo(str(fetch(name)))  # an alias's first model, as resolve_model gives it
         except ModelError as err:
-            _fail(str(err))
-
-
-def _as_list(value):
-    return value if isinstance(value, (list, tuple)) else [value]
+            raise Failure(str(err))
 
 
 @models.command("list")

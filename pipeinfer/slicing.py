@@ -3,12 +3,14 @@
 A stage file holds layers [first, last) of the source, renumbered from 0, with
 `{arch}.block_count` set to the slice length. Non-final stages also get a one-row vocabulary
 (no tokenizer, zero `token_embd`/`output` of shape [1, n_embd]) so llama.cpp does not compute
-a full output head whose result nobody reads.
+a full output head whose result nobody reads. Progress is logged: a stage file written
+(INFO), every 64th tensor (DEBUG).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import mmap
 import os
 import re
@@ -26,6 +28,8 @@ from .partition import StageRange
 # Architectures whose layers are all alike, so any contiguous slice is a valid model. Others
 # (gemma2/3 with sliding-window patterns, per-layer head counts, ...) are refused.
 UNIFORM_ARCHS = frozenset({"llama", "qwen2", "qwen3", "mistral3", "granite", "internlm2"})
+
+log = logging.getLogger(__name__)
 
 _BLOCK_NAME = re.compile(r"^blk\.(\d+)\.(.+)$")
 _TOKEN_EMBD = TENSOR_NAMES[MODEL_TENSOR.TOKEN_EMBD] + ".weight"
@@ -92,8 +96,8 @@ def _info(fields: dict, shapes: dict, path) -> ModelInfo:
     return ModelInfo(str(path), arch, n_layer, n_embd, int(shapes[_TOKEN_EMBD][1]))
 
 
-def write_stage(source: Header | GGUFReader, info: ModelInfo, stage: StageRange, dst: Path,
-                progress: Callable[[str], None] | None = None) -> None:
+def write_stage(source: Header | GGUFReader, info: ModelInfo, stage: StageRange,
+                dst: Path) -> None:
     """Write the stage file for `stage` to `dst` (written to a temporary name, then renamed).
 
     `source` is the model's parsed header (open_model) or a GGUFReader of it. Metadata entries
@@ -113,8 +117,7 @@ def write_stage(source: Header | GGUFReader, info: ModelInfo, stage: StageRange,
                 mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as buf, \
                 open(tmp, "wb") as out:
             _write_gguf(out, buf, kvs, tensors, header.alignment,
-                        progress and (lambda i: progress(f"{dst.name}: tensor {i + 1}/"
-                                                         f"{len(tensors)}")))
+                        lambda i: log.debug("%s: tensor %d/%d", dst.name, i + 1, len(tensors)))
         os.replace(tmp, dst)
     finally:
         if tmp.exists():
@@ -157,7 +160,7 @@ def _stage_tensors(header: Header, info: ModelInfo, stage: StageRange) -> list:
 
 
 def _write_gguf(out, buf, kvs: list, tensors: list, align: int,
-                progress: Callable[[int], None] | None) -> None:
+                progress: Callable[[int], None]) -> None:
     """A GGUF v3 file from metadata entries and tensors as _stage_kvs/_stage_tensors give
     them; spans are copied from `buf` (the source, memory-mapped) without an in-memory copy."""
     infos, rel = [], 0
@@ -182,7 +185,7 @@ def _write_gguf(out, buf, kvs: list, tensors: list, align: int,
             else:
                 out.write(data)
             out.write(bytes(_pad(_size(data), align) - _size(data)))
-            if progress and i % 64 == 0:
+            if i % 64 == 0:
                 progress(i)
 
 
@@ -211,8 +214,8 @@ def _kv_string(value: str) -> bytes:
     return struct.pack("<I", GGUFValueType.STRING) + _string(value)
 
 
-def split_model(path: str | os.PathLike, stages: list[StageRange], out_dir: str | os.PathLike,
-                progress: Callable[[str], None] | None = None) -> Path:
+def split_model(path: str | os.PathLike, stages: list[StageRange],
+                out_dir: str | os.PathLike) -> Path:
     """Write every stage of `stages` plus manifest.json into out_dir; return the manifest path."""
     header = open_model(path)
     info = model_info(header, path)
@@ -225,9 +228,8 @@ def split_model(path: str | os.PathLike, stages: list[StageRange], out_dir: str 
         if stage.n_layer == 0:
             entries.append({**asdict(stage), "file": None})
             continue
-        if progress:
-            progress(f"writing {dst} ({stage})")
-        write_stage(header, info, stage, dst, progress)
+        log.info("writing %s (%s)", dst, stage)
+        write_stage(header, info, stage, dst)
         entries.append({**asdict(stage), "file": dst.name})
     manifest = out / "manifest.json"
     manifest.write_text(json.dumps({"source": str(Path(path).resolve()), "arch": info.arch,

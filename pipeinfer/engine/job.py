@@ -10,12 +10,13 @@
 `Job.start` raises StartFailed on every rank when any rank failed to load (the message names
 the rank); failures while running raise on the head (RankFailed names the rank), and a worker
 reports its own to the head before it returns. The CLI (runner.py) sits on top of this.
+Progress (fetching, slicing) is logged at INFO by the modules doing it, tracebacks at DEBUG.
 """
 
 from __future__ import annotations
 
+import logging
 import os
-import traceback
 from typing import Callable
 
 from ..hierarchy import Level
@@ -31,6 +32,9 @@ from .setup import SETUP_ERRORS, HeadSetup, head_setup, load_draft_rank_stage, l
 from .trace import Trace
 
 
+log = logging.getLogger(__name__)
+
+
 class StartFailed(Exception):
     """A rank could not load its part of the job; the message names it."""
 
@@ -40,9 +44,8 @@ RUN_ERRORS = (RankFailed, LlamaError)          # expected while a job runs
 
 def describe(err: Exception, verbose: int = 0, known: tuple = RUN_ERRORS) -> str:
     """The one-line report of an error: its message if it is of a `known` kind, else (a bug)
-    its type too; with `verbose` the traceback is printed."""
-    if verbose:
-        traceback.print_exc()
+    its type too, and a hint unless `verbose`; its traceback is logged (DEBUG, shown by -v)."""
+    log.debug("traceback of %s: %s", type(err).__name__, err, exc_info=err)
     if isinstance(err, known):
         return str(err)
     return f"internal error: {type(err).__name__}: {err}" + ("" if verbose else
@@ -72,8 +75,7 @@ class Job:
         return self.link.rank == 0
 
     @classmethod
-    def start(cls, cfg: RunConfig, say: Callable[[str], None] = lambda m: None,
-              check: Callable[[], None] | None = None) -> "Job":
+    def start(cls, cfg: RunConfig, check: Callable[[], None] | None = None) -> "Job":
         """Every rank: load this rank's part, then agree with the others that all are ready
         (a rank that failed ends the job everywhere with its message) and measure the clock
         offsets of the other ranks (for traces). `check` runs first on the head (e.g. that
@@ -84,12 +86,12 @@ class Job:
         try:
             if rank == 0 and check is not None:
                 check()
-            ranges, model = plan(cfg, size, say)
+            ranges, model = plan(cfg, size)
             n_pipeline = cfg.n_pipeline(size)
             if rank >= n_pipeline:
                 stage = load_draft_rank_stage(cfg, model, rank, n_pipeline)
             else:
-                stage = load_stage(cfg, model, ranges[rank], n_pipeline, say)
+                stage = load_stage(cfg, model, ranges[rank], n_pipeline)
             if rank == 0:
                 setup = head_setup(cfg, model, stage, size)
         except SETUP_ERRORS as err:

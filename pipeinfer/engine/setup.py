@@ -1,6 +1,6 @@
 """Loading one rank's part of a job: the layer split, the rank's stage (a slice of the
 target, or a draft model of its own), and on the head the tokenizer, prompt, pipeline,
-draft model(s) and KV partitions."""
+draft model(s) and KV partitions. Fetching and slicing log their progress themselves."""
 
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ class HeadSetup:
     pool: PartitionPool | None
 
 
-def plan(cfg: RunConfig, size: int, say) -> tuple[list[StageRange], Path]:
+def plan(cfg: RunConfig, size: int) -> tuple[list[StageRange], Path]:
     if cfg.strategy not in STRATEGY_NAMES:
         raise ValueError(f"unknown strategy {cfg.strategy!r}")
     if cfg.strategy in NEEDS_DRAFT and not cfg.draft:
@@ -47,7 +47,7 @@ def plan(cfg: RunConfig, size: int, say) -> tuple[list[StageRange], Path]:
                              f"{size} ranks; give one fraction per rank")
     if len(cfg.threads) not in (1, size):
         raise ValueError(f"-t has {len(cfg.threads)} values for {size} ranks")
-    model = resolve_model(cfg.model, progress=say)
+    model = resolve_model(cfg.model)
     info = model_info(read_model(model), model)
     return partition(info.n_layer, fractions), model
 
@@ -77,7 +77,7 @@ def load_draft_rank_stage(cfg: RunConfig, model: Path, rank: int, n_pipeline: in
         tokenizer.close()
 
 
-def load_stage(cfg: RunConfig, model: Path, rng: StageRange, size: int, say) -> Stage | None:
+def load_stage(cfg: RunConfig, model: Path, rng: StageRange, size: int) -> Stage | None:
     if rng.n_layer == 0:
         return None
     pool = cfg.pool()
@@ -87,7 +87,7 @@ def load_stage(cfg: RunConfig, model: Path, rng: StageRange, size: int, say) -> 
     label = f"rank {rng.rank} layers [{rng.first},{rng.last})"
     if size == 1:
         return Stage(model, config, final=True, label=label)
-    return Stage(stage_file(model, rng, say), config, final=rng.final, label=label)
+    return Stage(stage_file(model, rng), config, final=rng.final, label=label)
 
 
 def head_setup(cfg: RunConfig, model: Path, stage: Stage | None, size: int) -> HeadSetup:
