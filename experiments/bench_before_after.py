@@ -34,7 +34,7 @@ VARIANTS = {"iterative": ["--strategy", "iterative"],
             "pipeinfer -pr0 -pd0": ["--strategy", "pipeinfer", "-pr", "0", "-pd", "0"],
             # the last stage also computes the output matrix (about five layers' worth of
             # Qwen2.5-Coder 1.5B): a split that gives it fewer layers balances the stages
-            "pipeinfer split 0,.4,.4,.2": ["--strategy", "pipeinfer",
+            "pipeinfer split 0/.4/.4/.2": ["--strategy", "pipeinfer",
                                            "--layer-split", "0,0.4,0.4,0.2"]}
 LAUNCH = "import sys; sys.argv[0] = 'pipeinfer'; from pipeinfer.cli import main; main()"
 
