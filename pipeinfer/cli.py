@@ -235,8 +235,8 @@ def _verbosity(verbose_help: str = "Also detail (debug messages).",
               help="Most branches per draft tree.")
 @click.option("-pr", "--p-recovery", default=0.05, type=float,
               help="pipeinfer: the cutoff (-pa + p_adjust) rises by this per speculative run "
-                   "started; p_adjust is reset to 0 when a speculative run's drafted tokens "
-                   "are accepted.")
+                   "started; p_adjust is reset to 0 whenever a speculative run is verified "
+                   "(its guess was right).")
 @click.option("-pd", "--p-decay", default=0.01, type=float,
               help="pipeinfer: the cutoff falls by this per draft attempt that found no token "
                    "above it (once per attempt of the draft model, not per idle poll), down "
