@@ -22,6 +22,7 @@ from pathlib import Path  # noqa: E402
 import click  # noqa: E402
 
 from .partition import PartitionError, parse_layer_split, parse_split  # noqa: E402
+from .schedule.cutoff import FLOOR  # noqa: E402
 
 
 # --- messages: every module logs to "pipeinfer.<module>"; here is how they show ------------
@@ -241,10 +242,9 @@ def _verbosity(verbose_help: str = "Also detail (debug messages).",
               help="pipeinfer: the cutoff falls by this per draft attempt that found no token "
                    "above it (once per attempt of the draft model, not per idle poll), down "
                    "to --p-floor.")
-@click.option("--p-floor", default=0.1, type=click.FloatRange(0, 1),
+@click.option("--p-floor", default=FLOOR, type=click.FloatRange(0, 1),
               help="pipeinfer: the cutoff never decays below this (or -pa, if lower): a draft "
-                   "token less likely than that is rarely the target's, and an unbounded "
-                   "decay would switch the cutoff off.")
+                   "token less likely is rarely the target's; unbounded, decay ends the cutoff.")
 @click.option("--max-runs", default=6, type=click.IntRange(2, 64),
               help="pipeinfer: most runs in flight in the target pipeline at once. specpipe: "
                    "tree levels in flight are the number of target stages + 1, at most this.")
