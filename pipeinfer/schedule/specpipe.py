@@ -13,30 +13,23 @@ context is all accepted tokens). t is accepted; if t is a child of A (a *hit*) t
 rerooted to it and runs holding no surviving node are cancelled (others compute pruned rows,
 ignored); else (a *miss*) every run in flight is cancelled and a new tree starts at t.
 
-Sequence ids. Target: sequence 0 holds accepted tokens only; the beam slots are the pool's
-one partition of width --tree-width, its graveyard receives dropped entries. A slot holds the
-context and the path from the root to its beam's bottom. A root is decoded in (0, slot 0); a
-node in its own slot only; a child branching into another slot first gets that slot cleared
-(seq_cp to the graveyard, seq_rm) and the parent's path copied in. On a hit the accepted
-node's entry is copied from a slot holding it into sequence 0, so sequence 0 holds [0, c0),
-c0 one past the newest accepted node whose entry is still held (a node on a dead beam may
-have lost its entries: the next root decodes it again). Cells are never freed during a
-generation, so each sequence's cells stay in position order and logits stay bit-exact.
-Draft: sequence 0 holds the accepted context, slot i is sequence 1+i (width+1 sequences);
-branch copies mirror the target's, one job late; its cells may be reused.
+KV sequences (slots, copies, the draft's mirror of them): specpipe_kv.py. On a hit the
+accepted node's entry moves into sequence 0 if a slot still holds it (else the next root
+decodes it again).
 """
 
 from __future__ import annotations
 
 from collections import deque
 
-from ..transaction import seq_cp, seq_rm
+from ..transaction import seq_cp
 from .actions import CancelRuns, EmitTokens, KvOps, WarmDraft
 from .core import Scheduler
 from .generation import CANONICAL_SEQ
 from .runs import Node, Run
+from .specpipe_kv import BeamSlots
 from .specpipe_tree import BeamTree
-from .tree_draft import Adopt, StartTreeDraft, TreeDraftJob
+from .tree_draft import StartTreeDraft
 
 
 class SpecPipe(Scheduler):
@@ -49,17 +42,10 @@ class SpecPipe(Scheduler):
         self.tree = BeamTree(o.tree_width, o.tree_k)
         self.depth = max(2, min(o.max_runs, self.limits.n_stages + 1))
         self.pos_limit = min(len(req.prompt) + req.n_predict, self.limits.n_ctx) - 1
-        self.holding: set[int] = set()        # slots whose target sequences may hold entries
+        self.kv = BeamSlots(self.slots, self.pool.graveyard, o.tree_width)
         self.job: tuple[int, list[int]] | None = None  # the job out: id, node of each row
-        self.n_jobs = 0
         self.logits: dict | None = None       # node -> draft logits, known for every bottom
-        self.dops: list = []                  # draft KV ops for the next job
-        self.dsync: tuple | None = None       # (root, accepted tokens) for the next job
-        self.dheld = 0                        # tokens draft sequence 0 holds after the jobs
         self.held: deque = deque()            # results waiting for the job out
-
-    def dseq(self, slot: int) -> int:
-        return 1 + slot
 
     # --- hooks ---------------------------------------------------------------------------
     def on_start(self) -> None:
@@ -92,12 +78,11 @@ class SpecPipe(Scheduler):
         stage clears the slots after the runs sent before, so they are free for what follows."""
         while self.held:
             self.spec.discard(self.held.popleft())
-        ops = [op for slot in sorted(self.holding) for op in self._clear(slot)]
+        ops = self.kv.clear_all()
         if ops:
             self.spec.emit(KvOps(tuple(ops)))
-        if self.n_jobs:   # pending draft ops are moot (an Adopt left out keeps seq 0 whole)
-            rm = tuple(seq_rm(self.dseq(s)) for s in range(self.tree.width))
-            self.spec.emit(StartTreeDraft(TreeDraftJob(self.n_jobs, rm, ())))
+        if (job := self.kv.final_job()) is not None:
+            self.spec.emit(StartTreeDraft(job))
         self.pool.give_back(self.slots)
 
     # --- growing -------------------------------------------------------------------------
@@ -136,34 +121,22 @@ class SpecPipe(Scheduler):
     def _submit(self) -> None:
         tree = self.tree
         todo = [(s, b) for s, b in sorted(tree.bottom.items()) if not tree.nodes[b].draft_done]
-        decodes = tuple((self.dseq(s), tree.nodes[b].pos, tree.nodes[b].token) for s, b in todo)
-        ids = [b for _, b in todo]
-        for b in ids:
+        for _, b in todo:
             tree.nodes[b].draft_done = True
-        root, sync = self.dsync or (None, None)
-        if sync is not None:
-            ids.append(root)
-        job = TreeDraftJob(self.n_jobs, tuple(self.dops), decodes, sync)
-        self.n_jobs += 1
-        self.job, self.dsync = (job.job_id, ids), None
-        # slot 0 of a new tree continues the context the sync leaves in sequence 0
-        self.dops = [] if sync is None else [seq_rm(self.dseq(0)),
-                                             seq_cp(0, self.dseq(0), -1, len(sync))]
+        job, root = self.kv.job(tuple((self.kv.dseq(s), tree.nodes[b].pos,
+                                       tree.nodes[b].token) for s, b in todo))
+        self.job = (job.job_id, [b for _, b in todo] + ([root] if root is not None else []))
         self.spec.emit(StartTreeDraft(job))
 
     def _grow(self) -> None:
         tree, logits, self.logits = self.tree, self.logits, None
         parent_slot = {b: s for s, b in tree.bottom.items()}
         children = tree.choose(logits)
-        ops = []
-        for c in [c for c in children if c.copy]:
-            pos, src = tree.nodes[c.parent].pos + 1, parent_slot[c.parent]
-            ops += self._clear(c.slot)
-            ops.append(seq_cp(self.slots[src], self.slots[c.slot], -1, pos))
-            self.dops += [seq_rm(self.dseq(c.slot)),
-                          seq_cp(self.dseq(src), self.dseq(c.slot), -1, pos)]
+        ops = [op for c in children if c.copy
+               for op in self.kv.branch(parent_slot[c.parent], c.slot,
+                                        tree.nodes[c.parent].pos + 1)]
         ids = tree.grow(children)
-        self.holding.update(c.slot for c in children)
+        self.kv.holding.update(c.slot for c in children)
         nodes = [Node(c.token, -1, 0, (self.slots[c.slot],)) for c in children]
         # (no single context: the tree holds each row's path)
         self.spec.launch(Run(self.gen.next_run_id(), tree.nodes[ids[0]].pos, (), nodes,
@@ -181,29 +154,14 @@ class SpecPipe(Scheduler):
         if p + 2 - c0 > spec.kv_free:
             self.stop("kv-cache")
             return
-        ops = [op for slot in sorted(self.holding) for op in self._clear(slot)]
-        ops.append(seq_cp(CANONICAL_SEQ, self.slots[0], -1, c0))
         root = self.tree.reset(accepted[p], p)
-        seqs, n_batch = (CANONICAL_SEQ, self.slots[0]), self.limits.n_batch
-        for start in range(c0, p + 1, n_batch):
-            chunk = accepted[start:min(start + n_batch, p + 1)]
-            last = start + len(chunk) == p + 1   # its last row evaluates the root
-            spec.launch(Run(self.gen.next_run_id(), start, tuple(accepted[:start]),
-                            [Node(t, i - 1, i, seqs) for i, t in enumerate(chunk)],
-                            speculative=False, prefill=True, final_chunk=last,
-                            tree_ids=(root,) if last else ()), ops)
-            ops = []
+        ops = self.kv.new_root(c0, root, tuple(accepted))
+        # its last row evaluates the root
+        spec.chain(accepted, c0, p + 1, (CANONICAL_SEQ, self.slots[0]), self.limits.n_batch,
+                   ops, (root,))
         spec.c0 = p + 1
-        self.holding.add(0)
         self.tree.nodes[root].draft_done = True   # its logits are the sync's
-        self.dsync, self.dheld, self.logits = (root, tuple(accepted)), p + 1, None
-
-    def _clear(self, slot: int) -> list:
-        if slot not in self.holding:
-            return []
-        self.holding.discard(slot)
-        s = self.slots[slot]
-        return [seq_cp(s, self.pool.graveyard), seq_rm(s)]
+        self.logits = None
 
     # --- results -------------------------------------------------------------------------
     def _absorb(self, result) -> None:
@@ -239,9 +197,8 @@ class SpecPipe(Scheduler):
         if slot is not None and self.spec.c0 == pos:
             self.spec.emit(KvOps((seq_cp(self.slots[slot], CANONICAL_SEQ, pos, pos + 1),)))
             self.spec.c0 = pos + 1
-        if slot is not None and tree.nodes[child].draft_done and self.dheld == pos:
-            self.dops.append(Adopt(self.dseq(slot), tree.nodes[child].token))
-            self.dheld += 1
+        if slot is not None and tree.nodes[child].draft_done:
+            self.kv.adopt(slot, tree.nodes[child].token, pos)
         tree.reroot(child)
         self._cancel([r for r in self.spec.live() if r.max_pos > pos
                       and not any(n in tree.nodes for n in r.tree_ids)])

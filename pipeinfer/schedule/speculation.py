@@ -100,14 +100,23 @@ class Speculation:
     def prefill(self, n_batch: int) -> None:
         """The prompt in chunks of at most n_batch tokens, all in flight at once, into
         sequence 0; the last chunk's last row gives the first token."""
-        prompt = self.gen.request.prompt
-        for start in range(0, len(prompt), n_batch):
-            chunk = prompt[start:start + n_batch]
-            nodes = [Node(t, i - 1, i, (CANONICAL_SEQ,)) for i, t in enumerate(chunk)]
-            run = Run(self.gen.next_run_id(), start, tuple(prompt[:start]), nodes,
-                      speculative=False, prefill=True,
-                      final_chunk=start + n_batch >= len(prompt))
-            self.launch(run, [], count_cells=False)
+        self.chain(self.gen.request.prompt, 0, len(self.gen.request.prompt), (CANONICAL_SEQ,),
+                   n_batch, count_cells=False)
+
+    def chain(self, tokens, start: int, end: int, seqs: tuple[int, ...], n_batch: int,
+              ops: list = (), tree_ids: tuple[int, ...] = (), count_cells: bool = True) -> None:
+        """Runs of tokens[start:end] at their positions in sequences `seqs`, in chunks of at
+        most n_batch (after KV ops `ops`); only the last chunk's last row is output (its
+        tree node: `tree_ids`)."""
+        for first in range(start, end, n_batch):
+            chunk = tokens[first:min(first + n_batch, end)]
+            last = first + len(chunk) == end
+            run = Run(self.gen.next_run_id(), first, tuple(tokens[:first]),
+                      [Node(t, i - 1, i, seqs) for i, t in enumerate(chunk)],
+                      speculative=False, prefill=True, final_chunk=last,
+                      tree_ids=tree_ids if last else ())
+            self.launch(run, list(ops), count_cells=count_cells)
+            ops = []
 
     def start_main(self) -> Run:
         """A non-speculative run of the pending token, in sequence 0."""
