@@ -1,4 +1,6 @@
-"""`--trace FILE`: one JSON line per event, action and stage span, for timelines.
+"""`--trace FILE`: one JSON line per event, action and stage span, for timelines (a Tick, the
+driver's "nothing new", is written only when the scheduler did something on it: an idle head
+ticks thousands of times a second).
 
 Times are seconds of the head's time.monotonic() clock; spans of other ranks are converted
 to it with the offsets measured at start-up. pipeinfer/timeline.py reads and draws the file.
