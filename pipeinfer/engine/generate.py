@@ -34,8 +34,8 @@ def generate(strategy: str, pipe: Pipeline, gen: Generation, sampler, cfg, draft
         driver.drafts = TreeDrafts(drafter)
     elif drafter is not None and strategy != "iterative":
         opts = cfg.spec
-        params = DraftParams(scheduler.batch.limit if hasattr(scheduler, "batch")
-                             else opts.draft, opts.p_split, opts.n_parallel)
+        # (a job's depth is its own budget, which the scheduler sets: not params.max_tokens)
+        params = DraftParams(opts.draft, opts.p_split, opts.n_parallel)
         threaded = strategy == "pipeinfer" and opts.draft_thread
         driver.drafts = (ThreadedDrafts(drafter, params) if threaded else
                          InlineDrafts(drafter, params, driver.should_stop_draft))
