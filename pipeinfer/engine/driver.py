@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import Iterator
 
 from ..backoff import IdleBackoff
 from ..head import Pipeline
 from ..schedule import actions as A
 from ..schedule.core import Scheduler
-from ..schedule.events import ResultArrived, Start, Tick
+from ..schedule.events import Cancel, ResultArrived, Start, Tick
 from ..schedule.generation import Generation
 from ..schedule.tree_draft import StartTreeDraft
 from .trace import Trace
@@ -33,7 +34,15 @@ class Driver:
 
     def run(self) -> None:
         """The whole generation: start, turns until Finish, drain."""
+        for _ in self.stream():
+            pass
+
+    def stream(self) -> Iterator[int]:
+        """The generation, yielding its tokens as they are accepted. A consumer that stops
+        early cancels it (the runs in flight are drained all the same); after an error
+        nothing is drained (a rank may be gone)."""
         self.gen.timeline.start = time.perf_counter()
+        seen = 0
         try:
             self.feed(Start())
             backoff = IdleBackoff()
@@ -42,6 +51,11 @@ class Driver:
                     backoff.reset()
                 else:
                     backoff.wait()
+                while seen < len(self.gen.tokens):
+                    seen += 1
+                    yield self.gen.tokens[seen - 1]
+        except GeneratorExit:
+            self.feed(Cancel())
         finally:
             if self.drafts is not None:
                 self.drafts.close()

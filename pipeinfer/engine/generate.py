@@ -21,10 +21,10 @@ SCHEDULERS = {"iterative": Iterative, "speculative": Speculative, "pipeinfer": P
               "pipespec": PipeSpec, "specpipe": SpecPipe}
 
 
-def generate(strategy: str, pipe: Pipeline, gen: Generation, sampler, cfg, drafter=None,
-             pool=None, trace: Trace | None = None) -> None:
-    """Run `gen` to its end with `strategy` (a key of SCHEDULERS); `cfg` gives n_batch,
-    n_ctx, kv_size and the SpecOptions (`cfg.spec`)."""
+def driver_for(strategy: str, pipe: Pipeline, gen: Generation, sampler, cfg, drafter=None,
+               pool=None, trace: Trace | None = None) -> Driver:
+    """The driver of `gen` with `strategy` (a key of SCHEDULERS) and its draft executor;
+    `cfg` gives n_batch, n_ctx, kv_size and the SpecOptions (`cfg.spec`)."""
     limits = Limits(cfg.n_batch, cfg.n_ctx, cfg.kv_size, pipe.n_stages)
     scheduler = SCHEDULERS[strategy](gen, sampler, limits, cfg.spec, pool)
     driver = Driver(pipe, scheduler, gen, trace=trace)
@@ -39,7 +39,12 @@ def generate(strategy: str, pipe: Pipeline, gen: Generation, sampler, cfg, draft
         threaded = strategy == "pipeinfer" and opts.draft_thread
         driver.drafts = (ThreadedDrafts(drafter, params) if threaded else
                          InlineDrafts(drafter, params, driver.should_stop_draft))
-    driver.run()
+    return driver
+
+
+def generate(*args, **kw) -> None:
+    """Run a generation to its end (the arguments of driver_for)."""
+    driver_for(*args, **kw).run()
 
 
 def strategy_runner(strategy: str):

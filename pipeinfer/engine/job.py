@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Callable
+from typing import Callable, Iterator
 
 from ..hierarchy import Level
 from ..hierarchy_remote import DraftRank
@@ -28,6 +28,7 @@ from ..schedule.generation import Generation, Request
 from ..strategies import STRATEGIES
 from ..worker import Worker
 from .config import RunConfig
+from .generate import driver_for
 from .setup import SETUP_ERRORS, HeadSetup, head_setup, load_draft_rank_stage, load_stage, plan
 from .trace import Trace
 
@@ -146,14 +147,27 @@ class Head:
         """Generate from the job's prompt until a stop condition; `on_token` gets every
         accepted token as it is accepted. Returns the generation (tokens, timeline,
         counters, stop reason)."""
+        self.gen = self._generation(on_token)
+        cfg = self.cfg
+        STRATEGIES[cfg.strategy](self.setup.pipeline, self.gen, Sampler(cfg.sampling), cfg,
+                                 self.setup.drafter, self.setup.pool, trace=self.trace)
+        return self.gen
+
+    def stream(self) -> Iterator[int]:
+        """The job's generation token by token as they are accepted (`self.gen` holds the
+        rest); leaving the loop early cancels the generation (stop reason "cancelled")."""
+        self.gen = self._generation(lambda t: None)
+        cfg = self.cfg
+        yield from driver_for(cfg.strategy, self.setup.pipeline, self.gen,
+                              Sampler(cfg.sampling), cfg, self.setup.drafter, self.setup.pool,
+                              self.trace).stream()
+
+    def _generation(self, on_token: Callable[[int], None]) -> Generation:
         if self.gen is not None:
             raise RuntimeError("a job runs one generation")
         cfg = self.cfg
         request = Request(tuple(self.setup.prompt), cfg.n_predict, cfg.n_ctx, cfg.ignore_eos)
-        self.gen = Generation(request, self.setup.tokenizer.is_eog, on_token)
-        STRATEGIES[cfg.strategy](self.setup.pipeline, self.gen, Sampler(cfg.sampling), cfg,
-                                 self.setup.drafter, self.setup.pool, trace=self.trace)
-        return self.gen
+        return Generation(request, self.setup.tokenizer.is_eog, on_token)
 
     def shutdown(self) -> list[dict]:
         """Stop every worker; their statistics (rank order). Their stage spans go into the
