@@ -25,7 +25,7 @@ from typing import Sequence
 
 import numpy as np
 
-from .schedule.buffers import merge, proposal
+from .schedule.buffers import merge
 from .stage import Stage
 
 
@@ -208,9 +208,10 @@ class Hierarchy:
         for level in self.levels:
             level.set_out(list(accepted), rollback=False)
 
-    def proposal(self, context: Sequence[int], limit: int) -> list[int]:
-        """Tokens of O(k-1) continuing `context` (at most `limit`)."""
-        return proposal(self.top.out, context, limit)
+    @property
+    def buffer(self) -> list[int]:
+        """O(k-1): the last draft model's buffer, what the target verifies."""
+        return self.top.out
 
     # --- work -----------------------------------------------------------------------------------
     def step(self, horizon: int) -> bool:

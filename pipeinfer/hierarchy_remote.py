@@ -27,7 +27,7 @@ from typing import Protocol, Sequence
 
 from .backoff import Backoff, IdleBackoff
 from .hierarchy import Level
-from .schedule.buffers import extends, merge, proposal
+from .schedule.buffers import extends, merge
 
 SYNC, BUFFER, ROLLBACK, STOP, END = range(5)
 HEAD = 0
@@ -78,8 +78,10 @@ class RemoteHierarchy:
             self._send_sync(horizon)
         return self._receive()
 
-    def proposal(self, context: Sequence[int], limit: int) -> list[int]:
-        return proposal(self.top, context, limit)
+    @property
+    def buffer(self) -> list[int]:
+        """M(k-1)'s newest buffer, as the last draft rank sent it."""
+        return self.top
 
     def finish(self, accepted: Sequence[int]) -> None:
         """Stop every draft rank (their KV is trimmed to `accepted`) and collect statistics."""

@@ -73,8 +73,7 @@ class HierarchyDrafts:
         if not self._changed:
             return None
         self._changed = False
-        top = self.hier.top.out if isinstance(self.hier, Hierarchy) else self.hier.top
-        return DraftsStepped(tuple(top))
+        return DraftsStepped(tuple(self.hier.buffer))
 
     def stop(self, job_id: int) -> None:
         pass

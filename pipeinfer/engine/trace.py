@@ -26,7 +26,7 @@ def _fields(record) -> dict:
         return {"runs": list(record.run_ids)}
     if isinstance(record, A.EmitTokens):
         return {"run": record.run_id, "tokens": list(record.tokens)}
-    if isinstance(record, (A.StartDraft,)):
+    if isinstance(record, A.StartDraft):
         job = record.job
         return {"job": job.job_id, "cutoff": round(job.cutoff, 6), "budget": job.budget,
                 "context": len(job.context)}

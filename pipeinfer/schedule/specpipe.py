@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections import deque
 
 from ..transaction import seq_cp
-from .actions import CancelRuns, EmitTokens, KvOps, WarmDraft
+from .actions import CancelRuns, KvOps, WarmDraft
 from .core import Scheduler
 from .generation import CANONICAL_SEQ
 from .runs import Node, Run
@@ -178,9 +178,7 @@ class SpecPipe(Scheduler):
         child = tree.child_with(node, token)
         cnt.tree_hits += child is not None
         cnt.n_accepted += child is not None
-        taken = self.gen.accept([token])
-        if taken:
-            self.spec.emit(EmitTokens(tuple(taken), run.run_id))
+        self.spec.accept([token], run.run_id)
         if self.gen.done:
             return
         if child is not None:

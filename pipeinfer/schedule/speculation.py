@@ -30,11 +30,10 @@ from .runs import Node, Run, RunState, tree_from_branches
 
 @dataclass(frozen=True)
 class Absorbed:
-    """What a result did: its run, whether it was verified, how many drafted tokens of it
-    were accepted, and whether it ended the prefill."""
+    """What a result did: its run, whether it was verified, and whether it ended the
+    prefill."""
     run: Run
     verified: bool = False
-    drafted: int = 0
     prefill_done: bool = False
 
 
@@ -170,20 +169,20 @@ class Speculation:
         run = self.pop(result)
         if run.prefill:
             if run.final_chunk:
-                self._accept([result.token(-1, self.sampler)], run.run_id)
+                self.accept([result.token(-1, self.sampler)], run.run_id)
                 self.c0 = self.pending
             return Absorbed(run, prefill_done=run.final_chunk)
         if run.cancelled or result.cancelled or run.classify(self.accepted) != RunState.VALID:
             self._unverified(run)
             return Absorbed(run)
-        drafted = self._verify(run, result)
+        self._verify(run, result)
         if not self.gen.done:
             self._cancel_useless()
         cover = self.cover()
         if cover is not None and cover.base == self.pending and cover.speculative:
             self.gen.counters.n_accepted += 1  # its root was the draft's guess of this token
             cover.root_credited = True
-        return Absorbed(run, verified=True, drafted=drafted)
+        return Absorbed(run, verified=True)
 
     def discard(self, result) -> None:
         """After the generation: a run still in flight came back; nothing of it is used."""
@@ -201,8 +200,11 @@ class Speculation:
         self.sources.pop(run.run_id, None)
         return run
 
-    def _accept(self, tokens: list[int], run_id: int) -> None:
-        taken = self.gen.accept(tokens)
+    def accept(self, tokens: list[int], run_id: int) -> None:
+        """Accept `tokens` (decided by run `run_id`) up to a stop condition."""
+        self.emit_tokens(self.gen.accept(tokens), run_id)
+
+    def emit_tokens(self, taken: list[int], run_id: int) -> None:
         if taken:
             self.emit(EmitTokens(tuple(taken), run_id))
 
@@ -211,8 +213,8 @@ class Speculation:
         (except a root already counted as accepted)."""
         self.gen.counters.n_unverified += run.guesses - run.root_credited
 
-    def _verify(self, run: Run, result) -> int:
-        """Accept the target's tokens along `run`'s tree; how many drafted ones matched."""
+    def _verify(self, run: Run, result) -> None:
+        """Accept the target's tokens along `run`'s tree."""
         node = run.path_to(self.accepted)
         assert node is not None
         drafted, taken = 0, []
@@ -223,16 +225,15 @@ class Speculation:
             if child is None:
                 break
             node, drafted = child, drafted + 1
-        self.emit(EmitTokens(tuple(taken), run.run_id))
+        self.emit_tokens(taken, run.run_id)
         self.gen.counters.n_accepted += drafted
         if self.gen.done:
-            return drafted
+            return
         # Entries of the accepted path up to the new pending token move into sequence 0.
         end, seq = self.pending, run.nodes[node].seqs[0]
         if seq != CANONICAL_SEQ and end > self.c0:
             self.emit(KvOps((seq_cp(seq, CANONICAL_SEQ, self.c0, end),)))
         self.c0 = max(self.c0, end)
-        return drafted
 
     def _cancel_useless(self) -> None:
         doomed = useless_runs(self.live(), self.accepted)
