@@ -97,8 +97,8 @@ def main() -> int:
     ap.add_argument("--timeout", type=float, default=900)
     args = ap.parse_args()
 
-    from pipeinfer.models import resolve_model
-    from pipeinfer.tokenizer import Tokenizer
+    from pipeinfer.model.models import resolve_model
+    from pipeinfer.model.tokenizer import Tokenizer
 
     path = resolve_model(args.model, progress=lambda m: print(m, file=sys.stderr))
     prompt_tokens = Tokenizer(path).tokenize(args.prompt)

@@ -45,8 +45,8 @@ DEFAULT_CONFIGS = ("iterative", "pipeinfer", "pipespec2", "pipespec3")
 
 def make_m0(m1: Path, layers: int, out_dir: Path) -> Path:
     """The first `layers` layers of the draft model plus its output head (a self-draft)."""
-    from pipeinfer.partition import StageRange
-    from pipeinfer.slicing import model_info, open_model, write_stage
+    from pipeinfer.model.partition import StageRange
+    from pipeinfer.model.slicing import model_info, open_model, write_stage
 
     dst = out_dir / f"{m1.stem}-first{layers}.gguf"
     if not dst.exists():
@@ -130,7 +130,7 @@ def main() -> None:
     parser.add_argument("extra", nargs="*", help="extra pipeinfer run flags (after --)")
     args = parser.parse_args()
 
-    from pipeinfer.models import cache_dir, resolve_model
+    from pipeinfer.model.models import cache_dir, resolve_model
 
     target, m1 = resolve_model(args.target), resolve_model(args.m1)
     work = Path(args.work_dir) if args.work_dir else cache_dir() / "derived"

@@ -29,12 +29,12 @@ from pathlib import Path
 import llama_cpp
 import numpy as np
 
-from pipeinfer import llama_lib
-from pipeinfer.embedding import Embedder
-from pipeinfer.models import resolve_model
-from pipeinfer.partition import StageRange, partition
-from pipeinfer.slicing import model_info, read_model, split_model, write_stage
-from pipeinfer.stage import Stage, StageConfig
+from pipeinfer.model import llama_lib
+from pipeinfer.model.embedding import Embedder
+from pipeinfer.model.models import resolve_model
+from pipeinfer.model.partition import StageRange, partition
+from pipeinfer.model.slicing import model_info, read_model, split_model, write_stage
+from pipeinfer.model.stage import Stage, StageConfig
 
 N_CTX = 512
 N_PREFIX = 64          # decode positions start here, as in DESIGN.md section 10

@@ -58,7 +58,7 @@ def llama_cpp_decode(args, threads: int) -> float:
     """llama-cpp-python alone: greedy decode speed (tokens after the first / time)."""
     code = f"""
 import time, llama_cpp
-from pipeinfer.models import resolve_model
+from pipeinfer.model.models import resolve_model
 llm = llama_cpp.Llama(str(resolve_model({args.model!r})), n_ctx=2048, n_threads={threads},
                       n_threads_batch={threads}, verbose=False)
 toks = llm.tokenize({PROMPT!r}.encode())

@@ -6,7 +6,7 @@ from __future__ import annotations
 import signal
 import sys
 
-from . import supervisor
+from .engine import supervisor
 
 # First of all, before MPI starts: one of several ranks of `pipeinfer run` under a launcher
 # forks; the child goes on as the rank, the parent waits to name it if a signal kills it.
@@ -21,7 +21,7 @@ from pathlib import Path  # noqa: E402
 
 import click  # noqa: E402
 
-from .partition import PartitionError, parse_layer_split, parse_split  # noqa: E402
+from .model.partition import PartitionError, parse_layer_split, parse_split  # noqa: E402
 from .schedule.cutoff import FLOOR  # noqa: E402
 
 
@@ -69,7 +69,7 @@ def setup_logging(verbose: int = 0, quiet: bool = False, rank: int | None = None
     top.handlers[0].setFormatter(_Format(rank))
     level = logging.DEBUG if verbose else logging.WARNING if quiet or rank else logging.INFO
     top.setLevel(level)
-    logging.getLogger("pipeinfer.llama_lib").setLevel(
+    logging.getLogger("pipeinfer.model.llama_lib").setLevel(
         logging.DEBUG if verbose >= 2 else max(level, logging.INFO))
 
 
@@ -110,7 +110,7 @@ class RankedCommand(click.Command):
 
     def invoke(self, ctx):
         if signal.getsignal(signal.SIGINT) is supervisor.quit_at_once:
-            from . import mpi_transport  # noqa: F401  (starts MPI; Ctrl-C meanwhile: see there)
+            from .engine import mpi_transport  # noqa: F401  (starts MPI; Ctrl-C meanwhile: see there)
             signal.signal(signal.SIGINT, supervisor.interrupt)
         else:
             # No launcher: still explicitly, as a background job of a non-interactive shell
@@ -308,9 +308,9 @@ def run(model, draft, prompt, prompt_file, n_predict, n_ctx, n_batch, seed, temp
     prompt's logits) over the time from the end of prefill to the last token; TTFT is the
     time from the end of prefill to that second token; ITL the mean gap between tokens.
     """
-    from .mpi_transport import world
+    from .engine.mpi_transport import world
     from .runner import RunConfig, main as run_main
-    from .sampling import SamplingParams
+    from .model.sampling import SamplingParams
     from .strategies import SpecOptions
 
     setup_logging(verbose, quiet, rank=world()[0])
@@ -352,9 +352,9 @@ def run(model, draft, prompt, prompt_file, n_predict, n_ctx, n_batch, seed, temp
 def split(model, split, out_dir, verbose, quiet):
     """Cut a model into one GGUF file per rank (plus manifest.json). Non-final stages get a
     one-row vocabulary so no output head is computed for nothing."""
-    from .models import ModelError, resolve_model
-    from .partition import partition
-    from .slicing import model_info, read_model, split_model
+    from .model.models import ModelError, resolve_model
+    from .model.partition import partition
+    from .model.slicing import model_info, read_model, split_model
 
     setup_logging(verbose, quiet)
     try:
@@ -379,7 +379,7 @@ def models() -> None:
 def models_fetch(names, verbose, quiet):
     """Fetch models into the cache (smollm2, qwen-coder, qwen-coder-1.5b, qwen-coder-0.5b).
     A no-op for models already present."""
-    from .models import ModelError, fetch
+    from .model.models import ModelError, fetch
 
     setup_logging(verbose, quiet)
     for name in names:
@@ -392,7 +392,7 @@ def models_fetch(names, verbose, quiet):
 @models.command("list")
 def models_list():
     """Show the known models, whether they are cached, and where."""
-    from .models import cache_dir, list_cached
+    from .model.models import cache_dir, list_cached
 
     click.echo(f"cache: {cache_dir()}")
     for spec, path, present, size in list_cached():

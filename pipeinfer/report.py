@@ -7,7 +7,7 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from .partition import format_split
+from .model.partition import format_split
 
 
 def _round(value, digits=6):

@@ -16,9 +16,9 @@ import time
 from .engine.config import RunConfig
 from .engine.job import Head, Job, StartFailed, describe, first_failure
 from .metrics import CsvRow, append_csv, rss_mb
-from .mpi_transport import Link, abort_job, hostname
+from .engine.mpi_transport import Link, abort_job, hostname
 from .report import result_json, summary_line
-from .tokenizer import TextStream
+from .model.tokenizer import TextStream
 
 __all__ = ["RunConfig", "main", "abandon_start"]
 

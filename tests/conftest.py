@@ -17,7 +17,7 @@ from pathlib import Path
 import gguf
 import pytest
 
-from pipeinfer import models, tinymodel
+from pipeinfer.model import models, tinymodel
 
 _saved_env: dict[str, str | None] = {}
 _session_cache: Path | None = None

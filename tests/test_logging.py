@@ -88,7 +88,7 @@ def setup_logging(capsys):
     """cli.setup_logging, with the "pipeinfer" loggers as they were restored afterwards."""
     from pipeinfer import cli
 
-    names = ("pipeinfer", "pipeinfer.llama_lib")
+    names = ("pipeinfer", "pipeinfer.model.llama_lib")
     saved = [(logging.getLogger(n), logging.getLogger(n).level, logging.getLogger(n).propagate,
               list(logging.getLogger(n).handlers)) for n in names]
     yield cli.setup_logging
@@ -113,7 +113,7 @@ def test_formats(setup_logging, capsys) -> None:
     assert capsys.readouterr().err == "pipeinfer: notice\n"
     setup_logging(verbose=1, rank=1)
     log.debug("detail")
-    logging.getLogger("pipeinfer.llama_lib").debug("llama.cpp: a line")  # -vv only
+    logging.getLogger("pipeinfer.model.llama_lib").debug("llama.cpp: a line")  # -vv only
     assert re.fullmatch(r" *\d+\.\d ms pipeinfer\.test\[1\]: detail\n", capsys.readouterr().err)
     setup_logging(quiet=True)  # outside `run`: no rank
     log.info("progress")

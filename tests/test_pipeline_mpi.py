@@ -28,7 +28,7 @@ TINY_LAYERS = 8
 @pytest.fixture(scope="module")
 def tiny8(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny random llama with 8 layers, so that uneven splits give every rank work."""
-    from pipeinfer.tinymodel import write_tiny_llama
+    from pipeinfer.model.tinymodel import write_tiny_llama
 
     return write_tiny_llama(tmp_path_factory.mktemp("mpi-models") / "tiny8.gguf",
                             n_layer=TINY_LAYERS, seed=7)
@@ -36,7 +36,7 @@ def tiny8(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def smol() -> Path:
-    from pipeinfer.models import ModelError, resolve_model
+    from pipeinfer.model.models import ModelError, resolve_model
 
     try:
         return resolve_model("smollm2", fetch_missing=False)
@@ -77,7 +77,7 @@ def _ok(launch_result) -> dict:
 
 
 def _split_ranges(n_layer: int, n_ranks: int, split: str | None) -> list[list[int]]:
-    from pipeinfer.partition import even_split, parse_split, partition
+    from pipeinfer.model.partition import even_split, parse_split, partition
 
     fractions = list(parse_split(split)) if split else even_split(n_ranks)
     return [[r.first, r.last] for r in partition(n_layer, fractions)]
@@ -236,8 +236,8 @@ IDLE_JOB = textwrap.dedent('''
     """Rank 0 idles while ranks 1..N-1 wait (in the start-up handshake, then in Worker.run);
     rank 0 samples their CPU time from /proc and prints the fraction of wall time used."""
     import json, os, sys, time
-    from pipeinfer.mpi_transport import HeadTransport, Link, WorkerLink
-    from pipeinfer.worker import Worker
+    from pipeinfer.engine.mpi_transport import HeadTransport, Link, WorkerLink
+    from pipeinfer.engine.worker import Worker
 
     SECONDS = float(sys.argv[1])
     TICK = os.sysconf("SC_CLK_TCK")

@@ -13,15 +13,15 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import mpi_util
-from pipeinfer.hierarchy import (Hierarchy, Level, expectation, expected_tokens, geometric_tokens,
+from pipeinfer.engine.hierarchy import (Hierarchy, Level, expectation, expected_tokens, geometric_tokens,
                                  rho_recursion, steady_state_rho)
 from pipeinfer.schedule.buffers import merge
-from pipeinfer.hierarchy_remote import DraftRank, RemoteHierarchy
-from pipeinfer.partition import StageRange
-from pipeinfer.slicing import model_info, open_model, write_stage
-from pipeinfer.stage import Stage, StageConfig
+from pipeinfer.engine.hierarchy_remote import DraftRank, RemoteHierarchy
+from pipeinfer.model.partition import StageRange
+from pipeinfer.model.slicing import model_info, open_model, write_stage
+from pipeinfer.model.stage import Stage, StageConfig
 from pipeinfer.strategies import SpecOptions
-from pipeinfer.transport import LocalTransport
+from pipeinfer.engine.transport import LocalTransport
 from test_speculation_unit import (N_BATCH, N_CTX, N_PREDICT, PROMPT, Rig, SteppedTransport,
                                    check_consistent, make_tiny_set)
 
@@ -202,7 +202,7 @@ def test_property_exact(tiny, stage_sets, name, window, max_runs, lag, abort, sc
 def test_temperature_same_tokens_as_iterative(tiny, stage_sets):
     """Sampling stays lossless: the target draws every position's token from its own
     distribution, once, in order, so a seed gives the iterative strategy's tokens."""
-    from pipeinfer.sampling import SamplingParams
+    from pipeinfer.model.sampling import SamplingParams
 
     accepted = 0
     with Rig(tiny, None) as rig:

@@ -96,7 +96,7 @@ CHANGED_TOKEN = 300
 
 @pytest.fixture(scope="module")
 def bad(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    from pipeinfer.tinymodel import copy_gguf, write_tiny_llama
+    from pipeinfer.model.tinymodel import copy_gguf, write_tiny_llama
 
     root = tmp_path_factory.mktemp("robust-models")
     data = tiny_model.read_bytes()
@@ -292,7 +292,7 @@ class LongJob:
 
     def ready_pids(self, timeout: float = 60.0) -> dict[int, int]:
         """rank -> pid of the process running it, from the head's `ready:` line (under the
-        launcher, each is the child of the rank's supervisor: pipeinfer.supervisor)."""
+        launcher, each is the child of the rank's supervisor: pipeinfer.engine.supervisor)."""
         deadline = time.monotonic() + timeout
         while True:
             ready = re.search(r"^pipeinfer\[0\]: ready: (.*)$", self.output()[1], re.M)
@@ -441,13 +441,13 @@ def test_supervisor_can_be_turned_off(long_job) -> None:
      True),
 ])
 def test_supervisor_wanted(argv, env, wanted) -> None:
-    from pipeinfer import supervisor
+    from pipeinfer.engine import supervisor
 
     assert supervisor.wanted(argv, env) is wanted
 
 
 def test_killed_message() -> None:
-    from pipeinfer.supervisor import killed_message
+    from pipeinfer.engine.supervisor import killed_message
 
     assert killed_message(2, "node3", 4242, signal.SIGKILL) == (
         "pipeinfer: error: rank 2 (node3, pid 4242) was killed by signal 9 (SIGKILL; out of "
@@ -497,7 +497,8 @@ spec = os.environ.get("PIPEINFER_TEST_FAULT")
 if spec:
     kind, rank, n = spec.split(":")
     if os.environ.get("PMI_RANK", "0") == rank:
-        from pipeinfer import mpi_transport, stage
+        from pipeinfer.model import stage
+        from pipeinfer.engine import mpi_transport
 
         calls = [0]
         if kind == "decode":

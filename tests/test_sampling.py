@@ -1,4 +1,4 @@
-"""Sampling on the head (pipeinfer.sampling) and the losslessness of speculation under it.
+"""Sampling on the head (pipeinfer.model.sampling) and the losslessness of speculation under it.
 
 This design draws exactly one sample per generated position, in order, from the target's own
 distribution, and accepts a drafted token only if it equals that sample. So with the same seed
@@ -19,8 +19,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import mpi_util
-from pipeinfer.sampling import Sampler, SamplingParams
-from pipeinfer.stage import Stage, StageConfig
+from pipeinfer.model.sampling import Sampler, SamplingParams
+from pipeinfer.model.stage import Stage, StageConfig
 from pipeinfer.strategies import SpecOptions
 from test_speculation_unit import (N_BATCH, N_CTX, PROMPT, Rig, ScriptedDraft,
                                    SteppedTransport, draft_plans, make_tiny_set)

@@ -16,7 +16,7 @@ import sys
 import numpy as np
 import pytest
 
-from pipeinfer.partition_pool import PartitionPool
+from pipeinfer.schedule.partition_pool import PartitionPool
 from pipeinfer.schedule import actions as A
 from pipeinfer.schedule.cutoff import Cutoff
 from pipeinfer.schedule.events import (Cancel, DraftInterrupted, DraftReady, ResultArrived,
@@ -26,7 +26,7 @@ from pipeinfer.schedule.iterative import Iterative
 from pipeinfer.schedule.options import Limits, SpecOptions
 from pipeinfer.schedule.pipeinfer import PipeInfer
 from pipeinfer.schedule.speculative import Speculative
-from pipeinfer.transaction import RunResult
+from pipeinfer.schedule.transaction import RunResult
 
 PROMPT = (5, 6, 7, 8)
 TARGET = list(PROMPT) + [10 + i for i in range(200)]  # the target's greedy continuation

@@ -21,14 +21,14 @@ from collections import deque
 import numpy as np
 import pytest
 
-from pipeinfer.partition_pool import PartitionPool
+from pipeinfer.schedule.partition_pool import PartitionPool
 from pipeinfer.schedule import actions as A
 from pipeinfer.schedule.events import Cancel, ResultArrived, Start, Tick
 from pipeinfer.schedule.generation import Generation, Request
 from pipeinfer.schedule.options import Limits, SpecOptions
 from pipeinfer.schedule.specpipe import SpecPipe
 from pipeinfer.schedule.tree_draft import StartTreeDraft, TreeDraftReady
-from pipeinfer.transaction import KvOpType, RunResult
+from pipeinfer.schedule.transaction import KvOpType, RunResult
 from test_schedule import PROMPT, TARGET, of, result_for
 
 V = 1024

@@ -16,12 +16,12 @@ import numpy as np
 import pytest
 from gguf import GGUFReader, GGUFValueType, GGUFWriter
 
-from pipeinfer import stage_cache
-from pipeinfer.models import ModelError
-from pipeinfer.partition import StageRange, partition
-from pipeinfer.slicing import (SliceError, model_info, open_model, read_model, split_model,
+from pipeinfer.model import stage_cache
+from pipeinfer.model.models import ModelError
+from pipeinfer.model.partition import StageRange, partition
+from pipeinfer.model.slicing import (SliceError, model_info, open_model, read_model, split_model,
                                write_stage)
-from pipeinfer.tinymodel import copy_gguf
+from pipeinfer.model.tinymodel import copy_gguf
 
 PIPEINFER = Path(sys.executable).with_name("pipeinfer")
 
@@ -308,8 +308,8 @@ def test_cli_split_bad_values(tiny_model: Path, tmp_path: Path):
 
 _CACHE_CHILD = """
 import hashlib, os, sys, time
-from pipeinfer.partition import StageRange
-from pipeinfer.stage_cache import stage_file
+from pipeinfer.model.partition import StageRange
+from pipeinfer.model.stage_cache import stage_file
 go = sys.argv[2]
 print("READY", flush=True)
 while not os.path.exists(go):

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 import mpi_util
-from pipeinfer.partition import StageRange
+from pipeinfer.model.partition import StageRange
 from test_speculation_unit import PROMPT, greedy_reference, make_tiny_set
 
 SPEC_STRATEGIES = ("speculative", "pipeinfer")
@@ -197,7 +197,7 @@ def test_cancellation_saves_work(tiny, reference, split):
 @pytest.fixture(scope="module")
 def smol_pair(smollm2, tmp_path_factory) -> tuple[Path, Path]:
     """SmolLM2 and its self-draft: its first 12 layers plus its output head."""
-    from pipeinfer.slicing import model_info, open_model, write_stage
+    from pipeinfer.model.slicing import model_info, open_model, write_stage
 
     draft = tmp_path_factory.mktemp("smol-draft") / f"smollm2-first{SMOL_DRAFT_LAYERS}.gguf"
     reader = open_model(smollm2)

@@ -31,21 +31,21 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from pipeinfer.drafter import Drafter
-from pipeinfer.embedding import Embedder
+from pipeinfer.engine.drafter import Drafter
+from pipeinfer.model.embedding import Embedder
 from pipeinfer.schedule.generation import Generation, Request
-from pipeinfer.head import Pipeline
-from pipeinfer.partition import StageRange
-from pipeinfer.partition_pool import PartitionPool
+from pipeinfer.engine.head import Pipeline
+from pipeinfer.model.partition import StageRange
+from pipeinfer.schedule.partition_pool import PartitionPool
 from pipeinfer.schedule.runs import Node, Run, RunState, tree_from_branches
 from pipeinfer.engine.config import RunConfig
-from pipeinfer.sampling import Sampler, SamplingParams
-from pipeinfer.slicing import model_info, open_model, write_stage
-from pipeinfer.stage import Stage, StageAborted, StageConfig
+from pipeinfer.model.sampling import Sampler, SamplingParams
+from pipeinfer.model.slicing import model_info, open_model, write_stage
+from pipeinfer.model.stage import Stage, StageAborted, StageConfig
 from pipeinfer.strategies import STRATEGIES, SpecOptions
-from pipeinfer.tokenizer import Tokenizer
-from pipeinfer.transaction import DecodeTx, KvOp, RunResult
-from pipeinfer.transport import LocalTransport, apply_kv
+from pipeinfer.model.tokenizer import Tokenizer
+from pipeinfer.schedule.transaction import DecodeTx, KvOp, RunResult
+from pipeinfer.engine.transport import LocalTransport, apply_kv
 
 PROMPT = "the number of people in the world"
 N_PREDICT = 32
@@ -117,7 +117,7 @@ def _make_tiny_set(request, tmp_path_factory) -> TinySet:
     (seen at token 151 of PROMPT with -np 2 -ps 0 -pa 0). Quantized kernels treat every row
     alike, so Q8_0 logits do not depend on the batch (test_target_is_batch_invariant), as
     with real quantized models. Drafts need no exactness: the f32 ones serve."""
-    from pipeinfer.tinymodel import write_noisy_copy, write_tiny_llama, write_unrelated
+    from pipeinfer.model.tinymodel import write_noisy_copy, write_tiny_llama, write_unrelated
 
     d = tmp_path_factory.mktemp("tiny-spec")
     target = write_tiny_llama(d / "tiny-q8.gguf", tensor_type=gguf.GGMLQuantizationType.Q8_0)

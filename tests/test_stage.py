@@ -13,12 +13,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipeinfer import tinymodel
-from pipeinfer.embedding import Embedder
-from pipeinfer.llama_lib import LlamaError
-from pipeinfer.partition import partition
-from pipeinfer.slicing import model_info, read_model, split_model
-from pipeinfer.stage import Stage, StageAborted, StageConfig
+from pipeinfer.model import tinymodel
+from pipeinfer.model.embedding import Embedder
+from pipeinfer.model.llama_lib import LlamaError
+from pipeinfer.model.partition import partition
+from pipeinfer.model.slicing import model_info, read_model, split_model
+from pipeinfer.model.stage import Stage, StageAborted, StageConfig
 
 CFG = StageConfig(n_ctx=256, n_batch=64, n_seq_max=4, n_threads=1)
 

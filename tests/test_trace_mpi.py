@@ -3,7 +3,7 @@
 statistics (a real Worker under `mpiexec -n 2`; LocalTransport's in-process stages).
 
 Ranks on one host share the monotonic clock, so the true offset is 0; a rank whose clock the
-test script shifts (pipeinfer.mpi_transport._now patched on rank 2) must come out shifted by
+test script shifts (pipeinfer.engine.mpi_transport._now patched on rank 2) must come out shifted by
 that much.
 """
 
@@ -16,16 +16,16 @@ import numpy as np
 import pytest
 
 from mpi_util import PYTHON, launch, mpi_command
-from pipeinfer.stage import StageAborted
-from pipeinfer.transaction import DecodeTx
-from pipeinfer.transport import LocalTransport
+from pipeinfer.model.stage import StageAborted
+from pipeinfer.schedule.transaction import DecodeTx
+from pipeinfer.engine.transport import LocalTransport
 
 TOLERANCE_S = 5e-3
 TIMEOUT = 120.0
 
 SCRIPT = """
 import json, pathlib, sys
-from pipeinfer import mpi_transport as mt
+from pipeinfer.engine import mpi_transport as mt
 
 skew, out_dir = float(sys.argv[1]), pathlib.Path(sys.argv[2])
 link = mt.Link()
@@ -64,10 +64,10 @@ def test_clock_offsets(tmp_path, skew):
 WORKER_SCRIPT = """
 import json, pathlib, sys, time
 import numpy as np
-from pipeinfer.mpi_transport import HeadTransport, WorkerLink, world
-from pipeinfer.stage import StageAborted
-from pipeinfer.transaction import DecodeTx, Tag
-from pipeinfer.worker import Worker
+from pipeinfer.engine.mpi_transport import HeadTransport, WorkerLink, world
+from pipeinfer.model.stage import StageAborted
+from pipeinfer.schedule.transaction import DecodeTx, Tag
+from pipeinfer.engine.worker import Worker
 
 N_VOCAB = 4
 

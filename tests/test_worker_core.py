@@ -14,13 +14,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipeinfer import tinymodel
+from pipeinfer.model import tinymodel
 from pipeinfer.engine.worker_core import StageCore
-from pipeinfer.partition import partition
-from pipeinfer.slicing import split_model
-from pipeinfer.stage import Stage, StageAborted, StageConfig
-from pipeinfer.transaction import DecodeTx, seq_cp, seq_keep, seq_rm
-from pipeinfer.transport import LocalTransport
+from pipeinfer.model.partition import partition
+from pipeinfer.model.slicing import split_model
+from pipeinfer.model.stage import Stage, StageAborted, StageConfig
+from pipeinfer.schedule.transaction import DecodeTx, seq_cp, seq_keep, seq_rm
+from pipeinfer.engine.transport import LocalTransport
 
 CFG = StageConfig(n_ctx=512, n_batch=256, n_seq_max=4, n_threads=1)
 N_EMBD, N_PREFIX, N_BIG = 512, 8, 256

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..partition_pool import PartitionPool
-from ..sampling import SamplingParams
+from ..schedule.partition_pool import PartitionPool
+from ..model.sampling import SamplingParams
 from ..schedule.options import SpecOptions
 
 NEEDS_DRAFT = frozenset({"speculative", "pipeinfer", "pipespec", "specpipe"})

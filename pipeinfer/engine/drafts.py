@@ -15,7 +15,7 @@ import queue
 import threading
 from typing import Callable, Sequence
 
-from ..drafter import WARM_STEP, DraftParams
+from .drafter import WARM_STEP, DraftParams
 from ..schedule.actions import DraftJob
 from ..schedule.events import DraftInterrupted, DraftReady
 

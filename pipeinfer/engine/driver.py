@@ -14,8 +14,8 @@ import logging
 import time
 from typing import Iterator
 
-from ..backoff import IdleBackoff
-from ..head import Pipeline
+from .backoff import IdleBackoff
+from .head import Pipeline
 from ..schedule import actions as A
 from ..schedule.core import Scheduler
 from ..schedule.events import Cancel, ResultArrived, Start, Tick

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from ..drafter import DraftParams
-from ..head import Pipeline
+from .drafter import DraftParams
+from .head import Pipeline
 from ..schedule.generation import Generation
 from ..schedule.iterative import Iterative
 from ..schedule.options import Limits

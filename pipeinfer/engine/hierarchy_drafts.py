@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..hierarchy import Hierarchy, StageStats, expectation
-from ..hierarchy_remote import RemoteHierarchy
+from .hierarchy import Hierarchy, StageStats, expectation
+from .hierarchy_remote import RemoteHierarchy
 from ..schedule.actions import DraftsDone, SyncDrafts
 from ..schedule.events import DraftsStepped
 from ..schedule.generation import Generation

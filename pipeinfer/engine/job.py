@@ -19,14 +19,14 @@ import logging
 import os
 from typing import Callable, Iterator
 
-from ..hierarchy import Level
-from ..hierarchy_remote import DraftRank
-from ..llama_lib import LlamaError
-from ..mpi_transport import DraftLink, Link, RankFailed, WorkerLink, hostname
-from ..sampling import Sampler
+from .hierarchy import Level
+from .hierarchy_remote import DraftRank
+from ..model.llama_lib import LlamaError
+from .mpi_transport import DraftLink, Link, RankFailed, WorkerLink, hostname
+from ..model.sampling import Sampler
 from ..schedule.generation import Generation, Request
 from ..strategies import STRATEGIES
-from ..worker import Worker
+from .worker import Worker
 from .config import RunConfig
 from .generate import driver_for
 from .setup import SETUP_ERRORS, HeadSetup, head_setup, load_draft_rank_stage, load_stage, plan

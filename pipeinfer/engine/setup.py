@@ -7,19 +7,19 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..drafter import Drafter
-from ..embedding import Embedder
-from ..head import Pipeline
-from ..hierarchy_remote import RemoteHierarchy
-from ..llama_lib import LlamaError
-from ..models import ModelError, check_gguf, resolve_model
-from ..mpi_transport import DraftLink, HeadTransport
-from ..partition import PartitionError, StageRange, even_split, partition
-from ..partition_pool import PartitionPool
-from ..slicing import model_info, read_model
-from ..stage import Stage, StageConfig
-from ..stage_cache import stage_file
-from ..tokenizer import Tokenizer
+from .drafter import Drafter
+from ..model.embedding import Embedder
+from .head import Pipeline
+from .hierarchy_remote import RemoteHierarchy
+from ..model.llama_lib import LlamaError
+from ..model.models import ModelError, check_gguf, resolve_model
+from .mpi_transport import DraftLink, HeadTransport
+from ..model.partition import PartitionError, StageRange, even_split, partition
+from ..schedule.partition_pool import PartitionPool
+from ..model.slicing import model_info, read_model
+from ..model.stage import Stage, StageConfig
+from ..model.stage_cache import stage_file
+from ..model.tokenizer import Tokenizer
 from .config import MULTI_DRAFT, NEEDS_DRAFT, STRATEGY_NAMES, RunConfig
 
 SETUP_ERRORS = (ModelError, PartitionError, LlamaError, ValueError, OSError)

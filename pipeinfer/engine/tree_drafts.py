@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections import deque
 from typing import Sequence
 
-from ..drafter import WARM_STEP
+from .drafter import WARM_STEP
 from ..schedule.tree_draft import Adopt, TreeDraftJob, TreeDraftReady
 from .worker_core import apply_kv
 

@@ -23,8 +23,8 @@ from collections import deque
 
 import numpy as np
 
-from ..stage import Stage, StageAborted
-from ..transaction import DecodeTx, KvOp, KvOpType
+from ..model.stage import Stage, StageAborted
+from ..schedule.transaction import DecodeTx, KvOp, KvOpType
 
 COMPUTED, ABORTED, SKIPPED = "computed", "aborted", "skipped"
 

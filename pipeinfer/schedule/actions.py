@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..transaction import DecodeTx, KvOp
+from .transaction import DecodeTx, KvOp
 
 
 @dataclass(frozen=True)

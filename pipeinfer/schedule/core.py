@@ -8,7 +8,7 @@ multibuffering, cancellation, finishing and draining) is here and in speculation
 
 from __future__ import annotations
 
-from ..partition_pool import PartitionPool
+from .partition_pool import PartitionPool
 from .actions import Finish, PolicyChanged
 from .events import (Cancel, DraftInterrupted, DraftReady, DraftsStepped, ResultArrived, Start,
                      Tick)

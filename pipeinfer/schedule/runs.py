@@ -12,7 +12,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import Sequence
 
-from ..transaction import DecodeTx
+from .transaction import DecodeTx
 
 
 class RunState(enum.Enum):

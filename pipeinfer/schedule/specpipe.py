@@ -3,33 +3,26 @@ tree (SpecPipe 3.3, PipeDec 3.3). Exact under greedy sampling, lossless under sa
 
 The schedule. `depth` runs stay in flight (the target stages + 1, the extra one waiting at
 the first stage while the head drafts; at most --max-runs), each holding one tree level: a
-level's run starts whenever fewer are in flight. Growing a level: every bottom node's
---tree-k likeliest draft tokens, of which the --tree-width with the highest cumulative draft
-probability survive (SpecPipe 3.3.3). The draft evaluates a level's nodes in one job
-(tree_draft.py) once the level is out, also when the pipeline is full: the next level is
-ready when a result makes room. Results wait while a job is out (see _advance).
-The run holding the newest accepted node A gives, in A's row, the target's next token t (its
-context is all accepted tokens). t is accepted; if t is a child of A (a *hit*) the tree is
-rerooted to it and runs holding no surviving node are cancelled (others compute pruned rows,
-ignored); else (a *miss*) every run in flight is cancelled and a new tree starts at t.
-
-KV sequences (slots, copies, the draft's mirror of them): specpipe_kv.py. On a hit the
-accepted node's entry moves into sequence 0 if a slot still holds it (else the next root
-decodes it again).
+level's run starts whenever fewer are in flight. A level: every bottom node's --tree-k
+likeliest draft tokens, of which the --tree-width with the highest cumulative draft
+probability survive (SpecPipe 3.3.3). The draft evaluates a level's nodes in one job once
+the level is out, also when the pipeline is full. The run holding the newest accepted node A
+gives, in A's row, the target's next token t. t is accepted; if t is a child of A (a *hit*)
+the tree is rerooted to it and runs holding no surviving node are cancelled; else (a *miss*)
+every run in flight is cancelled and a new tree starts at t.
+Mechanics: specpipe_levels.py (a level's job and run, roots), specpipe_kv.py (slots, copies).
 """
 
 from __future__ import annotations
 
 from collections import deque
 
-from ..transaction import seq_cp
-from .actions import CancelRuns, KvOps, WarmDraft
+from .actions import WarmDraft
 from .core import Scheduler
-from .generation import CANONICAL_SEQ
-from .runs import Node, Run
 from .specpipe_kv import BeamSlots
+from .specpipe_levels import (count_level, count_step, keep_accepted, level_job, level_run,
+                              may_grow, new_tree)
 from .specpipe_tree import BeamTree
-from .tree_draft import StartTreeDraft
 
 
 class SpecPipe(Scheduler):
@@ -65,7 +58,6 @@ class SpecPipe(Scheduler):
     def on_draft(self, event) -> None:
         if self.job is None or event.job_id != self.job[0]:
             return
-        # (results wait while a job is out: the tree has not changed since it went out)
         self.logits, self.job = dict(zip(self.job[1], event.rows)), None
         self._advance()
 
@@ -73,39 +65,26 @@ class SpecPipe(Scheduler):
         self._advance()
 
     def on_finish(self) -> None:
-        """Empty every slot (runs in flight are drained, not cancelled: a cancellation still
-        travelling upstream when the shutdown passes can get a worker killed at exit). Every
-        stage clears the slots after the runs sent before, so they are free for what follows."""
+        """Every slot emptied, after the runs in flight (drained, not cancelled: a cancel still
+        travelling upstream when the shutdown passes can get a worker killed at exit)."""
         while self.held:
             self.spec.discard(self.held.popleft())
-        ops = self.kv.clear_all()
-        if ops:
-            self.spec.emit(KvOps(tuple(ops)))
-        if (job := self.kv.final_job()) is not None:
-            self.spec.emit(StartTreeDraft(job))
+        for action in self.kv.finish():
+            self.spec.emit(action)
         self.pool.give_back(self.slots)
 
-    # --- growing -------------------------------------------------------------------------
+    # --- growing: a level's draft job, then its run -----------------------------------------
     def _may_grow(self) -> bool:
-        bp = self.tree.bottom_pos()
-        # Cells are not reused within a generation: speculate only while the cells left
-        # still let the generation finish without it (one cell per token, +1 for a refill
-        # that re-decodes a dead accepted node).
-        req, gen = self.gen.request, self.gen
-        left = min(req.n_predict - len(gen.tokens), req.n_ctx - gen.n_past) + 2
-        return (bp is not None and bp < self.pos_limit
-                and self.spec.kv_free >= self.tree.width + left)
+        return may_grow(self.tree, self.gen, self.spec.kv_free, self.pos_limit)
 
     def _room(self) -> bool:
         return len(self.spec.live()) < self.depth and self._may_grow()
 
     def _advance(self) -> None:
-        """One level in per result out, as a loop with a synchronous draft would do it: a
-        level goes in once its draft logits are known and there is room, and a result
-        waiting is verified right after it; after a result, the next level is drafted first
-        if there is room. Results wait while a job is out: else a fast pipeline returns a
-        root's result before the root's first level exists, and nothing is speculated. With
-        no room, the draft evaluates the newest level ahead of time."""
+        """One level in per result out: a level goes in once its draft logits are known and
+        there is room, then a waiting result is verified; after a result the next level is
+        drafted first (with no room: ahead of time). Results wait while a job is out, else a
+        fast pipeline returns a root before its first level exists and nothing is speculated."""
         while self.job is None and not self.gen.done:
             if self.logits is not None and self._room():
                 self._grow()
@@ -119,48 +98,22 @@ class SpecPipe(Scheduler):
                 return
 
     def _submit(self) -> None:
-        tree = self.tree
-        todo = [(s, b) for s, b in sorted(tree.bottom.items()) if not tree.nodes[b].draft_done]
-        for _, b in todo:
-            tree.nodes[b].draft_done = True
-        job, root = self.kv.job(tuple((self.kv.dseq(s), tree.nodes[b].pos,
-                                       tree.nodes[b].token) for s, b in todo))
-        self.job = (job.job_id, [b for _, b in todo] + ([root] if root is not None else []))
-        self.spec.emit(StartTreeDraft(job))
+        action, rows = level_job(self.tree, self.kv)
+        self.job = (action.job.job_id, rows)
+        self.spec.emit(action)
 
     def _grow(self) -> None:
-        tree, logits, self.logits = self.tree, self.logits, None
-        parent_slot = {b: s for s, b in tree.bottom.items()}
-        children = tree.choose(logits)
-        ops = [op for c in children if c.copy
-               for op in self.kv.branch(parent_slot[c.parent], c.slot,
-                                        tree.nodes[c.parent].pos + 1)]
-        ids = tree.grow(children)
-        self.kv.holding.update(c.slot for c in children)
-        nodes = [Node(c.token, -1, 0, (self.slots[c.slot],)) for c in children]
-        # (no single context: the tree holds each row's path)
-        self.spec.launch(Run(self.gen.next_run_id(), tree.nodes[ids[0]].pos, (), nodes,
-                             speculative=True, tree_ids=tuple(ids)), ops)
-        cnt = self.gen.counters
-        cnt.runs_speculative += 1
-        cnt.microbatch_tokens += len(ids)
-        cnt.n_drafted += len(ids)
+        logits, self.logits = self.logits, None
+        run, ops = level_run(self.tree, self.kv, self.slots, logits, self.gen.next_run_id())
+        self.spec.launch(run, ops)
+        count_level(self.gen.counters, len(run.nodes))
 
     def _start_root(self) -> None:
-        """A new tree rooted at the newest accepted token, after decoding the accepted tokens
-        sequence 0 lacks in (0, slot 0)."""
-        spec, accepted = self.spec, self.spec.accepted
-        p, c0 = len(accepted) - 1, self.spec.c0
-        if p + 2 - c0 > spec.kv_free:
+        """A new tree rooted at the newest accepted token."""
+        if len(self.spec.accepted) + 1 - self.spec.c0 > self.spec.kv_free:
             self.stop("kv-cache")
             return
-        root = self.tree.reset(accepted[p], p)
-        ops = self.kv.new_root(c0, root, tuple(accepted))
-        # its last row evaluates the root
-        spec.chain(accepted, c0, p + 1, (CANONICAL_SEQ, self.slots[0]), self.limits.n_batch,
-                   ops, (root,))
-        spec.c0 = p + 1
-        self.tree.nodes[root].draft_done = True   # its logits are the sync's
+        new_tree(self.tree, self.kv, self.spec, self.slots, self.limits.n_batch)
         self.logits = None
 
     # --- results -------------------------------------------------------------------------
@@ -173,11 +126,8 @@ class SpecPipe(Scheduler):
         if node not in run.tree_ids or result.cancelled:
             raise RuntimeError(f"run {run.run_id} does not evaluate the accepted token")
         token = result.token(run.tree_ids.index(node), self.spec.sampler)
-        cnt.tree_steps += 1
-        cnt.tree_nodes += tree.size
         child = tree.child_with(node, token)
-        cnt.tree_hits += child is not None
-        cnt.n_accepted += child is not None
+        count_step(cnt, tree.size, hit=child is not None)
         self.spec.accept([token], run.run_id)
         if self.gen.done:
             return
@@ -186,24 +136,13 @@ class SpecPipe(Scheduler):
             return
         if tree.size or self.spec.live():   # (not a flush when nothing was speculated)
             cnt.flushes += 1
-        self._cancel(self.spec.live())
+        self.spec.cancel(self.spec.live())
         self._start_root()
 
     def _reroot(self, child: int) -> None:
         tree = self.tree
-        pos, slot = tree.nodes[child].pos, tree.holder(child)
-        if slot is not None and self.spec.c0 == pos:
-            self.spec.emit(KvOps((seq_cp(self.slots[slot], CANONICAL_SEQ, pos, pos + 1),)))
-            self.spec.c0 = pos + 1
-        if slot is not None and tree.nodes[child].draft_done:
-            self.kv.adopt(slot, tree.nodes[child].token, pos)
+        pos = tree.nodes[child].pos
+        keep_accepted(tree, self.kv, self.spec, self.slots, child)
         tree.reroot(child)
-        self._cancel([r for r in self.spec.live() if r.max_pos > pos
-                      and not any(n in tree.nodes for n in r.tree_ids)])
-
-    def _cancel(self, runs: list[Run]) -> None:
-        for run in runs:
-            run.cancelled = True
-        self.gen.counters.runs_cancelled_invalidated += len(runs)
-        if runs and self.spec.cancel_enabled:
-            self.spec.emit(CancelRuns(tuple(r.run_id for r in runs)))
+        self.spec.cancel([r for r in self.spec.live() if r.max_pos > pos
+                          and not any(n in tree.nodes for n in r.tree_ids)])

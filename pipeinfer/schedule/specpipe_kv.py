@@ -16,9 +16,10 @@ decode); its cells may be reused.
 
 from __future__ import annotations
 
-from ..transaction import seq_cp, seq_rm
+from .transaction import seq_cp, seq_rm
+from .actions import KvOps
 from .generation import CANONICAL_SEQ
-from .tree_draft import Adopt, TreeDraftJob
+from .tree_draft import Adopt, StartTreeDraft, TreeDraftJob
 
 
 class BeamSlots:
@@ -78,10 +79,14 @@ class BeamSlots:
                                              seq_cp(0, self.dseq(0), -1, len(sync))]
         return job, root
 
-    def final_job(self) -> TreeDraftJob | None:
-        """At the end: empty the draft's slots (pending ops are moot: an Adopt left out keeps
-        sequence 0 whole); none if no job ever went out."""
-        if not self.n_jobs:
-            return None
-        return TreeDraftJob(self.n_jobs, tuple(seq_rm(self.dseq(s)) for s in range(self.width)),
-                            ())
+    def finish(self) -> list:
+        """The actions ending a generation: every target slot emptied, and a last draft job
+        emptying the draft's slots (pending ops are moot: an Adopt left out keeps sequence 0
+        whole; no job if none ever went out)."""
+        out: list = []
+        if ops := self.clear_all():
+            out.append(KvOps(tuple(ops)))
+        if self.n_jobs:
+            out.append(StartTreeDraft(TreeDraftJob(
+                self.n_jobs, tuple(seq_rm(self.dseq(s)) for s in range(self.width)), ())))
+        return out

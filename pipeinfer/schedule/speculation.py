@@ -20,8 +20,8 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Sequence
 
-from ..partition_pool import PartitionPool
-from ..transaction import seq_cp, seq_rm
+from .partition_pool import PartitionPool
+from .transaction import seq_cp, seq_rm
 from .actions import CancelRuns, EmitTokens, KvOps, StartRun
 from .cancellation import to_cancel, useless_runs
 from .generation import CANONICAL_SEQ, Generation
@@ -234,6 +234,15 @@ class Speculation:
         if seq != CANONICAL_SEQ and end > self.c0:
             self.emit(KvOps((seq_cp(seq, CANONICAL_SEQ, self.c0, end),)))
         self.c0 = max(self.c0, end)
+
+    def cancel(self, runs: list[Run]) -> None:
+        """Cancel `runs`, made invalid by what was accepted (for a strategy that verifies its
+        runs itself: specpipe)."""
+        for run in runs:
+            run.cancelled = True
+        self.gen.counters.runs_cancelled_invalidated += len(runs)
+        if runs and self.cancel_enabled:
+            self.emit(CancelRuns(tuple(r.run_id for r in runs)))
 
     def _cancel_useless(self) -> None:
         doomed = useless_runs(self.live(), self.accepted)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..transaction import KvOp
+from .transaction import KvOp
 from .events import DraftReady
 
 

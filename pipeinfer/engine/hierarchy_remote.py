@@ -27,7 +27,7 @@ from typing import Protocol, Sequence
 
 from .backoff import Backoff, IdleBackoff
 from .hierarchy import Level
-from .schedule.buffers import extends, merge
+from ..schedule.buffers import extends, merge
 
 SYNC, BUFFER, ROLLBACK, STOP, END = range(5)
 HEAD = 0

@@ -17,8 +17,8 @@ from typing import Any
 import numpy as np
 
 from .backoff import Backoff
-from .transaction import (HEADER_LEN, DecodeTx, KvOp, ResultFlag, RunResult, Tag, TxType,
-                          encode_kv_ops, make_header)
+from ..schedule.transaction import (HEADER_LEN, DecodeTx, KvOp, ResultFlag, RunResult, Tag,
+                                    TxType, encode_kv_ops, make_header)
 
 # Importing mpi4py.MPI runs MPI_Init, which waits for every rank while holding the GIL: no
 # Python signal handler runs meanwhile, and a rank that Ctrl-C ended before it got there would

@@ -18,11 +18,11 @@ import time
 import numpy as np
 
 from .backoff import Backoff, IdleBackoff
-from .engine.worker_core import COMPUTED, StageCore
-from .metrics import rss_mb
+from .worker_core import COMPUTED, StageCore
+from ..metrics import rss_mb
 from .mpi_transport import CANCEL_END, WorkerLink
-from .stage import Stage
-from .transaction import DecodeFlag, DecodeTx, Tag, TxType, decode_kv_ops
+from ..model.stage import Stage
+from ..schedule.transaction import DecodeFlag, DecodeTx, Tag, TxType, decode_kv_ops
 
 # The cancel watcher polls (fast) only while a decode it may have to abort is running.
 WATCH_FAST_S = 500e-6

@@ -18,7 +18,7 @@ import llama_cpp
 import numpy as np
 from gguf import GGMLQuantizationType
 
-from . import _native
+from .. import _native
 
 
 class LlamaError(RuntimeError):

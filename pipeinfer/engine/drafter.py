@@ -14,7 +14,7 @@ import time
 
 import numpy as np
 
-from .stage import Stage
+from ..model.stage import Stage
 
 
 # Catching up on a long context (the prompt, while the target prefills it) goes in steps, and

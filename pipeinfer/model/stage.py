@@ -16,7 +16,9 @@ from typing import Sequence
 import llama_cpp
 import numpy as np
 
-from . import _native, llama_lib
+from . import llama_lib
+
+from .. import _native
 from .llama_lib import LlamaError
 
 DECODE_OK, DECODE_NO_SLOT, DECODE_ABORTED = 0, 1, 2

@@ -25,8 +25,8 @@ from typing import Sequence
 
 import numpy as np
 
-from .schedule.buffers import merge
-from .stage import Stage
+from ..schedule.buffers import merge
+from ..model.stage import Stage
 
 
 @dataclass

@@ -10,10 +10,10 @@ import time
 from collections import deque
 from typing import Callable, Sequence
 
-from .embedding import Embedder
+from ..model.embedding import Embedder
 from .backoff import IdleBackoff
-from .stage import Stage
-from .transaction import DecodeTx, KvOp, RunResult
+from ..model.stage import Stage
+from ..schedule.transaction import DecodeTx, KvOp, RunResult
 from .transport import Transport, apply_kv
 
 

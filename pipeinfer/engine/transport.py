@@ -13,9 +13,9 @@ from typing import Protocol
 import numpy as np
 
 # apply_kv and record_span are part of the rank rules; re-exported for the head and the tests
-from .engine.worker_core import COMPUTED, StageCore, apply_kv, record_span  # noqa: F401
-from .stage import Stage
-from .transaction import DecodeTx, KvOp, RunResult
+from .worker_core import COMPUTED, StageCore, apply_kv, record_span  # noqa: F401
+from ..model.stage import Stage
+from ..schedule.transaction import DecodeTx, KvOp, RunResult
 
 
 class Transport(Protocol):
