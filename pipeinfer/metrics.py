@@ -60,6 +60,8 @@ class Counters:
     n_drafted: int = 0
     n_accepted: int = 0
     n_unverified: int = 0        # drafted tokens of runs dropped (cancelled) before verification
+    n_drafted_ngram: int = 0     # of n_drafted, tokens drafted by n-gram lookup (the rest: model)
+    n_accepted_ngram: int = 0    # of n_accepted, ... of those
     runs_started: int = 0
     runs_speculative: int = 0
     runs_cancelled_superfluous: int = 0
@@ -128,6 +130,9 @@ class CsvRow:
     mean_tree_size: float | None = None  # specpipe
     n_unverified: int = 0
     verified_accept_rate: float | None = None
+    draft_source: str = ""               # model, ngram or both (speculating strategies)
+    n_drafted_ngram: int = 0             # of n_drafted: by n-gram lookup
+    n_accepted_ngram: int = 0            # of n_accepted: ... of those
 
 
 def append_csv(path: str | os.PathLike, row: CsvRow) -> None:

@@ -28,13 +28,16 @@ class ResultArrived:
 @dataclass(frozen=True)
 class DraftReady:
     """Draft job `job_id` finished: `branches` continue its context (branch 0 first), empty
-    when the draft's first guess fell under the cutoff."""
+    when the draft's first guess fell under the cutoff (or no n-gram matched). `origin`:
+    where the draft came from, "model" (the draft model) or "ngram" (the text itself)."""
     job_id: int
     branches: tuple[tuple[int, ...], ...]
+    origin: str = "model"
 
     def __repr__(self) -> str:
         sizes = "+".join(str(len(b)) for b in self.branches) or "0"
-        return f"DraftReady(job={self.job_id}, tokens={sizes})"
+        source = "" if self.origin == "model" else f", {self.origin}"
+        return f"DraftReady(job={self.job_id}, tokens={sizes}{source})"
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,12 @@ from dataclasses import dataclass
 
 from .cutoff import FLOOR
 
+# Drafts from the text itself (ngram.py): the defaults of --ngram-min/--ngram-max, and the
+# largest n accepted. Here, not in ngram.py, so the command line reads them without numpy.
+NGRAM_MIN, NGRAM_MAX = 2, 4
+NGRAM_LIMIT = 16
+DRAFT_SOURCES = ("model", "ngram", "both")
+
 
 @dataclass(frozen=True)
 class SpecOptions:
@@ -24,6 +30,9 @@ class SpecOptions:
     tree_k: int = 2            # specpipe: draft candidates per bottom node
     draft_thread: bool = False  # pipeinfer: the draft model on a thread of its own (CLI: on)
     p_floor: float = FLOOR     # the cutoff never decays below min(this, p_accept)
+    draft_source: str = "model"  # model, ngram (prompt lookup) or both (n-grams first)
+    ngram_min: int = NGRAM_MIN   # shortest suffix an n-gram draft matches
+    ngram_max: int = NGRAM_MAX   # longest (tried first)
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,9 @@ The schedule:
 - A result is verified (speculation.py), runs it made useless are cancelled, and a job whose
   context left the speculation is stopped early.
 The cutoff (cutoff.py) rises per speculative run started, resets when a completed speculative
-run is accepted, decays once per failed draft attempt down to its floor.
+run is accepted, decays once per failed draft attempt of the draft model down to its floor.
+Drafts may also come from the text itself (n-gram lookup, ngram.py): the executor answers
+those at once, and the runs remember their origin for the counters.
 """
 
 from __future__ import annotations
@@ -76,13 +78,14 @@ class PipeInfer(Scheduler):
         context, source = self.spec.tip()
         branches = trim_branches(_rebase(job, event.branches, context), self.spec.kv_free - 1)
         if branches and self._may_speculate():
-            self.spec.start_speculative(context, branches, source)
+            self.spec.start_speculative(context, branches, source, event.origin)
             self.failed_at = None
             if self.cutoff.run_started():
                 self.record("cutoff", self.cutoff.value, "speculative run started")
         elif not event.branches:
             self.failed_at = (len(job.context), job.source, job.cutoff)
-            if self.cutoff.attempt_failed():
+            # (no n-gram matched: that says nothing about the draft model's cutoff)
+            if event.origin == "model" and self.cutoff.attempt_failed():
                 self.failed_at = None  # the cutoff changed: worth another try
                 self.record("cutoff", self.cutoff.value, "draft attempt failed")
 

@@ -45,6 +45,7 @@ class Run:
                               # last row (if any) is output
     final_chunk: bool = False  # prefill: the prompt's last chunk, whose last row gives a token
     tree_ids: tuple[int, ...] = ()  # specpipe: the BeamTree node of each output row
+    origin: str = "model"     # where its draft came from: "model" or "ngram" (counters)
 
     @property
     def max_pos(self) -> int:

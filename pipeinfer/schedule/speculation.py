@@ -128,13 +128,13 @@ class Speculation:
         return run
 
     def start_speculative(self, context: Sequence[int], branches: list[list[int]],
-                          source: tuple[int, int] | None) -> Run:
+                          source: tuple[int, int] | None, origin: str = "model") -> Run:
         """A run of the draft tree `branches` continuing `context`, whose entries are copied
         from `source` = (run id, sequence id) (None: sequence 0), in a free partition."""
         partition = self.pool.take()
         nodes, main = tree_from_branches(branches, partition[:len(branches)])
         run = Run(self.gen.next_run_id(), len(context), tuple(context), nodes, speculative=True,
-                  partition=partition, main_path=main)
+                  partition=partition, main_path=main, origin=origin)
         src_run, src_seq = source if source is not None else (-1, CANONICAL_SEQ)
         grave = self.pool.graveyard
         ops = [op for s in partition for op in (seq_cp(s, grave), seq_rm(s))]
@@ -148,6 +148,8 @@ class Speculation:
         # A root at the pending position is the pending token itself, not a guess.
         run.guesses = len(nodes) - (0 if run.base > self.pending else 1)
         c.n_drafted += run.guesses
+        if origin == "ngram":  # drafts of the text itself are counted apart too
+            c.n_drafted_ngram += run.guesses
         return run
 
     def launch(self, run: Run, kv_ops: list, count_cells: bool = True) -> None:
@@ -180,7 +182,7 @@ class Speculation:
             self._cancel_useless()
         cover = self.cover()
         if cover is not None and cover.base == self.pending and cover.speculative:
-            self.gen.counters.n_accepted += 1  # its root was the draft's guess of this token
+            self._credit(cover, 1)  # its root was the draft's guess of this token
             cover.root_credited = True
         return Absorbed(run, verified=True)
 
@@ -213,6 +215,13 @@ class Speculation:
         (except a root already counted as accepted)."""
         self.gen.counters.n_unverified += run.guesses - run.root_credited
 
+    def _credit(self, run: Run, n: int) -> None:
+        """`n` of `run`'s guesses were accepted (counted per draft origin too)."""
+        c = self.gen.counters
+        c.n_accepted += n
+        if run.origin == "ngram":
+            c.n_accepted_ngram += n
+
     def _verify(self, run: Run, result) -> None:
         """Accept the target's tokens along `run`'s tree."""
         node = run.path_to(self.accepted)
@@ -226,7 +235,7 @@ class Speculation:
                 break
             node, drafted = child, drafted + 1
         self.emit_tokens(taken, run.run_id)
-        self.gen.counters.n_accepted += drafted
+        self._credit(run, drafted)
         if self.gen.done:
             return
         # Entries of the accepted path up to the new pending token move into sequence 0.

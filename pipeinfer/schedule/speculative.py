@@ -49,4 +49,4 @@ class Speculative(Scheduler):
         branches = trim_branches(branches, self.spec.kv_free - 1)  # the root takes a cell
         pending = context[-1]
         tree = [[pending] + list(b) for b in branches] or [[pending]]
-        self.spec.start_speculative(context[:-1], tree, None)
+        self.spec.start_speculative(context[:-1], tree, None, getattr(event, "origin", "model"))
