@@ -47,6 +47,8 @@ def result_json(cfg, gen, setup, ranges, stats, wall: float) -> dict:
         "hit_rate": _round(counters.hit_rate, 4),
         "mean_tree_size": _round(counters.mean_tree_size, 3),
         **asdict(counters),
+        "draft_source": cfg.spec.draft_source if cfg.speculates else "",
+        "drafts": drafts_by_source(counters),
         "busy_fraction": ",".join(f"{b:.3f}" for b in busy),
         "rank_stats": stats,
         "wall_s": _round(wall, 4),
@@ -56,6 +58,15 @@ def result_json(cfg, gen, setup, ranges, stats, wall: float) -> dict:
         "label": cfg.label,
         **getattr(gen, "extras", {}),  # strategy-specific (pipespec: per-stage rates)
     }
+
+
+def drafts_by_source(counters) -> dict:
+    """Drafted and accepted tokens per draft source: the draft model, the n-gram lookup."""
+    ngram = (counters.n_drafted_ngram, counters.n_accepted_ngram)
+    model = (counters.n_drafted - ngram[0], counters.n_accepted - ngram[1])
+    return {name: {"drafted": drafted, "accepted": accepted,
+                   "accept_rate": _round(accepted / drafted if drafted else None, 4)}
+            for name, (drafted, accepted) in (("model", model), ("ngram", ngram))}
 
 
 def _ms(seconds) -> str:
@@ -71,6 +82,9 @@ def summary_line(r: dict) -> str:
         if r.get("n_unverified"):  # runs were cancelled: what verification itself accepted
             line += (f" ({r['verified_accept_rate'] or 0:.2f} of the verified, "
                      f"{r['n_unverified']} drafted token(s) cancelled unverified)")
+    if r.get("n_drafted_ngram"):
+        line += (f"; n-gram drafts: {r['n_accepted_ngram']} of {r['n_drafted_ngram']} "
+                 "tokens accepted")
     if r.get("hit_rate") is not None:  # specpipe
         line += (f"; tree hit rate {r['hit_rate']:.2f}, {r['flushes']} flush(es), "
                  f"mean tree size {r['mean_tree_size']:.1f}")

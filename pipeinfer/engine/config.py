@@ -6,9 +6,12 @@ from dataclasses import dataclass
 
 from ..schedule.partition_pool import PartitionPool
 from ..model.sampling import SamplingParams
-from ..schedule.options import SpecOptions
+from ..schedule.options import DRAFT_SOURCES, NGRAM_LIMIT, SpecOptions
 
 NEEDS_DRAFT = frozenset({"speculative", "pipeinfer", "pipespec", "specpipe"})
+# strategies that can draft from the text itself (n-gram lookup); pipespec and specpipe
+# need a draft model's probabilities (verifying drafts, ranking a tree's candidates)
+NGRAM_STRATEGIES = frozenset({"speculative", "pipeinfer"})
 MULTI_DRAFT = frozenset({"pipespec"})  # strategies that take several -md (smallest first)
 STRATEGY_NAMES = ("iterative", "speculative", "pipeinfer", "pipespec", "specpipe")
 
@@ -54,6 +57,30 @@ class RunConfig:
     def speculates(self) -> bool:
         return self.strategy in NEEDS_DRAFT
 
+    @property
+    def uses_draft_model(self) -> bool:
+        """Whether the head loads the draft model(s) (not for n-gram drafts alone)."""
+        return self.speculates and self.spec.draft_source != "ngram"
+
+    def check_drafts(self) -> None:
+        """ValueError if the draft source cannot work with this strategy and -md."""
+        spec, strategy = self.spec, self.strategy
+        if spec.draft_source not in DRAFT_SOURCES:
+            raise ValueError(f"unknown draft source {spec.draft_source!r}")
+        low, high = spec.ngram_min, spec.ngram_max
+        if not (1 <= low <= NGRAM_LIMIT and 1 <= high <= NGRAM_LIMIT):
+            raise ValueError(f"--ngram-min and --ngram-max must be 1 to {NGRAM_LIMIT}, got "
+                             f"{low} and {high}")
+        if low > high:
+            raise ValueError(f"--ngram-min ({low}) is larger than --ngram-max ({high})")
+        if spec.draft_source != "model" and strategy not in NGRAM_STRATEGIES:
+            raise ValueError(draft_source_refusal(strategy, spec.draft_source))
+        if self.uses_draft_model and not self.draft:
+            if strategy in NGRAM_STRATEGIES:
+                raise ValueError(f"--draft-source {spec.draft_source} needs a draft model "
+                                 "(-md); without one use --draft-source ngram")
+            raise ValueError(f"strategy {strategy} needs a draft model (-md)")
+
     def pool(self) -> PartitionPool | None:
         if self.strategy == "specpipe":  # one partition: the tree's beam slots
             return PartitionPool(1, self.spec.tree_width)
@@ -67,3 +94,24 @@ class RunConfig:
         if not self.speculates:
             return self.n_ctx
         return self.spec.kv_size or 4 * self.n_ctx
+
+
+def resolve_draft_source(strategy: str, given: str | None, has_draft: bool) -> str:
+    """--draft-source as given (ValueError for a strategy that drafts nothing), or its
+    default: for the strategies that can use n-grams, both them and the model with -md, the
+    n-grams alone without; the model for the others."""
+    if given is not None:
+        if strategy not in NEEDS_DRAFT:
+            raise ValueError(draft_source_refusal(strategy, given))
+        return given
+    if strategy not in NGRAM_STRATEGIES:
+        return "model"
+    return "both" if has_draft else "ngram"
+
+
+def draft_source_refusal(strategy: str, source: str) -> str:
+    """Why `strategy` cannot take drafts from `source` (not "model")."""
+    if strategy not in NEEDS_DRAFT:
+        return f"--draft-source {source}: strategy {strategy} drafts nothing"
+    return (f"--draft-source {source}: strategy {strategy} needs a draft model's "
+            "probabilities, which n-gram drafts do not have; use speculative or pipeinfer")

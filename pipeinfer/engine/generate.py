@@ -13,6 +13,7 @@ from ..schedule.specpipe import SpecPipe
 from ..schedule.speculative import Speculative
 from .driver import Driver
 from .drafts import InlineDrafts, ThreadedDrafts
+from .ngram_drafts import NgramDrafts
 from .hierarchy_drafts import HierarchyDrafts, build_hierarchy
 from .trace import Trace
 from .tree_drafts import TreeDrafts
@@ -32,14 +33,25 @@ def driver_for(strategy: str, pipe: Pipeline, gen: Generation, sampler, cfg, dra
         driver.drafts = HierarchyDrafts(build_hierarchy(drafter, cfg), gen, cfg)
     elif strategy == "specpipe":
         driver.drafts = TreeDrafts(drafter)
-    elif drafter is not None and strategy != "iterative":
-        opts = cfg.spec
+    elif strategy != "iterative":
+        driver.drafts = draft_executor(strategy, cfg.spec, drafter, driver.should_stop_draft)
+    return driver
+
+
+def draft_executor(strategy: str, opts, drafter, should_stop):
+    """Where speculative's and pipeinfer's draft jobs run, by `opts.draft_source`: the draft
+    model (inline, or for pipeinfer on a thread of its own), the n-gram lookup, or both (the
+    lookup first, the model for the jobs it cannot answer). None with no draft model."""
+    model = None
+    if drafter is not None and opts.draft_source != "ngram":
         # (a job's depth is its own budget, which the scheduler sets: not params.max_tokens)
         params = DraftParams(opts.draft, opts.p_split, opts.n_parallel)
         threaded = strategy == "pipeinfer" and opts.draft_thread
-        driver.drafts = (ThreadedDrafts(drafter, params) if threaded else
-                         InlineDrafts(drafter, params, driver.should_stop_draft))
-    return driver
+        model = (ThreadedDrafts(drafter, params) if threaded else
+                 InlineDrafts(drafter, params, should_stop))
+    if opts.draft_source == "model":
+        return model
+    return NgramDrafts(opts.ngram_min, opts.ngram_max, fallback=model)
 
 
 def generate(*args, **kw) -> None:

@@ -20,7 +20,7 @@ from ..model.slicing import model_info, read_model
 from ..model.stage import Stage, StageConfig
 from ..model.stage_cache import stage_file
 from ..model.tokenizer import Tokenizer
-from .config import MULTI_DRAFT, NEEDS_DRAFT, STRATEGY_NAMES, RunConfig
+from .config import MULTI_DRAFT, STRATEGY_NAMES, RunConfig
 
 SETUP_ERRORS = (ModelError, PartitionError, LlamaError, ValueError, OSError)
 
@@ -37,8 +37,7 @@ class HeadSetup:
 def plan(cfg: RunConfig, size: int) -> tuple[list[StageRange], Path]:
     if cfg.strategy not in STRATEGY_NAMES:
         raise ValueError(f"unknown strategy {cfg.strategy!r}")
-    if cfg.strategy in NEEDS_DRAFT and not cfg.draft:
-        raise ValueError(f"strategy {cfg.strategy} needs a draft model (-md)")
+    cfg.check_drafts()  # a draft model where the draft source needs one, n-gram sizes
     fractions = list(cfg.split) if cfg.split else even_split(size)
     if cfg.draft_ranks:
         _check_draft_ranks(cfg, size, len(fractions))
@@ -110,7 +109,7 @@ def head_setup(cfg: RunConfig, model: Path, stage: Stage | None, size: int) -> H
                                   ahead=cfg.spec.draft * cfg.spec.max_runs,
                                   limit=min(cfg.n_ctx, len(prompt) + cfg.n_predict))
     else:
-        drafter = _load_drafters(cfg, tokenizer) if cfg.speculates else None
+        drafter = _load_drafters(cfg, tokenizer) if cfg.uses_draft_model else None
     transport = HeadTransport(tokenizer.n_vocab, n_ranks=n_pipeline) if n_pipeline > 1 else None
     embed = None if n_pipeline == 1 else Embedder(model)
     return HeadSetup(tokenizer, prompt,

@@ -1,0 +1,60 @@
+"""Draft jobs answered from the text itself (n-gram lookup, schedule/ngram.py), and, with a
+fallback executor (the draft model's: `--draft-source both`), the jobs the lookup cannot
+answer go to the model.
+
+A lookup is a few vector compares over the context, so a job is answered the moment it is
+submitted: its DraftReady (origin "ngram") waits for the driver's next poll, and there is
+nothing to stop. Without a fallback a miss is a DraftReady with no branches (no run goes
+out). The prompt warm-up and everything else of the model's jobs is the fallback's.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Sequence
+
+from ..schedule.actions import DraftJob
+from ..schedule.events import DraftReady
+from ..schedule.ngram import ngram_draft
+
+ORIGIN = "ngram"
+
+
+class NgramDrafts:
+    def __init__(self, n_min: int, n_max: int, fallback=None):
+        if not 1 <= n_min <= n_max:
+            raise ValueError(f"n-gram sizes must satisfy 1 <= min <= max, got {n_min}, {n_max}")
+        self.n_min, self.n_max, self.fallback = n_min, n_max, fallback
+        self._ready: deque[DraftReady] = deque()
+
+    def warm(self, tokens: Sequence[int]) -> None:
+        if self.fallback is not None:
+            self.fallback.warm(tokens)
+
+    def idle(self) -> bool:
+        return self.fallback.idle() if self.fallback is not None else False
+
+    def submit(self, job: DraftJob) -> None:
+        draft = ngram_draft(job.context, self.n_min, self.n_max, job.budget)
+        if draft:
+            self._ready.append(DraftReady(job.job_id, (tuple(draft),), origin=ORIGIN))
+            return
+        if self.fallback is not None:
+            self.fallback.submit(job)
+        else:
+            self._ready.append(DraftReady(job.job_id, (), origin=ORIGIN))
+
+    def stop(self, job_id: int) -> None:
+        """A job of the lookup is answered already; one of the fallback's stops there."""
+        if self.fallback is not None:
+            self.fallback.stop(job_id)
+
+    def poll(self):
+        if self._ready:
+            return self._ready.popleft()
+        return self.fallback.poll() if self.fallback is not None else None
+
+    def close(self) -> None:
+        self._ready.clear()
+        if self.fallback is not None:
+            self.fallback.close()
