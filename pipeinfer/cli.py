@@ -187,7 +187,8 @@ def _verbosity(verbose_help: str = "Also detail (debug messages).",
               help=STRATEGY_HELP)
 @draft_source_options
 @click.option("--draft", "draft_max", default=4, type=click.IntRange(1, 64),
-              help="Most draft tokens per speculative run (tree depth; micro-batch size).")
+              help="Most draft tokens per speculative run (tree depth; micro-batch size); "
+                   "without --repack a run holds at most 7 tokens (see --repack).")
 @click.option("-pa", "--p-accept", default=0.3, type=float,
               help="Keep drafting while the draft's top probability is at least this "
                    "(pipeinfer: plus p_adjust).")
@@ -224,12 +225,13 @@ def _verbosity(verbose_help: str = "Also detail (debug messages).",
 @click.option("--tree-k", default=2, type=click.IntRange(1, 64),
               help="specpipe: draft candidates (top-k tokens) per bottom node when growing "
                    "the tree by one level.")
-@click.option("--no-repack", is_flag=True,
-              help="Load target stages without llama.cpp's weight repacking. Repacked K-quant "
-                   "kernels give slightly different numbers for batches of 4+ tokens than for "
-                   "one token, so speculative verification can (rarely) pick a different greedy "
-                   "token than one-token decoding; without repacking batches up to 7 tokens match "
-                   "bit for bit, at a higher cost per batch.")
+@click.option("--repack/--no-repack", default=False,
+              help="Load target stages with llama.cpp's weight repacking (off by default: "
+                   "not exact). Repacked kernels round batches of 4+ tokens differently from "
+                   "one token, so verifying a speculative run can pick another greedy token "
+                   "than llama.cpp's one-token decoding at a near tie. Without it, runs after "
+                   "the prompt are cut to 7 tokens (8+ round differently too) and the output "
+                   "equals llama.cpp's with --no-repack. The draft model is always repacked.")
 @click.option("--no-continuous", is_flag=True,
               help="pipeinfer ablation: one speculative run in flight at a time, micro-batches "
                    "up to 2x --draft.")
@@ -254,7 +256,7 @@ def _verbosity(verbose_help: str = "Also detail (debug messages).",
 def run(model, draft, prompt, prompt_file, n_predict, n_ctx, n_batch, seed, temp, top_k, top_p,
         threads, split, strategy, draft_max, p_accept, p_split, n_parallel, p_recovery, p_decay,
         p_floor, trace_path, draft_source, ngram_min, ngram_max,
-        max_runs, partitions, kv_size, no_repack, no_continuous, no_cancel, no_draft_thread,
+        max_runs, partitions, kv_size, repack, no_continuous, no_cancel, no_draft_thread,
         ignore_eos, chat, csv_path, as_json, label, verbose, quiet, tree_width, tree_k):
     """Generate text from a prompt. Under mpirun every rank runs this same command: rank 0 is
     the head (tokenizer, sampling, its share of layers), ranks 1..N-1 each evaluate one
@@ -304,7 +306,7 @@ def run(model, draft, prompt, prompt_file, n_predict, n_ctx, n_batch, seed, temp
                                      p_floor=p_floor, draft_source=source,
                                      ngram_min=ngram_min, ngram_max=ngram_max),
                     ignore_eos=ignore_eos, chat=chat, csv=csv_path, json=as_json,
-                    verbose=verbose, label=label, repack=not no_repack, trace=trace_path)
+                    verbose=verbose, label=label, repack=repack, trace=trace_path)
     _checked(cfg.check_drafts)
     sys.exit(run_main(cfg, summary=not quiet))
 

@@ -14,6 +14,13 @@ def _round(value, digits=6):
     return None if value is None else round(value, digits)
 
 
+def repacked(cfg) -> bool:
+    """Whether the target stages' weights were repacked (a llama.cpp built with AMX loads
+    without extra buffers, so never repacks: llama_lib.amx_compiled)."""
+    from .model.llama_lib import amx_compiled
+    return bool(cfg.repack) and not amx_compiled()
+
+
 def result_json(cfg, gen, setup, ranges, stats, wall: float) -> dict:
     tl, counters = gen.timeline, gen.counters
     n_prompt = len(setup.prompt)
@@ -31,6 +38,7 @@ def result_json(cfg, gen, setup, ranges, stats, wall: float) -> dict:
         "split": format_split([r.n_layer / ranges[-1].last for r in ranges])
         + "/1" * cfg.draft_ranks,
         "threads": ",".join(str(cfg.threads_for(r.rank)) for r in ranges),
+        "repack": repacked(cfg),
         "prompt_tokens": list(setup.prompt),
         "tokens": list(gen.tokens),
         "text": setup.tokenizer.detokenize(gen.tokens),

@@ -57,8 +57,11 @@ def llama_greedy(model: Path, prompt_tokens: list[int], n: int, n_ctx: int = 204
     if key not in _REFERENCE:
         from llama_cpp import Llama
 
-        llm = Llama(model_path=str(model), n_ctx=n_ctx, n_threads=1, flash_attn=True,
-                    verbose=False)
+        from pipeinfer.model.llama_lib import llama_repacking
+
+        with llama_repacking(False):  # the layout of the target stages (README, --repack)
+            llm = Llama(model_path=str(model), n_ctx=n_ctx, n_threads=1, flash_attn=True,
+                        verbose=False)
         out: list[int] = []
         for token in llm.generate(prompt_tokens, temp=0.0, repeat_penalty=1.0):
             out.append(int(token))

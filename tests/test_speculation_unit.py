@@ -88,8 +88,9 @@ def _fixture_or(request, name: str):
 def greedy_reference(model: Path, prompt: Sequence[int], n: int) -> list[int]:
     """Single-node greedy decoding: the whole model, one token per decode."""
     n_ctx = max(N_CTX, len(prompt) + n + 1)
-    with Stage(model, StageConfig(n_ctx=n_ctx, n_batch=N_BATCH, n_seq_max=1), final=True,
-               label="reference") as stage:
+    # (the weight layout of the runs compared with it: target stages are not repacked)
+    config = StageConfig(n_ctx=n_ctx, n_batch=N_BATCH, n_seq_max=1, repack=False)
+    with Stage(model, config, final=True, label="reference") as stage:
         out = stage.decode(list(range(len(prompt))), [(0,)] * len(prompt), tokens=list(prompt))
         tokens = [int(np.argmax(out[-1]))]
         while len(tokens) < n:

@@ -36,7 +36,7 @@ class RunConfig:
     json: bool = False
     verbose: int = 0
     label: str = ""
-    repack: bool = True
+    repack: bool = False    # target stages: llama.cpp's weight repacking (not exact; README)
     trace: str | None = None
 
     @property

@@ -20,6 +20,7 @@ from ..model.slicing import model_info, read_model
 from ..model.stage import Stage, StageConfig
 from ..model.stage_cache import stage_file
 from ..model.tokenizer import Tokenizer
+from ..schedule.options import EXACT_RUN
 from .config import MULTI_DRAFT, STRATEGY_NAMES, RunConfig
 
 SETUP_ERRORS = (ModelError, PartitionError, LlamaError, ValueError, OSError)
@@ -37,6 +38,11 @@ class HeadSetup:
 def plan(cfg: RunConfig, size: int) -> tuple[list[StageRange], Path]:
     if cfg.strategy not in STRATEGY_NAMES:
         raise ValueError(f"unknown strategy {cfg.strategy!r}")
+    if cfg.strategy == "specpipe" and not cfg.repack and cfg.spec.tree_width > EXACT_RUN:
+        raise ValueError(f"specpipe: --tree-width {cfg.spec.tree_width} cannot be exact (a tree "
+                         f"level is verified as one batch, and llama.cpp rounds batches of "
+                         f"{EXACT_RUN + 1}+ tokens differently): give at most {EXACT_RUN}, or "
+                         "--repack (not exact)")
     cfg.check_drafts()  # a draft model where the draft source needs one, n-gram sizes
     fractions = list(cfg.split) if cfg.split else even_split(size)
     if cfg.draft_ranks:

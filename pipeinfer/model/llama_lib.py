@@ -8,6 +8,7 @@ explain a failed load) and logged line by line at DEBUG (`pipeinfer -vv` shows i
 from __future__ import annotations
 
 import collections
+import contextlib
 import ctypes
 import logging
 import os
@@ -83,6 +84,27 @@ def amx_compiled() -> bool:
     report AMX). Their repacked buffers crash on machines whose AMX tiles do not work, so model
     loads then turn off extra buffer types (and with them weight repacking)."""
     return "AMX_INT8 = 1" in system_info()
+
+
+@contextlib.contextmanager
+def llama_repacking(enabled: bool):
+    """Within: models that llama-cpp-python's `Llama` loads are repacked or not (it has no
+    switch of its own; a single-node reference must use the weight layout of the stages it is
+    compared with)."""
+    import llama_cpp.llama_cpp as bindings  # the module whose function `Llama` calls
+
+    original = bindings.llama_model_default_params
+
+    def params():
+        p = original()
+        p.use_extra_bufts = enabled and not amx_compiled()
+        return p
+
+    bindings.llama_model_default_params = params
+    try:
+        yield
+    finally:
+        bindings.llama_model_default_params = original
 
 
 def _lib_dir() -> Path:

@@ -23,7 +23,8 @@ class Scheduler:
     def __init__(self, gen: Generation, sampler, limits: Limits, opts: SpecOptions,
                  pool: PartitionPool | None):
         self.gen, self.limits, self.opts, self.pool = gen, limits, opts, pool
-        self.spec = Speculation(gen, sampler, pool, limits.kv_size, cancel=opts.cancel)
+        self.spec = Speculation(gen, sampler, pool, limits.kv_size, cancel=opts.cancel,
+                                max_run=limits.max_run)
         self.finished = False
         self.prefilled = False  # no draft job goes out before the prompt is in (they wait)
 

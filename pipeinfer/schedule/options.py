@@ -12,6 +12,13 @@ NGRAM_MIN, NGRAM_MAX = 2, 4
 NGRAM_LIMIT = 16
 DRAFT_SOURCES = ("model", "ngram", "both")
 
+# Most tokens of a run after the prompt when the output must be exact. With llama.cpp's plain
+# weight layout (no repacking) and flash attention, a batch of up to 7 tokens gives every
+# token the logits one-token decoding gives it, bit for bit; from 8 tokens on other kernels
+# round differently (experiments/batch_exactness.py prints the table for a model and host).
+# A run of a speculative tree is verified as one batch: so they are cut to this size.
+EXACT_RUN = 7
+
 
 @dataclass(frozen=True)
 class SpecOptions:
@@ -42,3 +49,4 @@ class Limits:
     n_ctx: int                 # context size
     kv_size: int               # KV cells per stage
     n_stages: int              # stages holding target layers (the head's slice counts)
+    max_run: int = EXACT_RUN   # most tokens per run after the prompt (n_batch: no limit)

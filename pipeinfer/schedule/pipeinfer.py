@@ -93,7 +93,7 @@ class PipeInfer(Scheduler):
         context, source = self.spec.tip()
         cutoff = self.cutoff.value
         # keep one cell for the non-speculative run a rejection may need
-        budget = min(self.batch.limit, self.limits.n_ctx - len(context),
+        budget = min(self.batch.limit, self.limits.max_run, self.limits.n_ctx - len(context),
                      self.spec.kv_free - 1)
         if (len(context), source, cutoff) == self.failed_at or budget <= 0:
             return

@@ -76,7 +76,8 @@ class PipeSpec(Scheduler):
             return
         accepted, tokens = spec.accepted, []
         if self.pool.n_free and self.in_flight < self.opts.max_runs:
-            budget = min(self.opts.draft, self.limits.n_ctx - len(accepted), spec.kv_free - 2)
+            budget = min(self.opts.draft, self.limits.n_ctx - len(accepted), spec.kv_free - 2,
+                         self.limits.max_run - 1)
             tokens = proposal(self.top, accepted, budget)
         if tokens:
             spec.start_speculative(accepted[:-1], [[accepted[-1]] + tokens], None)
@@ -90,7 +91,8 @@ class PipeSpec(Scheduler):
             return
         context, source = spec.tip()
         # keep one cell for the non-speculative run a rejection may need
-        budget = min(self.opts.draft, self.limits.n_ctx - len(context), spec.kv_free - 1)
+        budget = min(self.opts.draft, self.limits.n_ctx - len(context), spec.kv_free - 1,
+                     self.limits.max_run)
         tokens = proposal(self.top, context, budget)
         # Lookahead 0 while the target would otherwise run dry; with runs queued, a full
         # window (fewer runs, and cheaper per token where batching pays off).

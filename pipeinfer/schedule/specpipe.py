@@ -113,7 +113,7 @@ class SpecPipe(Scheduler):
         if len(self.spec.accepted) + 1 - self.spec.c0 > self.spec.kv_free:
             self.stop("kv-cache")
             return
-        new_tree(self.tree, self.kv, self.spec, self.slots, self.limits.n_batch)
+        new_tree(self.tree, self.kv, self.spec, self.slots, self.limits.max_run)
         self.logits = None
 
     # --- results -------------------------------------------------------------------------

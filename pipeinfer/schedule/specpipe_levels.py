@@ -64,15 +64,15 @@ def count_step(counters, tree_size: int, hit: bool) -> None:
     counters.n_accepted += hit
 
 
-def new_tree(tree: BeamTree, kv: BeamSlots, spec, slots: tuple[int, ...], n_batch: int) -> None:
+def new_tree(tree: BeamTree, kv: BeamSlots, spec, slots: tuple[int, ...], max_run: int) -> None:
     """A tree rooted at the newest accepted token: the accepted tokens sequence 0 lacks are
-    decoded in (0, slot 0), the last row evaluating the root (whose draft logits come with the
-    next job's sync)."""
+    decoded in (0, slot 0) in runs of at most max_run, the last row evaluating the root (whose
+    draft logits come with the next job's sync)."""
     accepted, c0 = spec.accepted, spec.c0
     p = len(accepted) - 1
     root = tree.reset(accepted[p], p)
     ops = kv.new_root(c0, root, tuple(accepted))
-    spec.chain(accepted, c0, p + 1, (CANONICAL_SEQ, slots[0]), n_batch, ops, (root,))
+    spec.chain(accepted, c0, p + 1, (CANONICAL_SEQ, slots[0]), max_run, ops, (root,))
     spec.c0 = p + 1
     tree.nodes[root].draft_done = True
 

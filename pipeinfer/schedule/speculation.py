@@ -25,7 +25,8 @@ from .transaction import seq_cp, seq_rm
 from .actions import CancelRuns, EmitTokens, KvOps, StartRun
 from .cancellation import to_cancel, useless_runs
 from .generation import CANONICAL_SEQ, Generation
-from .runs import Node, Run, RunState, tree_from_branches
+from .options import EXACT_RUN
+from .runs import Node, Run, RunState, tree_from_branches, trim_branches
 
 
 @dataclass(frozen=True)
@@ -39,9 +40,10 @@ class Absorbed:
 
 class Speculation:
     def __init__(self, gen: Generation, sampler, pool: PartitionPool | None, kv_cells: int,
-                 cancel: bool = True):
+                 cancel: bool = True, max_run: int = EXACT_RUN):
         self.gen, self.sampler, self.pool = gen, sampler, pool
         self.cancel_enabled = cancel
+        self.max_run = max_run               # most tokens of a speculative run (options.py)
         # Cells are never reused within a generation (see partition_pool): count them.
         self.kv_free = kv_cells - len(gen.request.prompt)
         self.fifo: deque[Run] = deque()
@@ -130,7 +132,9 @@ class Speculation:
     def start_speculative(self, context: Sequence[int], branches: list[list[int]],
                           source: tuple[int, int] | None, origin: str = "model") -> Run:
         """A run of the draft tree `branches` continuing `context`, whose entries are copied
-        from `source` = (run id, sequence id) (None: sequence 0), in a free partition."""
+        from `source` = (run id, sequence id) (None: sequence 0), in a free partition; a tree
+        over max_run nodes is cut (trim_branches)."""
+        branches = trim_branches(branches, self.max_run)
         partition = self.pool.take()
         nodes, main = tree_from_branches(branches, partition[:len(branches)])
         run = Run(self.gen.next_run_id(), len(context), tuple(context), nodes, speculative=True,

@@ -34,7 +34,8 @@ class Speculative(Scheduler):
 
     def _draft(self) -> None:
         context = self.spec.accepted
-        budget = min(self.opts.draft, self.limits.n_ctx - len(context), self.spec.kv_free - 1)
+        budget = min(self.opts.draft, self.limits.n_ctx - len(context), self.spec.kv_free - 1,
+                     self.limits.max_run - 1)  # (the pending token is the tree's root)
         if budget < 0:
             self.stop("kv-cache")
             return
