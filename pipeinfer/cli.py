@@ -26,6 +26,7 @@ from .cli_options import (DRAFT_MODEL_HELP, SPLIT_HELP, STRATEGY_HELP,  # noqa: 
                           parse_split, parse_threads)
 from .model.partition import PartitionError  # noqa: E402
 from .schedule.cutoff import FLOOR  # noqa: E402
+from .schedule.guard import THRESHOLD as GUARD_THRESHOLD  # noqa: E402
 
 
 # --- messages: every module logs to "pipeinfer.<module>"; here is how they show ------------
@@ -208,6 +209,11 @@ def _verbosity(verbose_help: str = "Also detail (debug messages).",
 @click.option("--p-floor", default=FLOOR, type=click.FloatRange(0, 1),
               help="pipeinfer: the cutoff never decays below this (or -pa, if lower): a draft "
                    "token less likely is rarely the target's; unbounded, decay ends the cutoff.")
+@click.option("--guard-accept", default=GUARD_THRESHOLD, type=click.FloatRange(0, 1),
+              help="speculative, pipeinfer: the never-slower guard. When fewer than this share "
+                   "of the last 16 drafted tokens were accepted, speculation pauses (plain "
+                   "decoding) for 8 tokens, then probes again; each failed probe doubles the "
+                   "pause (up to 256), a probe that pays resets it. 0 turns the guard off.")
 @click.option("--max-runs", default=6, type=click.IntRange(2, 64),
               help="pipeinfer: most runs in flight in the target pipeline at once. specpipe: "
                    "tree levels in flight are the number of target stages + 1, at most this.")
@@ -255,7 +261,7 @@ def _verbosity(verbose_help: str = "Also detail (debug messages).",
             "summary line (--json still has every result).")
 def run(model, draft, prompt, prompt_file, n_predict, n_ctx, n_batch, seed, temp, top_k, top_p,
         threads, split, strategy, draft_max, p_accept, p_split, n_parallel, p_recovery, p_decay,
-        p_floor, trace_path, draft_source, ngram_min, ngram_max,
+        p_floor, guard_accept, trace_path, draft_source, ngram_min, ngram_max,
         max_runs, partitions, kv_size, repack, no_continuous, no_cancel, no_draft_thread,
         ignore_eos, chat, csv_path, as_json, label, verbose, quiet, tree_width, tree_k):
     """Generate text from a prompt. Under mpirun every rank runs this same command: rank 0 is
@@ -303,7 +309,8 @@ def run(model, draft, prompt, prompt_file, n_predict, n_ctx, n_batch, seed, temp
                                      p_decay, not no_continuous, not no_cancel, max_runs,
                                      partitions, kv_size, tree_width=tree_width,
                                      tree_k=tree_k, draft_thread=not no_draft_thread,
-                                     p_floor=p_floor, draft_source=source,
+                                     p_floor=p_floor, guard_accept=guard_accept,
+                                     draft_source=source,
                                      ngram_min=ngram_min, ngram_max=ngram_max),
                     ignore_eos=ignore_eos, chat=chat, csv=csv_path, json=as_json,
                     verbose=verbose, label=label, repack=repack, trace=trace_path)

@@ -814,7 +814,8 @@ USELESS = [DraftPlan(False, BranchPlan(5, 0, 3), ())]       # always wrong from 
 
 @pytest.mark.parametrize("lag", [2, 3, 5])   # slow enough for a micro-batch to be drafted
 def test_counters_perfect_and_useless_drafts(tiny, lag):
-    spec = SpecOptions(p_accept=0.0, p_recovery=0.0, p_decay=0.0)
+    # (the guard off: useless drafts would pause speculation; tests/test_guard.py)
+    spec = SpecOptions(p_accept=0.0, p_recovery=0.0, p_decay=0.0, guard_accept=0.0)
     n = 40
 
     def go(strategy, plans):

@@ -13,6 +13,7 @@ from .actions import Finish, PolicyChanged
 from .events import (Cancel, DraftInterrupted, DraftReady, DraftsStepped, ResultArrived, Start,
                      Tick)
 from .generation import Generation
+from .guard import Guard
 from .options import Limits, SpecOptions
 from .speculation import Absorbed, Speculation
 
@@ -25,6 +26,7 @@ class Scheduler:
         self.gen, self.limits, self.opts, self.pool = gen, limits, opts, pool
         self.spec = Speculation(gen, sampler, pool, limits.kv_size, cancel=opts.cancel,
                                 max_run=limits.max_run)
+        self.guard = Guard(opts.guard_accept)
         self.finished = False
         self.prefilled = False  # no draft job goes out before the prompt is in (they wait)
 
@@ -58,12 +60,26 @@ class Scheduler:
             self.spec.discard(result)
             return
         absorbed = self.spec.absorb(result)
+        self._observe(absorbed.run)
         if absorbed.prefill_done:
             self.prefilled = True
             if not self.gen.done:
                 self.after_prefill()
         elif not absorbed.run.prefill:
             self.on_result(absorbed)
+
+    def _observe(self, run) -> None:
+        if run.speculative and run.guesses > 0:
+            why = self.guard.observe(run.guesses, run.n_accepted, len(self.gen.tokens))
+            if why:
+                self.record("guard", self.guard.pause, why)
+
+    def speculation_pays(self) -> bool:
+        """The guard's word (guard.py): whether to speculate now."""
+        ok, why = self.guard.allows(len(self.gen.tokens))
+        if why:
+            self.record("guard", 0, why)
+        return ok
 
     def stop(self, reason: str) -> None:
         """End the generation (runs in flight are drained, their results discarded)."""

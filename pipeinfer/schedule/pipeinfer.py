@@ -18,7 +18,8 @@ The schedule:
 The cutoff (cutoff.py) rises per speculative run started, resets when a completed speculative
 run is accepted, decays once per failed draft attempt of the draft model down to its floor.
 Drafts may also come from the text itself (n-gram lookup, ngram.py): the executor answers
-those at once, and the runs remember their origin for the counters.
+those at once, and the runs remember their origin for the counters. While the guard (guard.py)
+pauses speculation, no draft goes out: plain decoding, until it probes again.
 """
 
 from __future__ import annotations
@@ -106,6 +107,8 @@ class PipeInfer(Scheduler):
 
     def _may_speculate(self) -> bool:
         if self.pool.n_free == 0 or self.in_flight >= self.opts.max_runs:
+            return False
+        if not self.speculation_pays():
             return False
         return self.batch.continuous or not any(r.speculative for r in self.spec.live())
 

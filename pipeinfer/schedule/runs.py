@@ -40,6 +40,7 @@ class Run:
     cancelled: bool = False
     main_path: list[int] = field(default_factory=list)  # node indices of branch 0
     guesses: int = 0          # nodes that are the draft's guesses (not a known token)
+    n_accepted: int = 0       # of its guesses, accepted (the guard reads it when it leaves)
     root_credited: bool = False  # its root guess was counted as accepted (see Speculation)
     prefill: bool = False     # a chunk of the prompt (specpipe: of accepted tokens): only its
                               # last row (if any) is output

@@ -223,6 +223,7 @@ class Speculation:
         """`n` of `run`'s guesses were accepted (counted per draft origin too)."""
         c = self.gen.counters
         c.n_accepted += n
+        run.n_accepted += n
         if run.origin == "ngram":
             c.n_accepted_ngram += n
 

@@ -4,6 +4,7 @@ The schedule: while the target prefills the prompt the draft model reads it too;
 token tree after the accepted tokens (under the fixed cutoff p_accept, at most --draft deep),
 verify it in one run rooted at the pending token, accept the longest verified path plus the
 target's next token, repeat. Drafting and verification wait for each other: one run in flight.
+While the guard (guard.py) pauses speculation, the run is the pending token alone.
 """
 
 from __future__ import annotations
@@ -38,6 +39,9 @@ class Speculative(Scheduler):
                      self.limits.max_run - 1)  # (the pending token is the tree's root)
         if budget < 0:
             self.stop("kv-cache")
+            return
+        if not self.speculation_pays():   # paused by the guard: plain decoding meanwhile
+            self.spec.start_main()
             return
         self.job = DraftJob(next(self.jobs), tuple(context), None, self.opts.p_accept, budget)
         self.spec.emit(StartDraft(self.job))
