@@ -5,11 +5,14 @@ The schedule. `depth` runs stay in flight (the target stages + 1, the extra one 
 the first stage while the head drafts; at most --max-runs), each holding one tree level: a
 level's run starts whenever fewer are in flight. A level: every bottom node's --tree-k
 likeliest draft tokens, of which the --tree-width with the highest cumulative draft
-probability survive (SpecPipe 3.3.3). The draft evaluates a level's nodes in one job once
-the level is out, also when the pipeline is full. The run holding the newest accepted node A
-gives, in A's row, the target's next token t. t is accepted; if t is a child of A (a *hit*)
-the tree is rerooted to it and runs holding no surviving node are cancelled; else (a *miss*)
-every run in flight is cancelled and a new tree starts at t.
+probability survive (SpecPipe 3.3.3); with n-gram drafts, a node's candidates are the
+tokens that followed its path's suffix earlier, so a level may be narrower, and while no
+node has any the tree gains no level (the roots are decoded plainly). The draft evaluates a
+level's nodes in one job once the level is out, also when the pipeline is full. The run
+holding the newest accepted node A gives, in A's row, the target's next token t. t is
+accepted; if t is a child of A (a *hit*) the tree is rerooted to it and runs holding no
+surviving node are cancelled; else (a *miss*) every run in flight is cancelled and a new tree
+starts at t.
 Mechanics: specpipe_levels.py (a level's job and run, roots), specpipe_kv.py (slots, copies).
 """
 
@@ -39,6 +42,8 @@ class SpecPipe(Scheduler):
         self.job: tuple[int, list[int]] | None = None  # the job out: id, node of each row
         self.logits: dict | None = None       # node -> draft logits, known for every bottom
         self.held: deque = deque()            # results waiting for the job out
+        self.stalled = False                  # the bottoms have no candidate: no level until
+                                              # the next root
 
     # --- hooks ---------------------------------------------------------------------------
     def on_start(self) -> None:
@@ -75,7 +80,8 @@ class SpecPipe(Scheduler):
 
     # --- growing: a level's draft job, then its run -----------------------------------------
     def _may_grow(self) -> bool:
-        return may_grow(self.tree, self.gen, self.spec.kv_free, self.pos_limit)
+        return not self.stalled and may_grow(self.tree, self.gen, self.spec.kv_free,
+                                             self.pos_limit)
 
     def _room(self) -> bool:
         return len(self.spec.live()) < self.depth and self._may_grow()
@@ -104,9 +110,13 @@ class SpecPipe(Scheduler):
 
     def _grow(self) -> None:
         logits, self.logits = self.logits, None
-        run, ops = level_run(self.tree, self.kv, self.slots, logits, self.gen.next_run_id())
+        run, ops = level_run(self.tree, self.kv, self.slots, logits, self.gen.next_run_id)
+        if run is None:   # no row named a candidate; they stay the same until a new root
+            self.stalled = True
+            return
         self.spec.launch(run, ops)
-        count_level(self.gen.counters, len(run.nodes))
+        count_level(self.gen.counters, len(run.nodes),
+                    sum(self.tree.nodes[n].origin == "ngram" for n in run.tree_ids))
 
     def _start_root(self) -> None:
         """A new tree rooted at the newest accepted token."""
@@ -114,7 +124,7 @@ class SpecPipe(Scheduler):
             self.stop("kv-cache")
             return
         new_tree(self.tree, self.kv, self.spec, self.slots, self.limits.max_run)
-        self.logits = None
+        self.logits, self.stalled = None, False
 
     # --- results -------------------------------------------------------------------------
     def _absorb(self, result) -> None:
@@ -127,7 +137,8 @@ class SpecPipe(Scheduler):
             raise RuntimeError(f"run {run.run_id} does not evaluate the accepted token")
         token = result.token(run.tree_ids.index(node), self.spec.sampler)
         child = tree.child_with(node, token)
-        count_step(cnt, tree.size, hit=child is not None)
+        count_step(cnt, tree.size, hit=child is not None,
+                   ngram=child is not None and tree.nodes[child].origin == "ngram")
         self.spec.accept([token], run.run_id)
         if self.gen.done:
             return

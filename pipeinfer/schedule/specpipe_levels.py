@@ -4,6 +4,8 @@ children into the pipeline, with the KV copies that branch a slot off another be
 
 from __future__ import annotations
 
+from typing import Callable
+
 from .actions import KvOps
 from .generation import CANONICAL_SEQ
 from .runs import Node, Run
@@ -25,18 +27,21 @@ def level_job(tree: BeamTree, kv: BeamSlots) -> tuple[StartTreeDraft, list[int]]
 
 
 def level_run(tree: BeamTree, kv: BeamSlots, slots: tuple[int, ...], logits: dict,
-              run_id: int) -> tuple[Run, list]:
+              next_id: Callable[[], int]) -> tuple[Run | None, list]:
     """The run of the next level (the children `tree.choose` keeps, given the draft logits of
-    the bottom nodes) and the KV ops it needs first."""
+    the bottom nodes) and the KV ops it needs first; no run if no row named a candidate (the
+    tree stays as it is)."""
     parent_slot = {b: s for s, b in tree.bottom.items()}
     children = tree.choose(logits)
+    if not children:
+        return None, []
     ops = [op for c in children if c.copy
            for op in kv.branch(parent_slot[c.parent], c.slot, tree.nodes[c.parent].pos + 1)]
     ids = tree.grow(children)
     kv.holding.update(c.slot for c in children)
     nodes = [Node(c.token, -1, 0, (slots[c.slot],)) for c in children]
     # (no single context: the tree holds each row's path)
-    return Run(run_id, tree.nodes[ids[0]].pos, (), nodes, speculative=True,
+    return Run(next_id(), tree.nodes[ids[0]].pos, (), nodes, speculative=True,
                tree_ids=tuple(ids)), ops
 
 
@@ -50,18 +55,22 @@ def may_grow(tree: BeamTree, gen, kv_free: int, pos_limit: int) -> bool:
     return bp is not None and bp < pos_limit and kv_free >= tree.width + left
 
 
-def count_level(counters, n_nodes: int) -> None:
+def count_level(counters, n_nodes: int, n_ngram: int = 0) -> None:
+    """A level's run went out: `n_nodes` drafted tokens, `n_ngram` of them n-gram drafts."""
     counters.runs_speculative += 1
     counters.microbatch_tokens += n_nodes
     counters.n_drafted += n_nodes
+    counters.n_drafted_ngram += n_ngram
 
 
-def count_step(counters, tree_size: int, hit: bool) -> None:
-    """A target token verified against the tree (a hit: the tree holds it)."""
+def count_step(counters, tree_size: int, hit: bool, ngram: bool = False) -> None:
+    """A target token verified against the tree (a hit: the tree holds it; `ngram`: as an
+    n-gram draft)."""
     counters.tree_steps += 1
     counters.tree_nodes += tree_size
     counters.tree_hits += hit
     counters.n_accepted += hit
+    counters.n_accepted_ngram += hit and ngram
 
 
 def new_tree(tree: BeamTree, kv: BeamSlots, spec, slots: tuple[int, ...], max_run: int) -> None:

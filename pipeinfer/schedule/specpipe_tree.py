@@ -16,6 +16,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .tree_draft import SparseLogits
+
+# A candidate less likely than this (e^-40) is none: a row that gives no token such odds (an
+# n-gram row that matched nothing, or nothing beyond its few matches) adds no child there, so
+# a level may be narrower than the width, or not exist.
+NEGLIGIBLE_LOGP = -40.0
+
 
 @dataclass
 class TreeNode:
@@ -25,6 +32,7 @@ class TreeNode:
     logp: float                 # cumulative draft log-probability below the root
     children: list[int] = field(default_factory=list)
     draft_done: bool = False    # the draft evaluated it (in its slot's draft sequence)
+    origin: str = "model"       # the draft row it was chosen from: "model" or "ngram"
 
 
 @dataclass(frozen=True)
@@ -36,12 +44,30 @@ class Child:
     logp: float
     slot: int
     copy: bool
+    origin: str = "model"       # the source of the row it was chosen from
 
 
 def log_softmax(logits: np.ndarray) -> np.ndarray:
     z = logits.astype(np.float64)
     z = z - z.max()
     return z - np.log(np.exp(z).sum())
+
+
+def ranked(row, k: int) -> list[tuple[int, float]]:
+    """A draft row's (logits over the vocabulary, or a SparseLogits) k likeliest tokens with
+    their log-probabilities, best first, without those of negligible probability."""
+    if isinstance(row, SparseLogits):
+        if not row.tokens:
+            return []
+        lp = log_softmax(np.asarray(row.logits)).tolist()
+        # (a stable sort: equally likely tokens keep the row's order)
+        pairs = sorted(zip(row.tokens, lp), key=lambda c: -c[1])[:k]
+    else:
+        lp = log_softmax(row)
+        k = min(k, lp.size)
+        top = np.argpartition(-lp, k - 1)[:k]
+        pairs = sorted(((int(t), float(lp[t])) for t in top), key=lambda c: (-c[1], c[0]))
+    return [(int(t), float(p)) for t, p in pairs if p >= NEGLIGIBLE_LOGP]
 
 
 class BeamTree:
@@ -108,30 +134,28 @@ class BeamTree:
     # --- growing -------------------------------------------------------------------------
     def choose(self, logits: dict[int, np.ndarray]) -> list[Child]:
         """The next level (SpecPipe 3.3.3): each bottom node's top-k draft candidates, of
-        which the `width` with the highest cumulative probability survive. A parent's first
-        surviving child keeps the parent's slot; further children take slots of beams that
-        died or free slots. Children come grouped by parent, in slot order."""
+        which the `width` with the highest cumulative probability survive (fewer, or none,
+        when the rows name fewer tokens of more than negligible probability). A parent's
+        first surviving child keeps the parent's slot; further children take slots of beams
+        that died or free slots. Children come grouped by parent, in slot order."""
         cands = []
         beams = sorted(self.bottom.items())
         for order, (slot, node) in enumerate(beams):
-            lp = log_softmax(logits[node])
-            k = min(self.k, lp.size)
-            top = np.argpartition(-lp, k - 1)[:k]
-            top = sorted(top, key=lambda t: (-lp[t], t))
-            for rank, t in enumerate(top):
-                cands.append((self.nodes[node].logp + float(lp[t]), order, rank, slot, node,
-                              int(t)))
+            row = logits[node]
+            origin = getattr(row, "origin", "model")
+            for rank, (t, lp) in enumerate(ranked(row, self.k)):
+                cands.append((self.nodes[node].logp + lp, order, rank, slot, node, t, origin))
         cands.sort(key=lambda c: (-c[0], c[1], c[2]))
         chosen = sorted(cands[:self.width], key=lambda c: (c[1], c[2]))
         parents = {c[3] for c in chosen}
         free = [s for s in range(self.width) if s not in parents]
         out, used = [], set()
-        for logp, _, _, slot, node, token in chosen:
+        for logp, _, _, slot, node, token, origin in chosen:
             if slot not in used:
                 used.add(slot)
-                out.append(Child(node, token, logp, slot, False))
+                out.append(Child(node, token, logp, slot, False, origin))
             else:
-                out.append(Child(node, token, logp, free.pop(0), True))
+                out.append(Child(node, token, logp, free.pop(0), True, origin))
         return out
 
     def grow(self, children: list[Child]) -> list[int]:
@@ -139,6 +163,7 @@ class BeamTree:
         ids = []
         for c in children:
             p = self.nodes[c.parent]
-            ids.append(self._add(TreeNode(c.token, p.pos + 1, c.parent, c.logp)))
+            ids.append(self._add(TreeNode(c.token, p.pos + 1, c.parent, c.logp,
+                                          origin=c.origin)))
         self.bottom = {c.slot: nid for c, nid in zip(children, ids)}
         return ids

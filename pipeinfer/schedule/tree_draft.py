@@ -51,10 +51,24 @@ class StartTreeDraft:
 
 
 @dataclass(frozen=True)
+class SparseLogits:
+    """A draft row that names its candidates: `tokens` have `logits` (best first, in the
+    order ties are broken), every other token has probability zero. N-gram drafts give such
+    rows: they know a few continuations and nothing of the rest of the vocabulary."""
+    tokens: tuple[int, ...]
+    logits: tuple[float, ...]
+    origin: str = "ngram"
+
+    def __repr__(self) -> str:
+        return f"SparseLogits({len(self.tokens)} token(s), {self.origin})"
+
+
+@dataclass(frozen=True)
 class TreeDraftReady(DraftReady):
     """Tree draft job `job_id` is done: `rows` holds the draft's logits per decode, then
     after the sync (a DraftReady, so the core hands it to the strategy; `branches` stays
-    empty)."""
+    empty). A row is the draft model's logits (an array over the vocabulary) or a
+    SparseLogits."""
     rows: tuple = ()
 
     def __repr__(self) -> str:
