@@ -17,7 +17,7 @@ SPLIT_HELP = ("Comma-separated fraction of the target's layers per rank, in rank
               "only drafts and samples). Default: equal shares for all ranks.")
 
 DRAFT_MODEL_HELP = ("Draft model (path or cached name), same vocabulary as the target; "
-                    "needed by pipespec and specpipe, optional for speculative and pipeinfer "
+                    "needed by pipespec, optional for speculative, pipeinfer and specpipe "
                     "(see --draft-source). pipespec: repeat it for a model hierarchy, smallest "
                     "first (-md M0 -md M1 ...); the others use the first.")
 
@@ -31,13 +31,14 @@ STRATEGY_HELP = ("iterative: pipeline-parallel decoding, one token per pass. spe
                  "--tree-k). All are exact under greedy sampling.")
 
 DRAFT_SOURCE_HELP = (
-    "speculative and pipeinfer: where drafts come from. model: the draft model (-md). ngram: "
-    "the text itself (prompt lookup, no draft model): the longest suffix of the text so far "
-    "(prompt, generated and speculated tokens) of --ngram-max down to --ngram-min tokens that "
-    "occurred before is found at its latest place, and what followed it there is the draft; "
-    "it costs nothing on the head and pays off where the output repeats the prompt (editing "
-    "code, rewriting a text). both: the n-gram draft where one matches, else the draft model. "
-    "[default: both with -md, else ngram; pipespec and specpipe take the model only]")
+    "speculative, pipeinfer and specpipe: where drafts come from. model: the draft model "
+    "(-md). ngram: the text itself (prompt lookup, no draft model): the longest suffix of the "
+    "text so far (prompt, generated and speculated tokens) of --ngram-max down to --ngram-min "
+    "tokens that occurred before is found at its latest place, and what followed it there is "
+    "the draft (specpipe: every token that followed it is a candidate for the tree, the most "
+    "frequent first); it costs nothing on the head and pays off where the output repeats the "
+    "prompt (editing code, rewriting a text). both: the n-gram draft where one matches, else "
+    "the draft model. [default: both with -md, else ngram; pipespec takes the model only]")
 
 
 def draft_source_options(command):

@@ -233,7 +233,8 @@ def test_default_sources():
     ("pipeinfer", "model", None, "--draft-source model needs a draft model (-md)"),
     ("pipespec", "ngram", "d.gguf", "needs a draft model's probabilities"),
     ("iterative", "ngram", None, "strategy iterative drafts nothing"),
-    ("specpipe", "model", None, "strategy specpipe needs a draft model (-md)"),
+    ("specpipe", "model", None, "--draft-source model needs a draft model (-md)"),
+    ("specpipe", "ngram", None, None),
 ])
 def test_library_config_checks(strategy, source, draft, fragment):
     cfg = RunConfig("m.gguf", "p", strategy=strategy, draft=draft,
@@ -251,8 +252,8 @@ CLI_ERRORS = [
      "--draft-source ngram: strategy iterative drafts nothing"),
     (["--strategy", "pipespec", "-md", "DRAFT", "--draft-source", "ngram"],
      "strategy pipespec needs a draft model's probabilities"),
-    (["--strategy", "specpipe", "-md", "DRAFT", "--draft-source", "both"],
-     "strategy specpipe needs a draft model's probabilities"),
+    (["--strategy", "pipespec", "-md", "DRAFT", "--draft-source", "both"],
+     "strategy pipespec needs a draft model's probabilities"),
     (["--strategy", "pipeinfer", "--ngram-min", "5", "--ngram-max", "3"],
      "--ngram-min (5) is larger than --ngram-max (3)"),
     (["--strategy", "pipeinfer", "--ngram-max", str(NGRAM_LIMIT + 1)],
@@ -266,7 +267,7 @@ CLI_ERRORS = [
 
 
 @pytest.mark.parametrize("args, fragment", CLI_ERRORS,
-                         ids=["iterative", "pipespec", "specpipe", "crossed", "too-long",
+                         ids=["iterative", "pipespec", "pipespec-both", "crossed", "too-long",
                               "zero", "model-without-md", "both-without-md"])
 def test_cli_refuses(tiny_model, args, fragment):
     args = [str(tiny_model) if a == "DRAFT" else a for a in args]

@@ -9,9 +9,9 @@ from ..model.sampling import SamplingParams
 from ..schedule.options import DRAFT_SOURCES, NGRAM_LIMIT, SpecOptions
 
 NEEDS_DRAFT = frozenset({"speculative", "pipeinfer", "pipespec", "specpipe"})
-# strategies that can draft from the text itself (n-gram lookup); pipespec and specpipe
-# need a draft model's probabilities (verifying drafts, ranking a tree's candidates)
-NGRAM_STRATEGIES = frozenset({"speculative", "pipeinfer"})
+# strategies that can draft from the text itself (n-gram lookup; specpipe ranks a tree's
+# candidates by how often each followed); pipespec needs a draft model's probabilities
+NGRAM_STRATEGIES = frozenset({"speculative", "pipeinfer", "specpipe"})
 MULTI_DRAFT = frozenset({"pipespec"})  # strategies that take several -md (smallest first)
 STRATEGY_NAMES = ("iterative", "speculative", "pipeinfer", "pipespec", "specpipe")
 
@@ -114,4 +114,5 @@ def draft_source_refusal(strategy: str, source: str) -> str:
     if strategy not in NEEDS_DRAFT:
         return f"--draft-source {source}: strategy {strategy} drafts nothing"
     return (f"--draft-source {source}: strategy {strategy} needs a draft model's "
-            "probabilities, which n-gram drafts do not have; use speculative or pipeinfer")
+            "probabilities, which n-gram drafts do not have; use speculative, pipeinfer or "
+            "specpipe")

@@ -14,6 +14,7 @@ from ..schedule.speculative import Speculative
 from .driver import Driver
 from .drafts import InlineDrafts, ThreadedDrafts
 from .ngram_drafts import NgramDrafts
+from .ngram_tree_drafts import NgramTreeDrafts
 from .hierarchy_drafts import HierarchyDrafts, build_hierarchy
 from .trace import Trace
 from .tree_drafts import TreeDrafts
@@ -34,7 +35,7 @@ def driver_for(strategy: str, pipe: Pipeline, gen: Generation, sampler, cfg, dra
     if strategy == "pipespec":
         driver.drafts = HierarchyDrafts(build_hierarchy(drafter, cfg), gen, cfg)
     elif strategy == "specpipe":
-        driver.drafts = TreeDrafts(drafter)
+        driver.drafts = tree_executor(cfg.spec, drafter)
     elif strategy != "iterative":
         driver.drafts = draft_executor(strategy, cfg.spec, drafter, driver.should_stop_draft)
     return driver
@@ -54,6 +55,16 @@ def draft_executor(strategy: str, opts, drafter, should_stop):
     if opts.draft_source == "model":
         return model
     return NgramDrafts(opts.ngram_min, opts.ngram_max, fallback=model)
+
+
+def tree_executor(opts, drafter):
+    """Where specpipe's tree draft jobs run, by `opts.draft_source`: the draft model, the
+    n-gram lookup, or both (the lookup's rows where it matches, the model's otherwise)."""
+    if opts.draft_source == "model":
+        return TreeDrafts(drafter)
+    model = TreeDrafts(drafter) if drafter is not None and opts.draft_source != "ngram" \
+        else None
+    return NgramTreeDrafts(opts.ngram_min, opts.ngram_max, fallback=model)
 
 
 def generate(*args, **kw) -> None:
