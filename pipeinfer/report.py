@@ -18,7 +18,7 @@ def repacked(cfg) -> bool:
     """Whether the target stages' weights were repacked (a llama.cpp built with AMX loads
     without extra buffers, so never repacks: llama_lib.amx_compiled)."""
     from .model.llama_lib import amx_compiled
-    return bool(cfg.repack) and not amx_compiled()
+    return cfg.repack_target and not amx_compiled()
 
 
 def result_json(cfg, gen, setup, ranges, stats, wall: float) -> dict:
@@ -39,6 +39,8 @@ def result_json(cfg, gen, setup, ranges, stats, wall: float) -> dict:
         + "/1" * cfg.draft_ranks,
         "threads": ",".join(str(cfg.threads_for(r.rank)) for r in ranges),
         "repack": repacked(cfg),
+        "exact": cfg.exact,
+        "max_run": cfg.max_run,
         "prompt_tokens": list(setup.prompt),
         "tokens": list(gen.tokens),
         "text": setup.tokenizer.detokenize(gen.tokens),

@@ -47,19 +47,20 @@ def smol() -> Path:
 _REFERENCE: dict[tuple, list[int]] = {}
 
 
-def llama_greedy(model: Path, prompt_tokens: list[int], n: int, n_ctx: int = 2048) -> list[int]:
+def llama_greedy(model: Path, prompt_tokens: list[int], n: int, n_ctx: int = 2048,
+                 repack: bool = True) -> list[int]:
     """n greedy tokens from llama-cpp-python's Llama (1 thread), not stopping at EOS.
 
     flash_attn=True: llama.cpp's own default is flash attention "auto" (on, for CPU), which is
     what pipeinfer's stages get; llama-cpp-python alone turns it off by default, and the other
     attention kernel rounds differently (SmolLM2 then departs at the 23rd token of SMOL_PROMPT)."""
-    key = (str(model), tuple(prompt_tokens), n, n_ctx)
+    key = (str(model), tuple(prompt_tokens), n, n_ctx, repack)
     if key not in _REFERENCE:
         from llama_cpp import Llama
 
         from pipeinfer.model.llama_lib import llama_repacking
 
-        with llama_repacking(False):  # the layout of the target stages (README, --repack)
+        with llama_repacking(repack):  # the target stages' layout (README, --repack)
             llm = Llama(model_path=str(model), n_ctx=n_ctx, n_threads=1, flash_attn=True,
                         verbose=False)
         out: list[int] = []

@@ -88,7 +88,7 @@ def _fixture_or(request, name: str):
 def greedy_reference(model: Path, prompt: Sequence[int], n: int) -> list[int]:
     """Single-node greedy decoding: the whole model, one token per decode."""
     n_ctx = max(N_CTX, len(prompt) + n + 1)
-    # (the weight layout of the runs compared with it: target stages are not repacked)
+    # (the layout of the in-process stages; the tiny models are F32, which is never repacked)
     config = StageConfig(n_ctx=n_ctx, n_batch=N_BATCH, n_seq_max=1, repack=False)
     with Stage(model, config, final=True, label="reference") as stage:
         out = stage.decode(list(range(len(prompt))), [(0,)] * len(prompt), tokens=list(prompt))
@@ -334,7 +334,8 @@ class Rig:
         self.tiny, self.spec, self.head_layers = tiny, spec, head_layers
         self.cfg = self._config("pipeinfer", N_PREDICT, SamplingParams())
         pool = self.cfg.pool()
-        config = StageConfig(n_ctx=self.cfg.kv_size, n_batch=N_BATCH, n_seq_max=pool.n_seq)
+        config = StageConfig(n_ctx=self.cfg.kv_size, n_batch=N_BATCH, n_seq_max=pool.n_seq,
+                             repack=self.cfg.repack_target)
         ranges = split_layers(tiny.n_layer, head_layers, n_workers)
         self.stages: list[Stage] = []
         self.head = None
@@ -367,7 +368,8 @@ class Rig:
                 n_ctx: int = N_CTX) -> RunConfig:
         return RunConfig(model=str(self.tiny.target), prompt=PROMPT, n_predict=n_predict,
                          n_ctx=n_ctx, n_batch=N_BATCH, draft=str(self.tiny.aligned),
-                         strategy=strategy, sampling=sampling, spec=self.spec)
+                         strategy=strategy, sampling=sampling, spec=self.spec,
+                         repack=False)   # (runs up to 7 tokens: the plain layout's exact size)
 
     def close(self) -> None:
         for stage in self.stages:

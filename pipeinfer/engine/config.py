@@ -6,13 +6,14 @@ from dataclasses import dataclass
 
 from ..schedule.partition_pool import PartitionPool
 from ..model.sampling import SamplingParams
-from ..schedule.options import DRAFT_SOURCES, NGRAM_LIMIT, SpecOptions
+from ..schedule.options import EXACT_RUN_PLAIN, EXACT_RUN_REPACKED, DRAFT_SOURCES, NGRAM_LIMIT, SpecOptions
 
 NEEDS_DRAFT = frozenset({"speculative", "pipeinfer", "pipespec", "specpipe"})
 # strategies that can draft from the text itself (n-gram lookup; specpipe ranks a tree's
 # candidates by how often each followed); pipespec needs a draft model's probabilities
 NGRAM_STRATEGIES = frozenset({"speculative", "pipeinfer", "specpipe"})
 MULTI_DRAFT = frozenset({"pipespec"})  # strategies that take several -md (smallest first)
+WIDE_RUNS = frozenset({"specpipe", "pipespec"})  # their target runs are several tokens wide
 STRATEGY_NAMES = ("iterative", "speculative", "pipeinfer", "pipespec", "specpipe")
 
 
@@ -36,8 +37,25 @@ class RunConfig:
     json: bool = False
     verbose: int = 0
     label: str = ""
-    repack: bool = False    # target stages: llama.cpp's weight repacking (not exact; README)
+    repack: bool | None = None  # target stages' weight repacking; None: by strategy (below)
+    exact: bool = True      # runs cut to the size llama.cpp computes like one token (README)
     trace: str | None = None
+
+    @property
+    def repack_target(self) -> bool:
+        """Whether target stages load repacked weights: as asked, else yes (llama.cpp's default,
+        faster), except for the strategies whose runs are wide (specpipe's tree levels,
+        pipespec's verifications), which the plain layout keeps exact up to 7 tokens."""
+        if self.repack is not None:
+            return self.repack
+        return self.strategy not in WIDE_RUNS
+
+    @property
+    def max_run(self) -> int:
+        """Most tokens of a run after the prompt (options.py): exact, or n_batch."""
+        if not self.exact:
+            return self.n_batch
+        return EXACT_RUN_REPACKED if self.repack_target else EXACT_RUN_PLAIN
 
     @property
     def drafts(self) -> tuple[str, ...]:

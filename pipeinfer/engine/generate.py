@@ -27,8 +27,7 @@ def driver_for(strategy: str, pipe: Pipeline, gen: Generation, sampler, cfg, dra
                pool=None, trace: Trace | None = None) -> Driver:
     """The driver of `gen` with `strategy` (a key of SCHEDULERS) and its draft executor;
     `cfg` gives n_batch, n_ctx, kv_size and the SpecOptions (`cfg.spec`)."""
-    # repacked weights are not exact for batches of 4+ anyway: then runs are not cut
-    max_run = cfg.n_batch if getattr(cfg, "repack", False) else EXACT_RUN
+    max_run = getattr(cfg, "max_run", EXACT_RUN)
     limits = Limits(cfg.n_batch, cfg.n_ctx, cfg.kv_size, pipe.n_stages, max_run)
     scheduler = SCHEDULERS[strategy](gen, sampler, limits, cfg.spec, pool)
     driver = Driver(pipe, scheduler, gen, trace=trace)

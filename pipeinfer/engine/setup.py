@@ -20,7 +20,6 @@ from ..model.slicing import model_info, read_model
 from ..model.stage import Stage, StageConfig
 from ..model.stage_cache import stage_file
 from ..model.tokenizer import Tokenizer
-from ..schedule.options import EXACT_RUN
 from .config import MULTI_DRAFT, STRATEGY_NAMES, RunConfig
 
 SETUP_ERRORS = (ModelError, PartitionError, LlamaError, ValueError, OSError)
@@ -38,11 +37,11 @@ class HeadSetup:
 def plan(cfg: RunConfig, size: int) -> tuple[list[StageRange], Path]:
     if cfg.strategy not in STRATEGY_NAMES:
         raise ValueError(f"unknown strategy {cfg.strategy!r}")
-    if cfg.strategy == "specpipe" and not cfg.repack and cfg.spec.tree_width > EXACT_RUN:
+    if cfg.strategy == "specpipe" and cfg.spec.tree_width > cfg.max_run:
         raise ValueError(f"specpipe: --tree-width {cfg.spec.tree_width} cannot be exact (a tree "
-                         f"level is verified as one batch, and llama.cpp rounds batches of "
-                         f"{EXACT_RUN + 1}+ tokens differently): give at most {EXACT_RUN}, or "
-                         "--repack (not exact)")
+                         f"level is verified as one batch, and llama.cpp rounds batches of more "
+                         f"than {cfg.max_run} tokens differently with this weight layout): give "
+                         f"at most {cfg.max_run}, or --no-exact")
     cfg.check_drafts()  # a draft model where the draft source needs one, n-gram sizes
     fractions = list(cfg.split) if cfg.split else even_split(size)
     if cfg.draft_ranks:
@@ -88,7 +87,7 @@ def load_stage(cfg: RunConfig, model: Path, rng: StageRange, size: int) -> Stage
     pool = cfg.pool()
     config = StageConfig(n_ctx=cfg.kv_size, n_batch=cfg.n_batch,
                          n_seq_max=pool.n_seq if pool else 1, n_threads=cfg.threads_for(rng.rank),
-                         repack=cfg.repack)
+                         repack=cfg.repack_target)
     label = f"rank {rng.rank} layers [{rng.first},{rng.last})"
     if size == 1:
         return Stage(model, config, final=True, label=label)
