@@ -35,7 +35,7 @@ class NgramDrafts:
         return self.fallback.idle() if self.fallback is not None else False
 
     def submit(self, job: DraftJob) -> None:
-        draft = ngram_draft(job.context, self.n_min, self.n_max, job.budget)
+        draft = ngram_draft(job.context, self.n_min, self.n_max, job.budget) if job.ngram else []
         if draft:
             self._ready.append(DraftReady(job.job_id, (tuple(draft),), origin=ORIGIN))
             return

@@ -50,10 +50,11 @@ class DraftJob:
     source: tuple[int, int] | None
     cutoff: float
     budget: int
+    ngram: bool = True     # --draft-source both: a lookup may answer it (sources.py)
 
     def __repr__(self) -> str:
         return (f"DraftJob({self.job_id} after {len(self.context)} tokens, cutoff "
-                f"{self.cutoff:.3f}, budget {self.budget})")
+                f"{self.cutoff:.3f}, budget {self.budget}{'' if self.ngram else ', model'})")
 
 
 @dataclass(frozen=True)

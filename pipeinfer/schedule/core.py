@@ -14,6 +14,7 @@ from .events import (Cancel, DraftInterrupted, DraftReady, DraftsStepped, Result
                      Tick)
 from .generation import Generation
 from .guard import Guard
+from .sources import SourceChoice
 from .options import Limits, SpecOptions
 from .speculation import Absorbed, Speculation
 
@@ -27,6 +28,7 @@ class Scheduler:
         self.spec = Speculation(gen, sampler, pool, limits.kv_size, cancel=opts.cancel,
                                 max_run=limits.max_run)
         self.guard = Guard(opts.guard_accept)
+        self.sources = SourceChoice()
         self.finished = False
         self.prefilled = False  # no draft job goes out before the prompt is in (they wait)
 
@@ -70,6 +72,12 @@ class Scheduler:
 
     def _observe(self, run) -> None:
         if run.speculative and run.guesses > 0:
+            before = self.sources.prefers_ngram
+            self.sources.observe(run.origin, run.guesses, run.n_accepted)
+            if self.sources.prefers_ngram != before:
+                self.record("ngram", float(self.sources.prefers_ngram),
+                            f"acceptance ngram {self.sources.rate['ngram']:.2f}, "
+                            f"model {self.sources.rate['model']:.2f}")
             why = self.guard.observe(run.guesses, run.n_accepted, len(self.gen.tokens))
             if why:
                 self.record("guard", self.guard.pause, why)

@@ -98,7 +98,8 @@ class PipeInfer(Scheduler):
                      self.spec.kv_free - 1)
         if (len(context), source, cutoff) == self.failed_at or budget <= 0:
             return
-        self.job = DraftJob(next(self.jobs), tuple(context), source, cutoff, budget)
+        self.job = DraftJob(next(self.jobs), tuple(context), source, cutoff, budget,
+                            self.sources.use_ngram())
         self.spec.emit(StartDraft(self.job))
 
     def _stop_job(self) -> None:

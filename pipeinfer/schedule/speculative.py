@@ -43,7 +43,8 @@ class Speculative(Scheduler):
         if not self.speculation_pays():   # paused by the guard: plain decoding meanwhile
             self.spec.start_main()
             return
-        self.job = DraftJob(next(self.jobs), tuple(context), None, self.opts.p_accept, budget)
+        self.job = DraftJob(next(self.jobs), tuple(context), None, self.opts.p_accept, budget,
+                            self.sources.use_ngram())
         self.spec.emit(StartDraft(self.job))
 
     def on_draft(self, event) -> None:
