@@ -9,10 +9,11 @@ Scenarios (pick with --scenarios):
              drafts only (no draft model)
   unrelated  a free-writing prompt with an unrelated draft (the 0.5B draft cut to its first
              8 layers), the guard on (default) and off (--guard-accept 0)
-  matched    the coding prompt with the matched 0.5B draft: the defaults, and the draft model
-             alone without the guard (what pipeinfer did before)
+  matched    the coding prompt with the matched 0.5B draft: the defaults, the draft model
+             alone without the guard (what pipeinfer did before), the compact draft
   sources    the coding prompt with the matched draft: which draft source, guard on or off
-  repack     the cost of exactness: the coding prompt with --repack (not exact)
+  exactness  what exactness costs: the plain layout (exact up to 7 tokens a run), and
+             --no-exact (repacked, runs up to --draft: not exact)
 
     python experiments/bench_speculation_pays.py -k 3 -n 160 [--scenarios edit,unrelated]
 
@@ -68,7 +69,8 @@ SCENARIOS = {
         "iterative": ["--strategy", "iterative"],
         "pipeinfer": ["--strategy", "pipeinfer", "-md", "DRAFT"],
         "pipeinfer model, no guard": ["--strategy", "pipeinfer", "-md", "DRAFT",
-                                      "--draft-source", "model", "--guard-accept", "0"]}),
+                                      "--draft-source", "model", "--guard-accept", "0"],
+        "pipeinfer, compact draft": ["--strategy", "pipeinfer", "-md", "qwen-coder-0.5b-q4_0"]}),
     "sources": (CODE_PROMPT, {
         "iterative": ["--strategy", "iterative"],
         "pipeinfer model": ["--strategy", "pipeinfer", "-md", "DRAFT", "--draft-source", "model"],
@@ -77,11 +79,12 @@ SCENARIOS = {
         "pipeinfer both": ["--strategy", "pipeinfer", "-md", "DRAFT", "--draft-source", "both"],
         "pipeinfer both, ngram-min 4": ["--strategy", "pipeinfer", "-md", "DRAFT",
                                         "--draft-source", "both", "--ngram-min", "4"]}),
-    "repack": (CODE_PROMPT, {
+    "exactness": (CODE_PROMPT, {
         "iterative": ["--strategy", "iterative"],
-        "iterative --repack": ["--strategy", "iterative", "--repack"],
+        "iterative --no-repack": ["--strategy", "iterative", "--no-repack"],
         "pipeinfer": ["--strategy", "pipeinfer", "-md", "DRAFT"],
-        "pipeinfer --repack": ["--strategy", "pipeinfer", "-md", "DRAFT", "--repack"]}),
+        "pipeinfer --no-repack": ["--strategy", "pipeinfer", "-md", "DRAFT", "--no-repack"],
+        "pipeinfer --no-exact": ["--strategy", "pipeinfer", "-md", "DRAFT", "--no-exact"]}),
 }
 
 
@@ -147,7 +150,8 @@ def main() -> None:
     parser.add_argument("--split", default="0,0.34,0.33,0.33")
     parser.add_argument("-n", type=int, default=160)
     parser.add_argument("-k", type=int, default=3, help="repeats (interleaved)")
-    parser.add_argument("--scenarios", default=",".join(SCENARIOS))
+    parser.add_argument("--scenarios", default="edit,unrelated,matched,exactness",
+                        help="comma-separated, of: " + ", ".join(SCENARIOS))
     parser.add_argument("--timeout", type=float, default=900)
     args = parser.parse_args()
     names = args.scenarios.split(",")
