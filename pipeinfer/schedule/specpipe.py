@@ -1,19 +1,16 @@
-"""SpecPipe / PipeDec: pipelined speculative decoding over a fixed-width dynamic prediction
-tree (SpecPipe 3.3, PipeDec 3.3). Exact under greedy sampling, lossless under sampling.
+"""SpecPipe / PipeDec: pipelined speculative decoding over a fixed-width dynamic prediction tree
+(SpecPipe 3.3, PipeDec 3.3). Exact under greedy sampling, lossless under sampling.
 
-The schedule. `depth` runs stay in flight (the target stages + 1, the extra one waiting at
-the first stage while the head drafts; at most --max-runs), each holding one tree level: a
-level's run starts whenever fewer are in flight. A level: every bottom node's --tree-k
-likeliest draft tokens, of which the --tree-width with the highest cumulative draft
-probability survive (SpecPipe 3.3.3); with n-gram drafts, a node's candidates are the
-tokens that followed its path's suffix earlier, so a level may be narrower, and while no
-node has any the tree gains no level (the roots are decoded plainly). The draft evaluates a
-level's nodes in one job once the level is out, also when the pipeline is full. The run
-holding the newest accepted node A gives, in A's row, the target's next token t. t is
-accepted; if t is a child of A (a *hit*) the tree is rerooted to it and runs holding no
-surviving node are cancelled; else (a *miss*) every run in flight is cancelled and a new tree
-starts at t.
-Mechanics: specpipe_levels.py (a level's job and run, roots), specpipe_kv.py (slots, copies).
+The schedule. `depth` runs stay in flight (the target stages + 1, the extra one waiting at the
+first stage while the head drafts; at most --max-runs), each holding one tree level: a level's
+run starts whenever fewer are in flight. A level: every bottom node's --tree-k likeliest draft
+tokens, of which the --tree-width with the highest cumulative draft probability survive
+(SpecPipe 3.3.3; n-gram drafts name few candidates: a level may be narrower, or none grows until
+the next root). The draft evaluates a level's nodes in one job once the level is out, also when
+the pipeline is full. The run holding the newest accepted node A gives, in A's row, the target's
+next token t. t is accepted; if t is a child of A (a *hit*) the tree is rerooted to it and runs
+holding no surviving node are cancelled; else (a *miss*) every run in flight is cancelled and a
+new tree starts at t. Mechanics: specpipe_levels.py (levels, roots), specpipe_kv.py (slots).
 """
 
 from __future__ import annotations
@@ -42,8 +39,7 @@ class SpecPipe(Scheduler):
         self.job: tuple[int, list[int]] | None = None  # the job out: id, node of each row
         self.logits: dict | None = None       # node -> draft logits, known for every bottom
         self.held: deque = deque()            # results waiting for the job out
-        self.stalled = False                  # the bottoms have no candidate: no level until
-                                              # the next root
+        self.stalled = False                  # no bottom has a candidate: wait for a root
 
     # --- hooks ---------------------------------------------------------------------------
     def on_start(self) -> None:
@@ -80,8 +76,7 @@ class SpecPipe(Scheduler):
 
     # --- growing: a level's draft job, then its run -----------------------------------------
     def _may_grow(self) -> bool:
-        return not self.stalled and may_grow(self.tree, self.gen, self.spec.kv_free,
-                                             self.pos_limit)
+        return not self.stalled and may_grow(self.tree, self.gen, self.spec, self.pos_limit)
 
     def _room(self) -> bool:
         return len(self.spec.live()) < self.depth and self._may_grow()
@@ -115,8 +110,7 @@ class SpecPipe(Scheduler):
             self.stalled = True
             return
         self.spec.launch(run, ops)
-        count_level(self.gen.counters, len(run.nodes),
-                    sum(self.tree.nodes[n].origin == "ngram" for n in run.tree_ids))
+        count_level(self.gen.counters, self.tree, run)
 
     def _start_root(self) -> None:
         """A new tree rooted at the newest accepted token."""
@@ -131,28 +125,24 @@ class SpecPipe(Scheduler):
         run = self.spec.pop(result)
         if run.cancelled or not run.tree_ids:
             return
-        tree, cnt = self.tree, self.gen.counters
-        node = tree.accepted
+        tree, cnt, node = self.tree, self.gen.counters, self.tree.accepted
         if node not in run.tree_ids or result.cancelled:
             raise RuntimeError(f"run {run.run_id} does not evaluate the accepted token")
         token = result.token(run.tree_ids.index(node), self.spec.sampler)
         child = tree.child_with(node, token)
-        count_step(cnt, tree.size, hit=child is not None,
-                   ngram=child is not None and tree.nodes[child].origin == "ngram")
+        count_step(cnt, tree, child)
         self.spec.accept([token], run.run_id)
         if self.gen.done:
             return
         if child is not None:
             self._reroot(child)
             return
-        if tree.size or self.spec.live():   # (not a flush when nothing was speculated)
-            cnt.flushes += 1
+        cnt.flushes += bool(tree.size or self.spec.live())  # (none if nothing was speculated)
         self.spec.cancel(self.spec.live())
         self._start_root()
 
     def _reroot(self, child: int) -> None:
-        tree = self.tree
-        pos = tree.nodes[child].pos
+        tree, pos = self.tree, self.tree.nodes[child].pos
         keep_accepted(tree, self.kv, self.spec, self.slots, child)
         tree.reroot(child)
         self.spec.cancel([r for r in self.spec.live() if r.max_pos > pos

@@ -45,32 +45,33 @@ def level_run(tree: BeamTree, kv: BeamSlots, slots: tuple[int, ...], logits: dic
                tree_ids=tuple(ids)), ops
 
 
-def may_grow(tree: BeamTree, gen, kv_free: int, pos_limit: int) -> bool:
+def may_grow(tree: BeamTree, gen, spec, pos_limit: int) -> bool:
     """Whether the tree may gain a level. Cells are not reused within a generation: speculate
     only while the cells left still let the generation finish without it (one cell per
     token, +1 for a refill that re-decodes a dead accepted node)."""
     bp = tree.bottom_pos()
     req = gen.request
     left = min(req.n_predict - len(gen.tokens), req.n_ctx - gen.n_past) + 2
-    return bp is not None and bp < pos_limit and kv_free >= tree.width + left
+    return bp is not None and bp < pos_limit and spec.kv_free >= tree.width + left
 
 
-def count_level(counters, n_nodes: int, n_ngram: int = 0) -> None:
-    """A level's run went out: `n_nodes` drafted tokens, `n_ngram` of them n-gram drafts."""
+def count_level(counters, tree: BeamTree, run: Run) -> None:
+    """A level's run went out: its nodes are drafted tokens (some, maybe, n-gram drafts)."""
+    n_nodes = len(run.nodes)
     counters.runs_speculative += 1
     counters.microbatch_tokens += n_nodes
     counters.n_drafted += n_nodes
-    counters.n_drafted_ngram += n_ngram
+    counters.n_drafted_ngram += sum(tree.nodes[n].origin == "ngram" for n in run.tree_ids)
 
 
-def count_step(counters, tree_size: int, hit: bool, ngram: bool = False) -> None:
-    """A target token verified against the tree (a hit: the tree holds it; `ngram`: as an
-    n-gram draft)."""
+def count_step(counters, tree: BeamTree, child: int | None) -> None:
+    """A target token verified against the tree: a hit when the tree holds it (`child`)."""
+    hit = child is not None
     counters.tree_steps += 1
-    counters.tree_nodes += tree_size
+    counters.tree_nodes += tree.size
     counters.tree_hits += hit
     counters.n_accepted += hit
-    counters.n_accepted_ngram += hit and ngram
+    counters.n_accepted_ngram += hit and tree.nodes[child].origin == "ngram"
 
 
 def new_tree(tree: BeamTree, kv: BeamSlots, spec, slots: tuple[int, ...], max_run: int) -> None:
