@@ -15,10 +15,9 @@ def _round(value, digits=6):
 
 
 def repacked(cfg) -> bool:
-    """Whether the target stages' weights were repacked (a llama.cpp built with AMX loads
-    without extra buffers, so never repacks: llama_lib.amx_compiled)."""
-    from .model.llama_lib import amx_compiled
-    return cfg.repack_target and not amx_compiled()
+    """Whether the target stages' weights were repacked (llama_lib.repacks)."""
+    from .model.llama_lib import repacks
+    return repacks(cfg.repack_target)
 
 
 def result_json(cfg, gen, setup, ranges, stats, wall: float) -> dict:

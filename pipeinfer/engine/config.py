@@ -6,7 +6,8 @@ from dataclasses import dataclass
 
 from ..schedule.partition_pool import PartitionPool
 from ..model.sampling import SamplingParams
-from ..schedule.options import EXACT_RUN_PLAIN, EXACT_RUN_REPACKED, DRAFT_SOURCES, NGRAM_LIMIT, SpecOptions
+from ..schedule.options import (DRAFT_SOURCES, EXACT_RUN_PLAIN, EXACT_RUN_REPACKED,
+                                NGRAM_LIMIT, SpecOptions)
 
 NEEDS_DRAFT = frozenset({"speculative", "pipeinfer", "pipespec", "specpipe"})
 # strategies that can draft from the text itself (n-gram lookup; specpipe ranks a tree's

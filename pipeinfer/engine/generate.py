@@ -6,7 +6,7 @@ from .drafter import DraftParams
 from .head import Pipeline
 from ..schedule.generation import Generation
 from ..schedule.iterative import Iterative
-from ..schedule.options import EXACT_RUN, Limits
+from ..schedule.options import EXACT_RUN_PLAIN, Limits
 from ..schedule.pipeinfer import PipeInfer
 from ..schedule.pipespec import PipeSpec
 from ..schedule.specpipe import SpecPipe
@@ -27,7 +27,7 @@ def driver_for(strategy: str, pipe: Pipeline, gen: Generation, sampler, cfg, dra
                pool=None, trace: Trace | None = None) -> Driver:
     """The driver of `gen` with `strategy` (a key of SCHEDULERS) and its draft executor;
     `cfg` gives n_batch, n_ctx, kv_size and the SpecOptions (`cfg.spec`)."""
-    max_run = getattr(cfg, "max_run", EXACT_RUN)
+    max_run = getattr(cfg, "max_run", EXACT_RUN_PLAIN)
     limits = Limits(cfg.n_batch, cfg.n_ctx, cfg.kv_size, pipe.n_stages, max_run)
     scheduler = SCHEDULERS[strategy](gen, sampler, limits, cfg.spec, pool)
     driver = Driver(pipe, scheduler, gen, trace=trace)

@@ -15,17 +15,19 @@ from typing import Sequence
 
 from ..schedule.actions import DraftJob
 from ..schedule.events import DraftReady
-from ..schedule.ngram import ngram_draft
+from ..schedule.ngram import check_sizes, ngram_draft
 
 ORIGIN = "ngram"
 
 
-class NgramDrafts:
+class LookupExecutor:
+    """What the n-gram executors share: the sizes, the answers waiting for a poll, and the
+    model's executor (None: none), which gets the warm-up, idle steps, stops and close."""
+
     def __init__(self, n_min: int, n_max: int, fallback=None):
-        if not 1 <= n_min <= n_max:
-            raise ValueError(f"n-gram sizes must satisfy 1 <= min <= max, got {n_min}, {n_max}")
+        check_sizes(n_min, n_max)
         self.n_min, self.n_max, self.fallback = n_min, n_max, fallback
-        self._ready: deque[DraftReady] = deque()
+        self._ready: deque = deque()
 
     def warm(self, tokens: Sequence[int]) -> None:
         if self.fallback is not None:
@@ -33,6 +35,19 @@ class NgramDrafts:
 
     def idle(self) -> bool:
         return self.fallback.idle() if self.fallback is not None else False
+
+    def stop(self, job_id: int) -> None:
+        """A job of the lookup is answered already; one of the fallback's stops there."""
+        if self.fallback is not None:
+            self.fallback.stop(job_id)
+
+    def close(self) -> None:
+        self._ready.clear()
+        if self.fallback is not None:
+            self.fallback.close()
+
+
+class NgramDrafts(LookupExecutor):
 
     def submit(self, job: DraftJob) -> None:
         draft = ngram_draft(job.context, self.n_min, self.n_max, job.budget) if job.ngram else []
@@ -44,17 +59,7 @@ class NgramDrafts:
         else:
             self._ready.append(DraftReady(job.job_id, (), origin=ORIGIN))
 
-    def stop(self, job_id: int) -> None:
-        """A job of the lookup is answered already; one of the fallback's stops there."""
-        if self.fallback is not None:
-            self.fallback.stop(job_id)
-
     def poll(self):
         if self._ready:
             return self._ready.popleft()
         return self.fallback.poll() if self.fallback is not None else None
-
-    def close(self) -> None:
-        self._ready.clear()
-        if self.fallback is not None:
-            self.fallback.close()

@@ -21,11 +21,11 @@ TreeDrafts; the result waits for the driver's next poll.
 from __future__ import annotations
 
 import math
-from collections import deque
 from dataclasses import replace
 from typing import Sequence
 
 from ..schedule.ngram import ngram_candidates
+from .ngram_drafts import LookupExecutor
 from ..schedule.transaction import KvOpType
 from ..schedule.tree_draft import Adopt, SparseLogits, TreeDraftJob, TreeDraftReady
 
@@ -85,21 +85,11 @@ class TokenMirror:
         return tokens
 
 
-class NgramTreeDrafts:
+class NgramTreeDrafts(LookupExecutor):
     def __init__(self, n_min: int, n_max: int, fallback=None):
-        if not 1 <= n_min <= n_max:
-            raise ValueError(f"n-gram sizes must satisfy 1 <= min <= max, got {n_min}, {n_max}")
-        self.n_min, self.n_max, self.fallback = n_min, n_max, fallback
+        super().__init__(n_min, n_max, fallback)
         self.mirror = TokenMirror()
-        self._done: deque[TreeDraftReady] = deque()
         self._matched: dict[int, dict[int, SparseLogits]] = {}   # fallback's jobs: n-gram rows
-
-    def warm(self, tokens: Sequence[int]) -> None:
-        if self.fallback is not None:
-            self.fallback.warm(tokens)
-
-    def idle(self) -> bool:
-        return self.fallback.idle() if self.fallback is not None else False
 
     def lookup(self, path: Sequence[int]) -> SparseLogits:
         """The row of a path: the tokens the text suggests after it (NO_MATCH: none)."""
@@ -118,19 +108,15 @@ class NgramTreeDrafts:
     def submit(self, job: TreeDraftJob) -> None:
         rows = self.rows(job)
         if self.fallback is None:
-            self._done.append(TreeDraftReady(job.job_id, (), origin="ngram",
-                                             rows=tuple(rows)))
+            self._ready.append(TreeDraftReady(job.job_id, (), origin="ngram",
+                                              rows=tuple(rows)))
             return
         self._matched[job.job_id] = {i: row for i, row in enumerate(rows) if row.tokens}
         self.fallback.submit(job)
 
-    def stop(self, job_id: int) -> None:
-        if self.fallback is not None:   # the lookup's part is done when submitted
-            self.fallback.stop(job_id)
-
     def poll(self) -> TreeDraftReady | None:
-        if self._done:
-            return self._done.popleft()
+        if self._ready:
+            return self._ready.popleft()
         event = self.fallback.poll() if self.fallback is not None else None
         if event is None or not (matched := self._matched.pop(event.job_id, None)):
             return event
@@ -140,7 +126,5 @@ class NgramTreeDrafts:
         return replace(event, rows=tuple(rows))
 
     def close(self) -> None:
-        self._done.clear()
         self._matched.clear()
-        if self.fallback is not None:
-            self.fallback.close()
+        super().close()

@@ -1,1 +1,2 @@
-"""The model side: GGUF files and their slices into stages, the llama.cpp boundary, tokenizer, embedding, sampling, layer partitions, the model cache and tiny test models."""
+"""The model side: GGUF files and their slices into stages, the llama.cpp boundary, the
+tokenizer, embedding, sampling, layer partitions, the model cache and tiny test models."""

@@ -86,6 +86,12 @@ def amx_compiled() -> bool:
     return "AMX_INT8 = 1" in system_info()
 
 
+def repacks(asked: bool) -> bool:
+    """Whether a model loaded with repacking `asked` gets repacked weights: not with an AMX
+    build, whatever is asked (see amx_compiled)."""
+    return asked and not amx_compiled()
+
+
 @contextlib.contextmanager
 def llama_repacking(enabled: bool):
     """Within: models that llama-cpp-python's `Llama` loads are repacked or not (it has no
@@ -97,7 +103,7 @@ def llama_repacking(enabled: bool):
 
     def params():
         p = original()
-        p.use_extra_bufts = enabled and not amx_compiled()
+        p.use_extra_bufts = repacks(enabled)
         return p
 
     bindings.llama_model_default_params = params

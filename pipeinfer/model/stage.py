@@ -59,9 +59,8 @@ class Stage:
     def _load(self, final: bool | None) -> None:
         mparams = llama_cpp.llama_model_default_params()
         mparams.n_gpu_layers = 0
-        if not self.config.repack or llama_lib.amx_compiled():
-            # (AMX repacking crashes where the CPU's AMX tiles do not work)
-            mparams.use_extra_bufts = False
+        # (extra buffer types: repacked weights; never with AMX, see llama_lib.amx_compiled)
+        mparams.use_extra_bufts = llama_lib.repacks(self.config.repack)
         self._model = llama_cpp.llama_model_load_from_file(self.path.encode(), mparams)
         if not self._model:
             raise LlamaError(f"{self.label}: llama.cpp could not load {self.path}: "

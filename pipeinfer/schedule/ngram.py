@@ -19,14 +19,21 @@ import numpy as np
 
 from .options import NGRAM_LIMIT, NGRAM_MAX, NGRAM_MIN
 
-__all__ = ["NGRAM_LIMIT", "NGRAM_MAX", "NGRAM_MIN", "ngram_candidates", "ngram_draft"]
+__all__ = ["NGRAM_LIMIT", "NGRAM_MAX", "NGRAM_MIN", "check_sizes", "ngram_candidates",
+           "ngram_draft"]
+
+
+def check_sizes(n_min: int, n_max: int) -> None:
+    """ValueError unless 1 <= n_min <= n_max (the command line says it to users first:
+    RunConfig.check_drafts)."""
+    if not 1 <= n_min <= n_max:
+        raise ValueError(f"n-gram sizes must satisfy 1 <= n_min <= n_max, got {n_min}, {n_max}")
 
 
 def ngram_draft(context: Sequence[int], n_min: int, n_max: int, budget: int) -> list[int]:
     """The tokens that followed the latest earlier occurrence of the longest suffix of
     `context` of n_min..n_max tokens (at most `budget`); none if no such suffix occurred."""
-    if not 1 <= n_min <= n_max:
-        raise ValueError(f"n-gram sizes must satisfy 1 <= n_min <= n_max, got {n_min}, {n_max}")
+    check_sizes(n_min, n_max)
     tokens = np.asarray(context, dtype=np.int64)
     size = len(tokens)
     if budget <= 0 or size < n_min + 1:
@@ -43,8 +50,7 @@ def ngram_candidates(context: Sequence[int], n_min: int, n_max: int) -> list[tup
     that followed an earlier occurrence of the longest suffix of n_min..n_max tokens that
     occurred before, with how often it did, the most frequent first and among equally
     frequent ones the latest first. Empty if no such suffix occurred."""
-    if not 1 <= n_min <= n_max:
-        raise ValueError(f"n-gram sizes must satisfy 1 <= n_min <= n_max, got {n_min}, {n_max}")
+    check_sizes(n_min, n_max)
     tokens = np.asarray(context, dtype=np.int64)
     size = len(tokens)
     for n in range(min(n_max, size - 1), n_min - 1, -1):

@@ -20,7 +20,6 @@ DRAFT_SOURCES = ("model", "ngram", "both")
 # tokens (4+ go through kernels that take 4 rows at a time), with the plain layout up to 7.
 EXACT_RUN_REPACKED = 3
 EXACT_RUN_PLAIN = 7
-EXACT_RUN = EXACT_RUN_PLAIN
 
 
 @dataclass(frozen=True)
@@ -53,4 +52,4 @@ class Limits:
     n_ctx: int                 # context size
     kv_size: int               # KV cells per stage
     n_stages: int              # stages holding target layers (the head's slice counts)
-    max_run: int = EXACT_RUN   # most tokens per run after the prompt (n_batch: no limit)
+    max_run: int = EXACT_RUN_PLAIN  # most tokens per run after the prompt (n_batch: no limit)

@@ -25,7 +25,7 @@ from .transaction import seq_cp, seq_rm
 from .actions import CancelRuns, EmitTokens, KvOps, StartRun
 from .cancellation import to_cancel, useless_runs
 from .generation import CANONICAL_SEQ, Generation
-from .options import EXACT_RUN
+from .options import EXACT_RUN_PLAIN
 from .runs import Node, Run, RunState, tree_from_branches, trim_branches
 
 
@@ -40,7 +40,7 @@ class Absorbed:
 
 class Speculation:
     def __init__(self, gen: Generation, sampler, pool: PartitionPool | None, kv_cells: int,
-                 cancel: bool = True, max_run: int = EXACT_RUN):
+                 cancel: bool = True, max_run: int = EXACT_RUN_PLAIN):
         self.gen, self.sampler, self.pool = gen, sampler, pool
         self.cancel_enabled = cancel
         self.max_run = max_run               # most tokens of a speculative run (options.py)
