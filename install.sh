@@ -26,20 +26,7 @@ else
     py=python3
 fi
 
-cpu_cmake_args() {
-    local flags; flags=" $(grep -m1 -E '^(flags|Features)' /proc/cpuinfo 2>/dev/null | cut -d: -f2) "
-    local args="-DGGML_NATIVE=OFF -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF"
-    local pair
-    for pair in avx:AVX avx2:AVX2 fma:FMA f16c:F16C bmi2:BMI2 sse4_2:SSE42 avx_vnni:AVX_VNNI \
-                avx512f:AVX512 avx512_vnni:AVX512_VNNI avx512_bf16:AVX512_BF16 avx512vbmi:AVX512_VBMI; do
-        case "$flags" in *" ${pair%%:*} "*) args="$args -DGGML_${pair#*:}=ON";; esac
-    done
-    # Not x86 (no such flags): let llama.cpp pick for this CPU itself.
-    case "$flags" in *" sse4_2 "*) ;; *) args="-DGGML_NATIVE=ON";; esac
-    echo "$args"
-}
-
-args=${CMAKE_ARGS:-$(cpu_cmake_args)}
+args=${CMAKE_ARGS:-$(bash "$here/native/cpu_cmake_args.sh")}
 key=$(printf '%s %s' "$llama_version" "$args" | sha256sum | cut -c1-16)
 wheeldir="$cache/wheels/llama-cpp-python-$llama_version-$key"
 "$py" -m pip install --quiet --upgrade pip

@@ -9,7 +9,8 @@ Writes speed.png (generation speed), ttft.png (time to first token), itl.png (in
 latency): grouped bars, one panel per model pair and prompt, the cluster settings along the x
 axis (by node count, then in the order they first appear) and one bar per strategy, the mean
 over repeated runs with the standard deviation as the error bar. ablation.png when the CSV
-holds PipeInfer ablation variants (paper Fig. 8), acceptance.png when it holds acceptance
+holds PipeInfer ablation variants (paper Fig. 8), peers.png when it holds llama.cpp rows of
+experiments/bench_peers.py (speed per system and node count), acceptance.png when it holds acceptance
 rates, verified_acceptance.png when it holds verified acceptance rates (the share of the
 drafted tokens the target did verify that it accepted). summary.txt holds the table that is
 also printed (pipeinfer/results.py): means +- standard deviation over the repeats, and speed
@@ -48,6 +49,7 @@ from pipeinfer.timeline import Trace, TraceError, draw_timeline, read_trace
 
 COLORS = {"iterative": "#4c72b0", "speculative": "#dd8452", "pipeinfer": "#55a868",
           "pipespec": "#bcbd22", "specpipe": "#17becf"}
+PEER_PREFIX = "llama-"   # experiments/bench_peers.py's llama.cpp rows: peers.png
 EXTRA_COLORS = ["#c44e52", "#8172b3", "#937860", "#da8bc3", "#8c8c8c", "#ccb974", "#64b5cd"]
 
 
@@ -205,7 +207,8 @@ def csv_charts(plt, rows: list[Row], out: Path, csv_name: str) -> list[Path]:
     """The charts of a results CSV (and summary.txt, whose table is also printed)."""
     variants = variant_order(r.variant for r in rows)
     base = [v for v in variants if v in BASE]
-    ablations = [v for v in variants if v not in BASE]
+    peers = [v for v in variants if v.startswith(PEER_PREFIX)]
+    ablations = [v for v in variants if v not in BASE and v not in peers]
     main_variants = base or variants
     written = []
     for key in ("speed", "ttft", "itl"):
@@ -220,6 +223,9 @@ def csv_charts(plt, rows: list[Row], out: Path, csv_name: str) -> list[Path]:
             fig.savefig(path, dpi=110)
             plt.close(fig)
         written.append(path)
+    if peers and bar_chart(plt, rows, METRICS["speed"], peers + base, out / "peers.png",
+                           "pipeinfer and llama.cpp RPC: generation speed"):
+        written.append(out / "peers.png")
     if ablations:
         abl = (["pipeinfer"] if "pipeinfer" in variants else []) + ablations
         if ablation_chart(plt, rows, abl, out / "ablation.png"):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import os
+import resource
 import time
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
@@ -16,6 +17,11 @@ def rss_mb() -> float:
             return int(handle.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 1e6
     except (OSError, ValueError, IndexError):
         return 0.0
+
+
+def peak_rss_mb() -> float:
+    """The most resident memory this process has had so far, in MB (Linux: ru_maxrss in kB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 @dataclass
@@ -133,6 +139,8 @@ class CsvRow:
     draft_source: str = ""               # model, ngram or both (speculating strategies)
     n_drafted_ngram: int = 0             # of n_drafted: by n-gram lookup
     n_accepted_ngram: int = 0            # of n_accepted: ... of those
+    peak_rss_mb: str = ""                # per rank (node), rank 0 first, comma-separated
+    error: str = ""                      # experiments: why a run has no figures
 
 
 def append_csv(path: str | os.PathLike, row: CsvRow) -> None:

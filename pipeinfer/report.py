@@ -59,6 +59,7 @@ def result_json(cfg, gen, setup, ranges, stats, wall: float) -> dict:
         "draft_source": cfg.spec.draft_source if cfg.speculates else "",
         "drafts": drafts_by_source(counters),
         "busy_fraction": ",".join(f"{b:.3f}" for b in busy),
+        "peak_rss_mb": ",".join(f"{s.get('peak_rss_mb') or 0:.0f}" for s in stats),
         "rank_stats": stats,
         "wall_s": _round(wall, 4),
         "partitions_free": setup.pool.all_free if setup.pool else None,

@@ -15,7 +15,7 @@ import time
 
 from .engine.config import RunConfig
 from .engine.job import Head, Job, StartFailed, describe, first_failure
-from .metrics import CsvRow, append_csv, rss_mb
+from .metrics import CsvRow, append_csv, peak_rss_mb, rss_mb
 from .engine.mpi_transport import Link, abort_job, hostname
 from .report import result_json, summary_line
 from .model.tokenizer import TextStream
@@ -100,7 +100,7 @@ def _run_head(cfg: RunConfig, head: Head, summary: bool) -> int:
         sys.stdout.flush()
     _stop_notice(cfg, gen.stop_reason)
     stats = [{"rank": 0, "busy_s": head.setup.pipeline.busy_s, "wall_s": wall,
-              "rss_trace_mb": rss_trace}] + worker_stats
+              "rss_trace_mb": rss_trace, "peak_rss_mb": peak_rss_mb()}] + worker_stats
     gen.counters.runs_aborted_midway = sum(s.get("aborted", 0) for s in worker_stats)
     _report(cfg, result_json(cfg, gen, head.setup, head.ranges, stats, wall), summary)
     return 0

@@ -11,7 +11,6 @@ at shutdown, where the trace converts them with this rank's clock offset (Link.c
 
 from __future__ import annotations
 
-import resource
 import threading
 import time
 
@@ -19,7 +18,7 @@ import numpy as np
 
 from .backoff import Backoff, IdleBackoff
 from .worker_core import COMPUTED, StageCore
-from ..metrics import rss_mb
+from ..metrics import peak_rss_mb, rss_mb
 from .mpi_transport import CANCEL_END, WorkerLink
 from ..model.stage import Stage
 from ..schedule.transaction import DecodeFlag, DecodeTx, Tag, TxType, decode_kv_ops
@@ -75,7 +74,7 @@ class Worker:
                 backoff.wait()
         stats = {"rank": self.link.rank, **self.core.stats, "rss_trace_mb": self._rss_trace_mb,
                  "wall_s": time.monotonic() - started,
-                 "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                 "peak_rss_mb": peak_rss_mb(),
                  "spans": list(self.core.spans)}
         self.link.send_stats(stats)
         self.link.flush()

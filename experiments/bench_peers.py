@@ -1,0 +1,153 @@
+#!/usr/bin/env python3
+"""pipeinfer against what a user would run instead, on the emulated cluster, in one run:
+llama.cpp's RPC backend (ggml-rpc-server on every worker node, llama-completion on node 0),
+the same with llama.cpp's speculative decoding (llama-speculative, the draft on node 0, a small
+--draft-max sweep), and pipeinfer iterative, speculative and pipeinfer with default flags.
+
+    python experiments/bench_peers.py --nodes 2,4,8 -k 3 -n 128 --out peers.csv
+    python plot.py peers.csv --out figures/          # peers.png among the charts
+
+Every system gets the same nodes: N nodes share --cpu-total cores evenly (2 cores: 2 x 1,
+4 x 0.5, 8 x 0.25), one CPU quota per node (experiments/cluster.py's cgroups), 1 thread per
+node; node 0 is the head / main host and holds no target layers, the other nodes split the
+target's layers evenly (llama.cpp: -ts 1,1,...; pipeinfer: --layer-split 0,1/(N-1),...). The
+prompt is the coding prompt in the target's chat template, greedy, -n tokens with EOS ignored.
+Repeats are interleaved (rep, then node count, then system) so the ratios compare like with
+like on a noisy machine. Peak resident memory per node is kept for every run (peak_rss_mb).
+
+The peers are built by experiments/build_peers.py (once, cached); if that fails, one line says
+why and the pipeinfer rows still run. A peer that crashes or hangs gets a row saying so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(HERE))
+
+import build_peers  # noqa: E402
+from bench_runs import RunSpec, run_peer, run_pipeinfer, write_row  # noqa: E402
+
+CODE_PROMPT = ("Write a Python function that parses a CSV file of transactions (date, amount, "
+               "category) and returns the total amount per category, sorted by amount.")
+PEER_SYSTEMS = ("llama-rpc", "llama-rpc-spec")
+PIPEINFER_SYSTEMS = ("iterative", "speculative", "pipeinfer")
+
+
+def render_prompt(model: str, text: str) -> str:
+    """The prompt in the target's chat template, as one string every system tokenizes alike."""
+    from pipeinfer.model.models import resolve_model
+    from pipeinfer.model.tokenizer import Tokenizer
+
+    tokenizer = Tokenizer(resolve_model(model))
+    try:
+        return tokenizer.apply_chat_template(text)
+    finally:
+        tokenizer.close()
+
+
+def variants(systems: list[str], sweep: list[int]) -> list[tuple[str, str, int | None]]:
+    """(variant name, system, draft max) in the order they run."""
+    out = []
+    for system in systems:
+        if system == "llama-rpc-spec":
+            out += [(f"llama-rpc-spec-d{d}", system, d) for d in sweep]
+        else:
+            out.append((system, system, None))
+    return out
+
+
+def peer_binaries(systems: list[str]) -> Path | None:
+    if not any(s in PEER_SYSTEMS for s in systems):
+        return None
+    try:
+        return build_peers.build(os.cpu_count() or 2) / "bin"
+    except build_peers.BuildError as err:
+        print(f"bench_peers: no llama.cpp peers: {err}; the pipeinfer rows still run",
+              file=sys.stderr)
+        return None
+
+
+def summarize(results: dict) -> None:
+    """Per node count: median t/s of every variant, the best peer, the ratios of the goals."""
+    by_nodes = defaultdict(dict)
+    for (nodes, variant), runs in results.items():
+        ok = [r["speed_tps"] for r in runs if r.get("speed_tps")]
+        by_nodes[nodes][variant] = (statistics.median(ok) if ok else None, runs)
+    for nodes, table in by_nodes.items():
+        print(f"\n{nodes} nodes:")
+        for variant, (tps, runs) in table.items():
+            rss = max((max(r.get("peak_rss_mb") or [0]) for r in runs), default=0)
+            errors = [r["error"] for r in runs if r.get("error")]
+            speeds = " ".join(f"{r['speed_tps']:.2f}" for r in runs if r.get("speed_tps"))
+            print(f"  {variant:22} {'-' if tps is None else f'{tps:6.2f}':>6} t/s"
+                  f"  max node RSS {rss:6.0f} MB  runs: {speeds}"
+                  + (f"  errors: {errors[0]}" if errors else ""))
+        peers = {v: t for v, (t, _) in table.items() if v.startswith("llama-rpc") and t}
+        best = max(peers.items(), key=lambda kv: kv[1]) if peers else None
+        pipe, it = table.get("pipeinfer", (None,))[0], table.get("iterative", (None,))[0]
+        rpc = table.get("llama-rpc", (None,))[0]
+        if best and pipe:
+            print(f"  pipeinfer / best peer ({best[0]}): {pipe / best[1]:.2f}x")
+        if rpc and it:
+            print(f"  pipeinfer iterative / llama-rpc: {it / rpc:.2f}x")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default="qwen-coder-1.5b")
+    parser.add_argument("--draft", default="qwen-coder-0.5b")
+    parser.add_argument("--nodes", default="2,4,8", help="node counts (comma-separated)")
+    parser.add_argument("--cpu-total", type=float, default=2.0,
+                        help="cores shared evenly by the nodes of each setting (default 2)")
+    parser.add_argument("-n", type=int, default=128, help="tokens to generate")
+    parser.add_argument("-k", type=int, default=3, help="repeats (interleaved)")
+    parser.add_argument("--systems", default=",".join(PEER_SYSTEMS + PIPEINFER_SYSTEMS))
+    parser.add_argument("--draft-max", default="4,8",
+                        help="llama-speculative's --draft-max sweep (best is the peer's figure)")
+    parser.add_argument("--link", default="none", choices=("none", "gigabit", "slow"),
+                        help="shaped links between nodes (experiments/cluster.py presets)")
+    parser.add_argument("--out", default="peers.csv", help="results CSV (appended)")
+    parser.add_argument("--timeout", type=float, default=900, help="seconds per run")
+    args = parser.parse_args(argv)
+    systems = args.systems.split(",")
+    unknown = [s for s in systems if s not in PEER_SYSTEMS + PIPEINFER_SYSTEMS]
+    if unknown:
+        parser.error(f"unknown system(s) {', '.join(unknown)}")
+    bin_dir = peer_binaries(systems)
+    if bin_dir is None:
+        systems = [s for s in systems if s not in PEER_SYSTEMS]
+    prompt = render_prompt(args.model, CODE_PROMPT)
+    results = defaultdict(list)
+    for rep in range(args.k):
+        for nodes in [int(n) for n in args.nodes.split(",")]:
+            for variant, system, draft_max in variants(systems, [int(d) for d in
+                                                                args.draft_max.split(",")]):
+                spec = RunSpec(system=system, variant=variant, nodes=nodes,
+                               cpu=args.cpu_total / nodes, model=args.model, draft=args.draft,
+                               prompt=prompt, n=args.n, link=args.link, draft_max=draft_max,
+                               timeout=args.timeout)
+                t0 = time.time()
+                r = run_peer(spec, bin_dir) if system in PEER_SYSTEMS else run_pipeinfer(spec)
+                results[nodes, variant].append(r)
+                write_row(args.out, spec, r)
+                print(f"# rep {rep} {nodes} nodes {variant}: "
+                      + (f"failed: {r['error']}" if r.get("error") else
+                         f"{r['speed_tps']:.2f} t/s, {r['n_generated']} tokens, accept "
+                         f"{r.get('accept_rate')}, RSS {r.get('peak_rss_mb')}")
+                      + f" ({time.time() - t0:.0f} s)", flush=True)
+    summarize(results)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
