@@ -14,7 +14,9 @@ STRATEGY_NAMES = ("iterative", "speculative", "pipeinfer", "pipespec", "specpipe
 SPLIT_HELP = ("Comma-separated fraction of the target's layers per rank, in rank order "
               "(must sum to 1). Rank r gets layers [round(L*(F0+..+F(r-1))), "
               "round(L*(F0+..+Fr))), rounding halves up. Only rank 0 may get 0 (it then "
-              "only drafts and samples). Default: equal shares for all ranks.")
+              "only drafts and samples). Default: stages of equal weight with the output matrix "
+              "counted (so the last rank gets fewer layers); rank 0 gets none when it runs a "
+              "draft model.")
 
 DRAFT_MODEL_HELP = ("Draft model (path or cached name), same vocabulary as the target; "
                     "needed by pipespec, optional for speculative, pipeinfer and specpipe "

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipeinfer.model.partition import (PartitionError, StageRange, even_split, format_split,
+from pipeinfer.model.partition import (PartitionError, StageRange, format_split,
                                  parse_layer_split, parse_split, partition)
 
 
@@ -93,9 +93,8 @@ def test_sum_tolerance_is_1e6():
         partition(10, [0.5, 0.5 + 2e-6])
 
 
-def test_even_split_and_format():
-    assert even_split(4) == [0.25] * 4
-    assert bounds(partition(30, even_split(3))) == [(0, 10), (10, 20), (20, 30)]
+def test_format_split():
+    assert bounds(partition(30, [1 / 3] * 3)) == [(0, 10), (10, 20), (20, 30)]
     assert format_split([0.1, 0.3, 0.6]) == "0.1,0.3,0.6"
     assert parse_split(format_split([0.1, 0.3, 0.6])) == [0.1, 0.3, 0.6]
 

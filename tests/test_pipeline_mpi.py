@@ -80,10 +80,15 @@ def _ok(launch_result) -> dict:
     return launch_result.json
 
 
-def _split_ranges(n_layer: int, n_ranks: int, split: str | None) -> list[list[int]]:
-    from pipeinfer.model.partition import even_split, parse_split, partition
+def _split_ranges(model: Path, n_layer: int, n_ranks: int, split: str | None) -> list[list[int]]:
+    """The layer ranges of --layer-split, or of the default (stages of equal weight, the head
+    included: no draft model)."""
+    from pipeinfer.model.balance import balanced_split
+    from pipeinfer.model.partition import parse_split, partition
+    from pipeinfer.model.slicing import read_model
 
-    fractions = list(parse_split(split)) if split else even_split(n_ranks)
+    fractions = list(parse_split(split)) if split else \
+        balanced_split(read_model(model), n_layer, n_ranks, head_layers=True)
     return [[r.first, r.last] for r in partition(n_layer, fractions)]
 
 
@@ -103,12 +108,12 @@ GREEDY_CASES = [
 
 
 @pytest.mark.parametrize("n_ranks,split", GREEDY_CASES,
-                         ids=[f"{n}ranks-{s or 'even'}" for n, s in GREEDY_CASES])
+                         ids=[f"{n}ranks-{s or 'default'}" for n, s in GREEDY_CASES])
 def test_tiny_greedy_equals_llama_cpp(tiny8: Path, n_ranks: int, split: str | None) -> None:
     extra = ["--ignore-eos"] + (["--layer-split", split] if split else [])
     result = _ok(run_pipeinfer(n_ranks, tiny8, TINY_PROMPT, *extra, n_predict=N_TINY))
     assert result["n_ranks"] == n_ranks
-    assert result["layer_split"] == _split_ranges(TINY_LAYERS, n_ranks, split)
+    assert result["layer_split"] == _split_ranges(tiny8, TINY_LAYERS, n_ranks, split)
     assert result["tokens"] == llama_greedy(tiny8, result["prompt_tokens"], N_TINY)
 
 
@@ -151,13 +156,13 @@ SMOL_CASES = [
 @pytest.mark.smollm2
 @pytest.mark.slow
 @pytest.mark.parametrize("n_ranks,split", SMOL_CASES,
-                         ids=[f"{n}ranks-{s or 'even'}" for n, s in SMOL_CASES])
+                         ids=[f"{n}ranks-{s or 'default'}" for n, s in SMOL_CASES])
 def test_smollm2_greedy_equals_llama_cpp(smol: Path, n_ranks: int, split: str | None) -> None:
     extra = ["--ignore-eos"] + (["--layer-split", split] if split else [])
     result = _ok(run_pipeinfer(n_ranks, "smollm2", SMOL_PROMPT, *extra, n_predict=N_SMOL,
                                timeout=240))
     assert result["n_ranks"] == n_ranks
-    assert result["layer_split"] == _split_ranges(30, n_ranks, split)
+    assert result["layer_split"] == _split_ranges(smol, 30, n_ranks, split)
     assert result["tokens"] == llama_greedy(smol, result["prompt_tokens"], N_SMOL)
     assert result["text"].strip()
 

@@ -14,7 +14,8 @@ from .hierarchy_remote import RemoteHierarchy
 from ..model.llama_lib import LlamaError
 from ..model.models import ModelError, check_gguf, resolve_model
 from .mpi_transport import DraftLink, HeadTransport
-from ..model.partition import PartitionError, StageRange, even_split, partition
+from ..model.balance import balanced_split
+from ..model.partition import PartitionError, StageRange, partition
 from ..schedule.partition_pool import PartitionPool
 from ..model.slicing import model_info, read_model
 from ..model.stage import Stage, StageConfig
@@ -43,17 +44,29 @@ def plan(cfg: RunConfig, size: int) -> tuple[list[StageRange], Path]:
                          f"than {cfg.max_run} tokens differently with this weight layout): give "
                          f"at most {cfg.max_run}, or --no-exact")
     cfg.check_drafts()  # a draft model where the draft source needs one, n-gram sizes
-    fractions = list(cfg.split) if cfg.split else even_split(size)
+    if len(cfg.threads) not in (1, size):
+        raise ValueError(f"-t has {len(cfg.threads)} values for {size} ranks")
+    model = resolve_model(cfg.model)
+    header = read_model(model)
+    info = model_info(header, model)
+    fractions = list(cfg.split) if cfg.split else default_split(cfg, header, info.n_layer, size)
     if cfg.draft_ranks:
         _check_draft_ranks(cfg, size, len(fractions))
     elif len(fractions) != size:
         raise PartitionError(f"--layer-split has {len(fractions)} fractions but the job has "
                              f"{size} ranks; give one fraction per rank")
-    if len(cfg.threads) not in (1, size):
-        raise ValueError(f"-t has {len(cfg.threads)} values for {size} ranks")
-    model = resolve_model(cfg.model)
-    info = model_info(read_model(model), model)
     return partition(info.n_layer, fractions), model
+
+
+def default_split(cfg: RunConfig, header, n_layer: int, size: int) -> list[float]:
+    """Without --layer-split: stages of equal weight, the output head counted (model/balance.py);
+    rank 0 holds no target layers when it runs a draft model (drafting is its work)."""
+    head_layers = size == 1 or not cfg.uses_draft_model
+    stages = size if head_layers else size - 1
+    if stages > n_layer:
+        raise PartitionError(f"{size} ranks but the model has only {n_layer} layers: every "
+                             "rank after the head needs at least one layer")
+    return balanced_split(header, n_layer, size, head_layers)
 
 
 def _check_draft_ranks(cfg: RunConfig, size: int, n_target: int) -> None:

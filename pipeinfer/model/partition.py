@@ -68,11 +68,6 @@ def parse_layer_split(text: str) -> tuple[list[float], int]:
     return parse_split(target), len(drafts)
 
 
-def even_split(n_ranks: int) -> list[float]:
-    """The default split: every rank, the head included, gets an equal share."""
-    return [1.0 / n_ranks] * n_ranks
-
-
 def partition(n_layer: int, fractions: list[float]) -> list[StageRange]:
     """Turn per-rank fractions into per-rank layer ranges (see the module docstring)."""
     if not fractions:
