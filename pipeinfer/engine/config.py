@@ -21,7 +21,7 @@ STRATEGY_NAMES = ("iterative", "speculative", "pipeinfer", "pipespec", "specpipe
 @dataclass(frozen=True)
 class RunConfig:
     model: str
-    prompt: str
+    prompt: str | None          # None: no prompt of the job's own (serve: each request's)
     n_predict: int = 128
     n_ctx: int = 2048
     n_batch: int = 512
@@ -41,6 +41,13 @@ class RunConfig:
     repack: bool | None = None  # target stages' weight repacking; None: by strategy (below)
     exact: bool = True      # runs cut to the size llama.cpp computes like one token (README)
     trace: str | None = None
+    full_logits: bool = False  # the last rank returns logits even under greedy sampling
+                               # (serve: each request chooses its sampling)
+
+    @property
+    def argmax_only(self) -> bool:
+        """Whether the last rank returns each row's argmax instead of its logits."""
+        return self.sampling.greedy and not self.full_logits
 
     @property
     def repack_target(self) -> bool:

@@ -47,6 +47,11 @@ class Drafter:
         self.busy_s = 0.0
         self._s_per_token: float | None = None  # measured cost of one context token
 
+    def reset(self) -> None:
+        """Forget every cached token: a new generation of the job begins."""
+        self.stage.clear()
+        self.ctx, self._last = [], None
+
     def _common(self, context: Sequence[int]) -> int:
         """How many leading tokens of `context` the draft's sequence 0 already holds."""
         common, limit = 0, min(len(self.ctx), len(context))

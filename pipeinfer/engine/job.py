@@ -3,6 +3,7 @@
     job = Job.start(cfg)              # every rank: load its part, wait until all are ready
     if job.is_head:
         gen = job.head.generate(on_token=print)    # tokens as they are accepted
+        gen = job.head.generate(request=job.head.request(other_prompt))  # and more
         stats = job.head.shutdown()
     else:
         job.serve()                   # a worker or draft rank, until the head shuts down
@@ -15,16 +16,18 @@ Progress (fetching, slicing) is logged at INFO by the modules doing it, tracebac
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
-from typing import Callable, Iterator
+from typing import Callable, Iterator, Sequence
 
 from .hierarchy import Level
 from .hierarchy_remote import DraftRank
 from ..model.llama_lib import LlamaError
 from .mpi_transport import DraftLink, Link, RankFailed, WorkerLink, hostname
-from ..model.sampling import Sampler
+from ..model.sampling import Sampler, SamplingParams
 from ..schedule.generation import Generation, Request
+from ..schedule.transaction import seq_clear
 from ..strategies import STRATEGIES
 from .worker import Worker
 from .config import RunConfig
@@ -118,7 +121,7 @@ class Job:
                              range(n_pipeline, size), self.cfg.spec.draft)
         else:
             link = WorkerLink(n_ranks=self.cfg.n_pipeline(size))
-            role = Worker(link, self.stage, argmax_only=self.cfg.sampling.greedy)
+            role = Worker(link, self.stage, argmax_only=self.cfg.argmax_only)
         try:
             role.run()
             return 0
@@ -129,8 +132,12 @@ class Job:
 
 
 class Head:
-    """Rank 0: the tokenizer, prompt, pipeline and draft model(s) of a started job. One
-    generation per job (the workers' KV caches are not cleared between generations yet)."""
+    """Rank 0: the tokenizer, pipeline and draft model(s) of a started job. Generations run
+    one after another (`generate`, `stream`), each from its own Request (default: the job's
+    prompt and -n) and sampling. Before each but the first, every rank's KV cells and the draft
+    models' are cleared, so each generation computes as in a job of its own; run ids keep
+    growing across generations (a rank takes a cancellation of an id it has passed as one of a
+    run done, and a stage's abort flag holds the last id it was asked to abort)."""
 
     def __init__(self, cfg: RunConfig, setup: HeadSetup, ranges, size: int,
                  offsets: dict[int, float]):
@@ -138,36 +145,68 @@ class Head:
         self.offsets = offsets
         self.trace = Trace(cfg.trace) if cfg.trace else None
         self.gen: Generation | None = None
+        self.generations = 0
+        self._run_ids = itertools.count()
 
     @property
     def tokenizer(self):
         return self.setup.tokenizer
 
-    def generate(self, on_token: Callable[[int], None] = lambda t: None) -> Generation:
-        """Generate from the job's prompt until a stop condition; `on_token` gets every
-        accepted token as it is accepted. Returns the generation (tokens, timeline,
-        counters, stop reason)."""
-        self.gen = self._generation(on_token)
+    def request(self, prompt: Sequence[int] | None = None, n_predict: int | None = None,
+                ignore_eos: bool | None = None) -> Request:
+        """A Request of this job: the job's prompt, -n and --ignore-eos unless given."""
         cfg = self.cfg
-        STRATEGIES[cfg.strategy](self.setup.pipeline, self.gen, Sampler(cfg.sampling), cfg,
-                                 self.setup.drafter, self.setup.pool, trace=self.trace)
+        return Request(tuple(self.setup.prompt if prompt is None else prompt),
+                       cfg.n_predict if n_predict is None else n_predict, cfg.n_ctx,
+                       cfg.ignore_eos if ignore_eos is None else ignore_eos)
+
+    def generate(self, on_token: Callable[[int], None] = lambda t: None,
+                 request: Request | None = None,
+                 sampling: SamplingParams | None = None) -> Generation:
+        """Generate from `request` (default: the job's) until a stop condition; `on_token`
+        gets every accepted token as it is accepted. Returns the generation (tokens, timeline,
+        counters, stop reason)."""
+        self.gen = self._generation(on_token, request)
+        cfg = self.cfg
+        STRATEGIES[cfg.strategy](self.setup.pipeline, self.gen, Sampler(sampling or cfg.sampling),
+                                 cfg, self.setup.drafter, self.setup.pool, trace=self.trace)
         return self.gen
 
-    def stream(self) -> Iterator[int]:
-        """The job's generation token by token as they are accepted (`self.gen` holds the
-        rest); leaving the loop early cancels the generation (stop reason "cancelled")."""
-        self.gen = self._generation(lambda t: None)
+    def stream(self, request: Request | None = None,
+               sampling: SamplingParams | None = None) -> Iterator[int]:
+        """A generation token by token as they are accepted (`self.gen` holds the rest);
+        closing the iterator early cancels the generation (stop reason "cancelled") and
+        drains its runs, so the next generation may follow."""
+        self.gen = self._generation(lambda t: None, request)
         cfg = self.cfg
         yield from driver_for(cfg.strategy, self.setup.pipeline, self.gen,
-                              Sampler(cfg.sampling), cfg, self.setup.drafter, self.setup.pool,
-                              self.trace).stream()
+                              Sampler(sampling or cfg.sampling), cfg, self.setup.drafter,
+                              self.setup.pool, self.trace).stream()
 
-    def _generation(self, on_token: Callable[[int], None]) -> Generation:
-        if self.gen is not None:
-            raise RuntimeError("a job runs one generation")
-        cfg = self.cfg
-        request = Request(tuple(self.setup.prompt), cfg.n_predict, cfg.n_ctx, cfg.ignore_eos)
-        return Generation(request, self.setup.tokenizer.is_eog, on_token)
+    def _generation(self, on_token: Callable[[int], None],
+                    request: Request | None) -> Generation:
+        if self.generations:
+            self._clear()
+        self.generations += 1
+        return Generation(request or self.request(), self.setup.tokenizer.is_eog, on_token,
+                          run_ids=self._run_ids)
+
+    def _clear(self) -> None:
+        """Every rank's KV cells, the draft models' and the partitions as at the start."""
+        if self.cfg.draft_ranks:
+            raise RuntimeError("a job with draft ranks of its own runs one generation")
+        self.setup.pipeline.kv([seq_clear()])
+        drafters = self.setup.drafter
+        for drafter in drafters if isinstance(drafters, (list, tuple)) else [drafters]:
+            if drafter is not None:
+                drafter.reset()
+        self.setup.pool = self.cfg.pool()
+
+    def check_ranks(self) -> None:
+        """Raise RankFailed if a worker has reported a failure (while no generation runs)."""
+        transport = self.setup.pipeline.transport
+        if transport is not None:
+            transport.check_errors()
 
     def shutdown(self) -> list[dict]:
         """Stop every worker; their statistics (rank order). Their stage spans go into the

@@ -109,18 +109,7 @@ def load_stage(cfg: RunConfig, model: Path, rng: StageRange, size: int) -> Stage
 
 def head_setup(cfg: RunConfig, model: Path, stage: Stage | None, size: int) -> HeadSetup:
     tokenizer = Tokenizer(model)
-    text = tokenizer.apply_chat_template(cfg.prompt) if cfg.chat else cfg.prompt
-    prompt = tokenizer.tokenize(text)
-    if not prompt or not cfg.prompt:
-        raise ValueError("the prompt is empty")
-    if cfg.n_predict <= 0:
-        raise ValueError(f"-n must be positive (got {cfg.n_predict})")
-    if len(prompt) >= cfg.n_ctx:
-        raise ValueError(f"the prompt has {len(prompt)} tokens but the context (-c) holds "
-                         f"{cfg.n_ctx}; raise -c or shorten the prompt")
-    if len(prompt) + cfg.n_predict > cfg.n_ctx:
-        raise ValueError(f"the context (-c {cfg.n_ctx}) cannot hold the {len(prompt)} prompt "
-                         f"tokens plus {cfg.n_predict} to generate (-n); raise -c or lower -n")
+    prompt = [] if cfg.prompt is None else _prompt_tokens(cfg, tokenizer)
     n_pipeline = cfg.n_pipeline(size)
     if cfg.draft_ranks:
         drafter = RemoteHierarchy(DraftLink(), range(n_pipeline, size),
@@ -133,6 +122,22 @@ def head_setup(cfg: RunConfig, model: Path, stage: Stage | None, size: int) -> H
     return HeadSetup(tokenizer, prompt,
                      Pipeline(embed, stage, transport, whole_model=n_pipeline == 1), drafter,
                      cfg.pool())
+
+
+def _prompt_tokens(cfg: RunConfig, tokenizer: Tokenizer) -> list[int]:
+    text = tokenizer.apply_chat_template(cfg.prompt) if cfg.chat else cfg.prompt
+    prompt = tokenizer.tokenize(text)
+    if not prompt or not cfg.prompt:
+        raise ValueError("the prompt is empty")
+    if cfg.n_predict <= 0:
+        raise ValueError(f"-n must be positive (got {cfg.n_predict})")
+    if len(prompt) >= cfg.n_ctx:
+        raise ValueError(f"the prompt has {len(prompt)} tokens but the context (-c) holds "
+                         f"{cfg.n_ctx}; raise -c or shorten the prompt")
+    if len(prompt) + cfg.n_predict > cfg.n_ctx:
+        raise ValueError(f"the context (-c {cfg.n_ctx}) cannot hold the {len(prompt)} prompt "
+                         f"tokens plus {cfg.n_predict} to generate (-n); raise -c or lower -n")
+    return prompt
 
 
 def _load_drafters(cfg: RunConfig, tokenizer: Tokenizer) -> Drafter | list[Drafter]:

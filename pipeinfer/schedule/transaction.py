@@ -53,6 +53,9 @@ class DecodeFlag(enum.IntFlag):
     SKIPPED = 2     # no activations follow: the run was cancelled before this rank computed it
 
 
+ALL_SEQS = -1  # a KV operation's sequence meaning every sequence (seq_clear)
+
+
 @dataclass(frozen=True)
 class KvOp:
     kind: KvOpType
@@ -65,6 +68,8 @@ class KvOp:
         if self.kind == KvOpType.KV_SEQ_CP:
             return f"cp({self.seq}->{self.dst}, [{self.p0},{self.p1}))"
         if self.kind == KvOpType.KV_SEQ_RM:
+            if self.seq == ALL_SEQS:
+                return "rm(all)"
             return f"rm({self.seq}, [{self.p0},{self.p1}))"
         return f"keep({self.seq})"
 
@@ -75,6 +80,12 @@ def seq_cp(src: int, dst: int, p0: int = -1, p1: int = -1) -> KvOp:
 
 def seq_rm(seq: int, p0: int = -1, p1: int = -1) -> KvOp:
     return KvOp(KvOpType.KV_SEQ_RM, seq, -1, p0, p1)
+
+
+def seq_clear() -> KvOp:
+    """Remove every cell of every sequence: the cache as a new context has it (llama.cpp's
+    seq_rm with sequence -1 matches any sequence), before a job's next generation."""
+    return KvOp(KvOpType.KV_SEQ_RM, ALL_SEQS)
 
 
 def seq_keep(seq: int) -> KvOp:
