@@ -22,11 +22,9 @@ from pathlib import Path  # noqa: E402
 import click  # noqa: E402
 
 from .cli_options import (DRAFT_MODEL_HELP, SPLIT_HELP, STRATEGY_HELP,  # noqa: E402
-                          STRATEGY_NAMES, draft_source_options, parse_run_split,
-                          parse_split, parse_threads)
+                          STRATEGY_NAMES, parse_run_split, parse_split, parse_threads,
+                          speculation_options)
 from .model.partition import PartitionError  # noqa: E402
-from .schedule.cutoff import FLOOR  # noqa: E402
-from .schedule.guard import THRESHOLD as GUARD_THRESHOLD  # noqa: E402
 
 
 # --- messages: every module logs to "pipeinfer.<module>"; here is how they show ------------
@@ -139,7 +137,21 @@ def _checked(check, *args):
         raise Failure(str(err), 2) from None
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class _Commands(click.Group):
+    """The commands, and `serve` from its own package (imported when asked for: it builds on
+    the helpers of this module)."""
+
+    def list_commands(self, ctx):
+        return sorted([*super().list_commands(ctx), "serve"])
+
+    def get_command(self, ctx, name):
+        if name == "serve":
+            from .serve.command import serve
+            return serve
+        return super().get_command(ctx, name)
+
+
+@click.group(cls=_Commands, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="pipeinfer")
 def main() -> None:
     """Run GGUF language models across MPI ranks with asynchronous pipelined speculation.
@@ -186,71 +198,7 @@ def _verbosity(verbose_help: str = "Also detail (debug messages).",
               "0,0.5,0.5/1/1 for 5 ranks (else the draft models run in the head process).")
 @click.option("--strategy", default="iterative", type=click.Choice(list(STRATEGY_NAMES)),
               help=STRATEGY_HELP)
-@draft_source_options
-@click.option("--draft", "draft_max", default=4, type=click.IntRange(1, 64),
-              help="Most draft tokens per speculative run (tree depth; micro-batch size); "
-                   "--exact cuts runs to 3 tokens (repacked weights) or 7 (plain).")
-@click.option("-pa", "--p-accept", default=0.3, type=float,
-              help="Keep drafting while the draft's top probability is at least this "
-                   "(pipeinfer: plus p_adjust).")
-@click.option("-ps", "--p-split", default=0.3, type=float,
-              help="Branch the draft tree when the runner-up candidate's probability exceeds "
-                   "this.")
-@click.option("-np", "--n-parallel", default=1, type=click.IntRange(1, 16),
-              help="Most branches per draft tree.")
-@click.option("-pr", "--p-recovery", default=0.05, type=float,
-              help="pipeinfer: the cutoff (-pa + p_adjust) rises by this per speculative run "
-                   "started; p_adjust is reset to 0 whenever a speculative run is verified "
-                   "(its guess was right).")
-@click.option("-pd", "--p-decay", default=0.01, type=float,
-              help="pipeinfer: the cutoff falls by this per draft attempt that found no token "
-                   "above it (once per attempt of the draft model, not per idle poll), down "
-                   "to --p-floor.")
-@click.option("--p-floor", default=FLOOR, type=click.FloatRange(0, 1),
-              help="pipeinfer: the cutoff never decays below this (or -pa, if lower): a draft "
-                   "token less likely is rarely the target's; unbounded, decay ends the cutoff.")
-@click.option("--guard-accept", default=GUARD_THRESHOLD, type=click.FloatRange(0, 1),
-              help="speculative, pipeinfer: the never-slower guard. When fewer than this share "
-                   "of the last 16 drafted tokens were accepted, speculation pauses (plain "
-                   "decoding) for 8 tokens, then probes again; each failed probe doubles the "
-                   "pause (up to 256), a probe that pays resets it. 0 turns the guard off.")
-@click.option("--max-runs", default=6, type=click.IntRange(2, 64),
-              help="pipeinfer: most runs in flight in the target pipeline at once. specpipe: "
-                   "tree levels in flight are the number of target stages + 1, at most this.")
-@click.option("--partitions", default=8, type=click.IntRange(1, 64),
-              help="KV sequence partitions for speculative runs (x --n-parallel sequence ids; "
-                   "at most 254 in all).")
-@click.option("--kv-size", default=0, type=click.IntRange(0, None),
-              help="Speculative strategies: KV cache cells per stage (0 = 4x -c). Cells of "
-                   "rejected tokens are not reused within a generation (that keeps results "
-                   "bit-exact), so generation stops early with a notice when they run out.")
-@click.option("--tree-width", default=4, type=click.IntRange(1, 64),
-              help="specpipe: nodes per tree level; of all candidates for the next level, "
-                   "the ones with the highest cumulative draft probability are kept (each "
-                   "takes one KV sequence id: a beam slot).")
-@click.option("--tree-k", default=2, type=click.IntRange(1, 64),
-              help="specpipe: draft candidates (top-k tokens) per bottom node when growing "
-                   "the tree by one level.")
-@click.option("--repack/--no-repack", default=None,
-              help="The target stages' weight layout: llama.cpp's repacked weights (faster) or "
-                   "the plain layout. Default: repacked, except for specpipe and pipespec, "
-                   "whose wider runs stay exact only with the plain layout. The output equals "
-                   "llama.cpp's single-node output with the same layout. The draft model is "
-                   "always repacked (it never decides the output).", show_default=False)
-@click.option("--exact/--no-exact", default=True,
-              help="Cut every run after the prompt to the size llama.cpp computes exactly like "
-                   "one-token decoding: 3 tokens with repacked weights, 7 with the plain "
-                   "layout (a speculative tree is verified as one batch, and larger batches "
-                   "round differently). --no-exact lets runs grow to --draft: speculation may "
-                   "then pick another token than llama.cpp at a near tie.")
-@click.option("--no-continuous", is_flag=True,
-              help="pipeinfer ablation: one speculative run in flight at a time, micro-batches "
-                   "up to 2x --draft.")
-@click.option("--no-cancel", is_flag=True,
-              help="pipeinfer ablation: never cancel runs; useless results are just dropped.")
-@click.option("--no-draft-thread", is_flag=True,
-              help="pipeinfer: draft on the head's main thread (the head then sees results "
-                   "only between draft steps) instead of a thread of its own.")
+@speculation_options
 @click.option("--ignore-eos", is_flag=True, help="Keep generating past end-of-generation tokens.")
 @click.option("--chat", is_flag=True, help="Wrap the prompt in the model's chat template.")
 @click.option("--csv", "csv_path", type=click.Path(dir_okay=False), default=None,

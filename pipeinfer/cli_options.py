@@ -6,6 +6,8 @@ from __future__ import annotations
 import click
 
 from .model import partition
+from .schedule.cutoff import FLOOR
+from .schedule.guard import THRESHOLD as GUARD_THRESHOLD
 from .schedule.options import DRAFT_SOURCES, NGRAM_LIMIT, NGRAM_MAX, NGRAM_MIN
 
 # The names of pipeinfer.strategies.STRATEGIES, without importing llama.cpp for --help.
@@ -58,6 +60,83 @@ def draft_source_options(command):
     for option in reversed(options):  # listed in --help in this order
         command = option(command)
     return command
+
+
+# The draft source and the speculation's parameters: run and serve take the same.
+SPECULATION_OPTIONS = (
+    click.option("--draft", "draft_max", default=4, type=click.IntRange(1, 64),
+                 help="Most draft tokens per speculative run (tree depth; micro-batch size); "
+                      "--exact cuts runs to 3 tokens (repacked weights) or 7 (plain)."),
+    click.option("-pa", "--p-accept", default=0.3, type=float,
+                 help="Keep drafting while the draft's top probability is at least this "
+                      "(pipeinfer: plus p_adjust)."),
+    click.option("-ps", "--p-split", default=0.3, type=float,
+                 help="Branch the draft tree when the runner-up candidate's probability exceeds "
+                      "this."),
+    click.option("-np", "--n-parallel", default=1, type=click.IntRange(1, 16),
+                 help="Most branches per draft tree."),
+    click.option("-pr", "--p-recovery", default=0.05, type=float,
+                 help="pipeinfer: the cutoff (-pa + p_adjust) rises by this per speculative run "
+                      "started; p_adjust is reset to 0 whenever a speculative run is verified "
+                      "(its guess was right)."),
+    click.option("-pd", "--p-decay", default=0.01, type=float,
+                 help="pipeinfer: the cutoff falls by this per draft attempt that found no token "
+                      "above it (once per attempt of the draft model, not per idle poll), down "
+                      "to --p-floor."),
+    click.option("--p-floor", default=FLOOR, type=click.FloatRange(0, 1),
+                 help="pipeinfer: the cutoff never decays below this (or -pa, if lower): a "
+                      "draft token less likely is rarely the target's; unbounded, decay ends "
+                      "the cutoff."),
+    click.option("--guard-accept", default=GUARD_THRESHOLD, type=click.FloatRange(0, 1),
+                 help="speculative, pipeinfer: the never-slower guard. When fewer than this share "
+                      "of the last 16 drafted tokens were accepted, speculation pauses (plain "
+                      "decoding) for 8 tokens, then probes again; each failed probe doubles the "
+                      "pause (up to 256), a probe that pays resets it. 0 turns the guard off."),
+    click.option("--max-runs", default=6, type=click.IntRange(2, 64),
+                 help="pipeinfer: most runs in flight in the target pipeline at once. specpipe: "
+                      "tree levels in flight are the number of target stages + 1, at most this."),
+    click.option("--partitions", default=8, type=click.IntRange(1, 64),
+                 help="KV sequence partitions for speculative runs (x --n-parallel sequence ids; "
+                      "at most 254 in all)."),
+    click.option("--kv-size", default=0, type=click.IntRange(0, None),
+                 help="Speculative strategies: KV cache cells per stage (0 = 4x -c). Cells of "
+                      "rejected tokens are not reused within a generation (that keeps results "
+                      "bit-exact), so generation stops early with a notice when they run out."),
+    click.option("--tree-width", default=4, type=click.IntRange(1, 64),
+                 help="specpipe: nodes per tree level; of all candidates for the next level, "
+                      "the ones with the highest cumulative draft probability are kept (each "
+                      "takes one KV sequence id: a beam slot)."),
+    click.option("--tree-k", default=2, type=click.IntRange(1, 64),
+                 help="specpipe: draft candidates (top-k tokens) per bottom node when growing "
+                      "the tree by one level."),
+    click.option("--repack/--no-repack", default=None,
+                 help="The target stages' weight layout: llama.cpp's repacked weights (faster) or "
+                      "the plain layout. Default: repacked, except for specpipe and pipespec, "
+                      "whose wider runs stay exact only with the plain layout. The output equals "
+                      "llama.cpp's single-node output with the same layout. The draft model is "
+                      "always repacked (it never decides the output).", show_default=False),
+    click.option("--exact/--no-exact", default=True,
+                 help="Cut every run after the prompt to the size llama.cpp computes exactly like "
+                      "one-token decoding: 3 tokens with repacked weights, 7 with the plain "
+                      "layout (a speculative tree is verified as one batch, and larger batches "
+                      "round differently). --no-exact lets runs grow to --draft: speculation may "
+                      "then pick another token than llama.cpp at a near tie."),
+    click.option("--no-continuous", is_flag=True,
+                 help="pipeinfer ablation: one speculative run in flight at a time, micro-batches "
+                      "up to 2x --draft."),
+    click.option("--no-cancel", is_flag=True,
+                 help="pipeinfer ablation: never cancel runs; useless results are just dropped."),
+    click.option("--no-draft-thread", is_flag=True,
+                 help="pipeinfer: draft on the head's main thread (the head then sees results "
+                      "only between draft steps) instead of a thread of its own."),
+)
+
+
+def speculation_options(command):
+    """--draft-source, --ngram-min, --ngram-max and SPECULATION_OPTIONS, in that order."""
+    for option in reversed(SPECULATION_OPTIONS):  # listed in --help in this order
+        command = option(command)
+    return draft_source_options(command)
 
 
 # --- option callbacks: values checked and converted, errors as click's bad-parameter lines --

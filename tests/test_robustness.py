@@ -436,6 +436,7 @@ def test_supervisor_can_be_turned_off(long_job) -> None:
     (["pipeinfer", "run"], {"SLURM_PROCID": "3", "SLURM_NTASKS": "4"}, True),
     (["pipeinfer", "run"], {"PMI_RANK": "0", "PMI_SIZE": "1"}, False),  # one rank
     (["pipeinfer", "run"], {}, False),  # no launcher
+    (["pipeinfer", "serve"], {"PMI_RANK": "1", "PMI_SIZE": "3"}, True),
     (["pipeinfer", "split"], {"PMI_RANK": "1", "PMI_SIZE": "3"}, False),
     (["pipeinfer", "run"], {"PMI_RANK": "1", "PMI_SIZE": "3", "PIPEINFER_NO_SUPERVISOR": "1"},
      False),

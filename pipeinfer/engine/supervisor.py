@@ -25,7 +25,7 @@ forks as the very first thing it does, before MPI starts:
   (Hydra's "BAD TERMINATION ... PID <pid>" block names the first process it reaped: now a
   supervisor, whose pid is the parent of a pid in the head's `ready:` line.)
 
-Only on Linux, and only for `pipeinfer run` when a launcher's environment says this is one of
+Only on Linux, and only for `pipeinfer run` and `serve` when a launcher's environment says this is one of
 several ranks (PMI_RANK/PMI_SIZE of MPICH's hydra and Intel MPI, OMPI_COMM_WORLD_RANK/SIZE of
 Open MPI, PMIX_RANK, SLURM_PROCID/SLURM_NTASKS). PIPEINFER_NO_SUPERVISOR=1 turns it off: the
 rank then runs in the launched process itself, as without a launcher. (A launcher that
@@ -75,10 +75,10 @@ def launch_position(environ=os.environ) -> tuple[int, int | None] | None:
 
 
 def wanted(argv=None, environ=os.environ) -> bool:
-    """Whether this process should fork a supervised rank: `pipeinfer run` on Linux, one of
-    several ranks of a launcher, not turned off."""
+    """Whether this process should fork a supervised rank: `pipeinfer run` or `serve` on
+    Linux, one of several ranks of a launcher, not turned off."""
     argv = sys.argv if argv is None else argv
-    if not sys.platform.startswith("linux") or argv[1:2] != ["run"]:
+    if not sys.platform.startswith("linux") or argv[1:2] not in (["run"], ["serve"]):
         return False
     if environ.get(DISABLE_VAR, "").strip().lower() not in ("", "0", "no", "false"):
         return False

@@ -5,6 +5,7 @@ from __future__ import annotations
 import codecs
 import ctypes
 import os
+from typing import Sequence
 
 import llama_cpp
 
@@ -54,19 +55,24 @@ class Tokenizer:
     def token_text(self, token: int) -> str:
         return self.piece(token).decode("utf-8", "replace")
 
-    def apply_chat_template(self, user_message: str) -> str:
-        """Wrap one user message in the model's chat template, ending with the assistant turn."""
+    def apply_chat_template(self, messages: "str | Sequence[tuple[str, str]]") -> str:
+        """The conversation `messages` ((role, content) pairs in order, or one user message)
+        rendered with the model's chat template, ending with the assistant's turn (llama.cpp's
+        rendering of the templates it knows, as llama-cpp-python's and llama-server's)."""
         template = llama_cpp.llama_model_chat_template(self._model, None)
         if not template:
             raise LlamaError("the model has no chat template; run without --chat")
-        messages = (llama_cpp.llama_chat_message * 1)(
-            llama_cpp.llama_chat_message(b"user", user_message.encode("utf-8")))
-        size = 4 * len(user_message) + 1024
+        if isinstance(messages, str):
+            messages = [("user", messages)]
+        encoded = [(role.encode("utf-8"), content.encode("utf-8")) for role, content in messages]
+        chat = (llama_cpp.llama_chat_message * len(encoded))(
+            *(llama_cpp.llama_chat_message(role, content) for role, content in encoded))
+        size = 2 * sum(len(r) + len(c) for r, c in encoded) + 1024
         buf = ctypes.create_string_buffer(size)
-        n = llama_cpp.llama_chat_apply_template(template, messages, 1, True, buf, size)
+        n = llama_cpp.llama_chat_apply_template(template, chat, len(encoded), True, buf, size)
         if n > size:
             buf = ctypes.create_string_buffer(n)
-            n = llama_cpp.llama_chat_apply_template(template, messages, 1, True, buf, n)
+            n = llama_cpp.llama_chat_apply_template(template, chat, len(encoded), True, buf, n)
         if n < 0:
             raise LlamaError("llama.cpp does not recognise this model's chat template")
         return buf.raw[:n].decode("utf-8")

@@ -1,0 +1,227 @@
+"""The OpenAI-style API's requests and errors, without any HTTP: a JSON body becomes a checked,
+frozen Ask or an ApiError carrying its status and an OpenAI/llama-server error object,
+`{"error": {"message", "type", "code"}}` (`code`: the HTTP status, as llama-server gives it).
+
+Field types are checked strictly (a boolean is not a number, a number not a string); fields
+the API knows but this server ignores (logprobs, presence_penalty, user, ...) and unknown ones
+are accepted and ignored, as llama-server does.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, replace
+from typing import Any
+
+from ..model.sampling import SamplingParams
+
+MAX_BODY = 1 << 20      # bytes of a request body (413 beyond)
+MAX_STOPS = 4           # stop strings per request, as OpenAI allows
+ROLES = ("system", "user", "assistant", "tool", "developer")
+
+ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error",
+               404: "not_found_error", 413: "invalid_request_error",
+               500: "server_error", 503: "unavailable_error"}
+
+
+class ApiError(Exception):
+    """A request the server answers with an error object (`status`: the HTTP status)."""
+
+    def __init__(self, status: int, message: str, kind: str | None = None,
+                 param: str | None = None):
+        super().__init__(message)
+        self.status, self.message, self.param = status, message, param
+        self.kind = kind or ERROR_TYPES.get(status, "server_error")
+
+    def body(self) -> dict:
+        error = {"message": self.message, "type": self.kind, "code": self.status}
+        if self.param is not None:
+            error["param"] = self.param
+        return {"error": error}
+
+
+@dataclass(frozen=True)
+class Ask:
+    """One checked completion request. `prompt` (completions) or `messages` ((role, content)
+    pairs, chat) is set; `max_tokens` None means up to the context's end."""
+    chat: bool
+    prompt: str | None
+    messages: tuple[tuple[str, str], ...] | None
+    max_tokens: int | None
+    sampling: SamplingParams
+    stop: tuple[str, ...] = ()
+    stream: bool = False
+    include_usage: bool = False
+    model: str | None = None
+
+
+def parse_body(raw: bytes) -> dict:
+    """The JSON object of a request body (ApiError 413 when too large, 400 when not JSON or
+    not an object)."""
+    if len(raw) > MAX_BODY:
+        raise ApiError(413, f"the request body has {len(raw)} bytes, more than the "
+                            f"{MAX_BODY} allowed")
+    try:
+        body = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as err:
+        raise ApiError(400, f"the request body is not valid JSON: {err}") from None
+    if not isinstance(body, dict):
+        raise ApiError(400, "the request body must be a JSON object")
+    return body
+
+
+def parse_completion(body: dict, defaults: SamplingParams) -> Ask:
+    """POST /v1/completions: `prompt` is a non-empty string (or a list of exactly one)."""
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1:
+        prompt = prompt[0]
+    if isinstance(prompt, list):
+        raise ApiError(400, "'prompt' must be one string: this server takes one prompt per "
+                            "request", param="prompt")
+    if not isinstance(prompt, str):
+        raise ApiError(400, "'prompt' is required and must be a string", param="prompt")
+    if not prompt:
+        raise ApiError(400, "'prompt' is empty", param="prompt")
+    return _ask(body, defaults, chat=False, prompt=prompt)
+
+
+def parse_chat(body: dict, defaults: SamplingParams) -> Ask:
+    """POST /v1/chat/completions: `messages`, a non-empty list of {role, content}."""
+    messages = body.get("messages")
+    if not isinstance(messages, list):
+        raise ApiError(400, "'messages' is required and must be a list", param="messages")
+    if not messages:
+        raise ApiError(400, "'messages' is empty", param="messages")
+    pairs = tuple(_message(i, m) for i, m in enumerate(messages))
+    max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
+    return _ask(dict(body, max_tokens=max_tokens), defaults, chat=True, messages=pairs)
+
+
+def _message(i: int, message: Any) -> tuple[str, str]:
+    where = f"messages[{i}]"
+    if not isinstance(message, dict):
+        raise ApiError(400, f"{where} must be an object with 'role' and 'content'",
+                       param="messages")
+    role, content = message.get("role"), message.get("content")
+    if role not in ROLES:
+        raise ApiError(400, f"{where}.role must be one of {', '.join(ROLES)}, not {role!r}",
+                       param="messages")
+    if isinstance(content, list):  # content parts: text only
+        texts = []
+        for part in content:
+            if not (isinstance(part, dict) and part.get("type") == "text"
+                    and isinstance(part.get("text"), str)):
+                raise ApiError(400, f"{where}.content: only text parts "
+                                    "({'type': 'text', 'text': ...}) are supported",
+                               param="messages")
+            texts.append(part["text"])
+        content = "".join(texts)
+    if content is None and role == "assistant":
+        content = ""
+    if not isinstance(content, str):
+        raise ApiError(400, f"{where}.content must be a string", param="messages")
+    return role, content
+
+
+def _ask(body: dict, defaults: SamplingParams, chat: bool, prompt: str | None = None,
+         messages: tuple | None = None) -> Ask:
+    n = _integer(body, "n", 1)
+    if n != 1:
+        raise ApiError(400, f"'n' must be 1 (one choice per request), not {n}", param="n")
+    max_tokens = _integer(body, "max_tokens", None)
+    if max_tokens is not None and max_tokens <= 0:
+        raise ApiError(400, f"'max_tokens' must be at least 1, not {max_tokens}",
+                       param="max_tokens")
+    stream = _boolean(body, "stream", False)
+    options = body.get("stream_options")
+    if options is not None and not isinstance(options, dict):
+        raise ApiError(400, "'stream_options' must be an object", param="stream_options")
+    include_usage = bool(options and options.get("include_usage") is True)
+    model = body.get("model")
+    if model is not None and not isinstance(model, str):
+        raise ApiError(400, "'model' must be a string", param="model")
+    return Ask(chat, prompt, messages, max_tokens, _sampling(body, defaults), _stops(body),
+               stream, include_usage, model)
+
+
+def _sampling(body: dict, defaults: SamplingParams) -> SamplingParams:
+    temp = _number(body, "temperature", defaults.temp, 0.0, 2.0)
+    top_p = _number(body, "top_p", defaults.top_p, 0.0, 1.0)
+    if top_p == 0.0:
+        raise ApiError(400, "'top_p' must be above 0", param="top_p")
+    top_k = _integer(body, "top_k", defaults.top_k)
+    if top_k < 0:
+        raise ApiError(400, f"'top_k' must be 0 (off) or more, not {top_k}", param="top_k")
+    seed = _integer(body, "seed", defaults.seed)
+    return replace(defaults, temp=temp, top_p=top_p, top_k=top_k, seed=seed % (1 << 64))
+
+
+def _stops(body: dict) -> tuple[str, ...]:
+    stop = body.get("stop")
+    if stop is None:
+        return ()
+    stops = [stop] if isinstance(stop, str) else stop
+    if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):
+        raise ApiError(400, "'stop' must be a string or a list of strings", param="stop")
+    if len(stops) > MAX_STOPS:
+        raise ApiError(400, f"'stop' has {len(stops)} strings, at most {MAX_STOPS} are allowed",
+                       param="stop")
+    return tuple(s for s in stops if s)
+
+
+def _integer(body: dict, name: str, default):
+    value = body.get(name)
+    if value is None:
+        return default
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ApiError(400, f"'{name}' must be an integer, not {json.dumps(value)}", param=name)
+    return value
+
+
+def _number(body: dict, name: str, default: float, low: float, high: float) -> float:
+    value = body.get(name)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ApiError(400, f"'{name}' must be a number, not {json.dumps(value)}", param=name)
+    if not low <= value <= high:
+        raise ApiError(400, f"'{name}' must be between {low:g} and {high:g}, not {value:g}",
+                       param=name)
+    return float(value)
+
+
+def _boolean(body: dict, name: str, default: bool) -> bool:
+    value = body.get(name)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise ApiError(400, f"'{name}' must be true or false, not {json.dumps(value)}",
+                       param=name)
+    return value
+
+
+def check_model(asked: str | None, served: str) -> None:
+    """404 for a model name other than the one served (none given: the one served)."""
+    if asked is not None and asked != served:
+        raise ApiError(404, f"the model '{asked}' does not exist: this server serves "
+                            f"'{served}'", param="model")
+
+
+def n_predict(n_prompt: int, max_tokens: int | None, n_ctx: int) -> int:
+    """Tokens to generate: `max_tokens`, or up to the context's end when not given; 400
+    (llama-server's exceed_context_size_error) when the prompt leaves no room or the prompt
+    plus `max_tokens` do not fit in the context."""
+    if n_prompt >= n_ctx:
+        raise ApiError(400, f"the prompt has {n_prompt} tokens, but the context holds "
+                            f"{n_ctx} (prompt and completion together)",
+                       "exceed_context_size_error")
+    if max_tokens is None:
+        return n_ctx - n_prompt
+    if n_prompt + max_tokens > n_ctx:
+        raise ApiError(400, f"the prompt ({n_prompt} tokens) and max_tokens ({max_tokens}) "
+                            f"exceed the context of {n_ctx} tokens",
+                       "exceed_context_size_error", param="max_tokens")
+    return max_tokens

@@ -1,0 +1,216 @@
+"""The ASGI app of `pipeinfer serve` (Starlette): OpenAI-style completions and chat
+completions (streamed as server-sent events or whole), models, health and metrics.
+
+Handlers run on the HTTP thread's event loop. They check and tokenize a request there (so a
+bad one is answered at once, not after the requests before it), hand it to the head through
+the bridge, and wait on the request's own queue for its text. A client that goes away (a
+failed write, or a disconnect noticed while waiting) cancels its ticket, and the head cancels
+the generation at its next token.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from ..model.llama_lib import LlamaError
+from ..model.sampling import SamplingParams
+from . import api
+from .api import ApiError, Ask
+from .bridge import Bridge, Done, Failed, State, Ticket
+from .metrics import ServeMetrics
+from .responses import Reply
+
+log = logging.getLogger(__name__)
+
+DISCONNECT_CHECK_S = 0.5   # how often a waiting handler looks whether its client is gone
+PUBLIC = ("/health",)      # answered without the API key
+
+
+@dataclass
+class Service:
+    """What the handlers share; `head` is set once the job has started."""
+    bridge: Bridge
+    metrics: ServeMetrics
+    model_name: str
+    n_ctx: int
+    defaults: SamplingParams
+    api_key: str | None = None
+    head: Any = None
+    created: int = 0
+
+
+def build_app(service: Service) -> Starlette:
+    async def completions(request: Request) -> Response:
+        return await _complete(service, request, chat=False)
+
+    async def chat(request: Request) -> Response:
+        return await _complete(service, request, chat=True)
+
+    async def models(request: Request) -> Response:
+        return JSONResponse({"object": "list", "data": [
+            {"id": service.model_name, "object": "model", "created": service.created,
+             "owned_by": "pipeinfer", "meta": {"n_ctx": service.n_ctx}}]})
+
+    async def health(request: Request) -> Response:
+        service.bridge.check_ready()
+        return JSONResponse({"status": "ok"})
+
+    async def metrics(request: Request) -> Response:
+        head, bridge = service.head, service.bridge
+        busy = head.setup.pipeline.busy_s if head is not None else None
+        body = service.metrics.render(bridge.depth, int(bridge.running is not None), busy)
+        return Response(body, media_type=service.metrics.content_type)
+
+    routes = [Route("/v1/completions", _guarded(service, "completions", completions),
+                    methods=["POST"]),
+              Route("/v1/chat/completions", _guarded(service, "chat", chat), methods=["POST"]),
+              Route("/v1/models", _guarded(service, "models", models), methods=["GET"]),
+              Route("/health", _guarded(service, "health", health), methods=["GET"]),
+              Route("/metrics", _guarded(service, "metrics", metrics), methods=["GET"])]
+    return Starlette(routes=routes, exception_handlers={HTTPException: _http_error})
+
+
+def _guarded(service: Service, name: str, handler):
+    """The handler behind the API key check, with ApiError as its error object, counted."""
+    async def guarded(request: Request) -> Response:
+        try:
+            if service.api_key is not None and request.url.path not in PUBLIC:
+                _check_key(request, service.api_key)
+            response = await handler(request)
+        except ApiError as err:
+            response = JSONResponse(err.body(), status_code=err.status)
+        except Exception as err:  # a bug: an error object all the same, the traceback logged
+            log.error("%s: internal error: %r", request.url.path, err, exc_info=err)
+            response = JSONResponse(ApiError(500, f"internal error: {err!r}").body(),
+                                    status_code=500)
+        service.metrics.requests.labels(endpoint=name, status=str(response.status_code)).inc()
+        return response
+    return guarded
+
+
+def _check_key(request: Request, key: str) -> None:
+    given = request.headers.get("authorization", "")
+    scheme, _, token = given.partition(" ")
+    if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(),
+                                                             key.encode()):
+        raise ApiError(401, "invalid or missing API key (Authorization: Bearer KEY)"
+                       if given else "missing API key (Authorization: Bearer KEY)")
+
+
+async def _http_error(request: Request, exc: HTTPException) -> Response:
+    """Starlette's own errors (no such route, wrong method) as error objects too."""
+    message = {404: f"no such endpoint: {request.url.path}",
+               405: f"{request.method} is not allowed on {request.url.path}"}.get(
+        exc.status_code, str(exc.detail))
+    return JSONResponse(ApiError(exc.status_code, message).body(), status_code=exc.status_code)
+
+
+async def _read_body(request: Request) -> bytes:
+    """The body, refused (413) once it grows past api.MAX_BODY."""
+    length = request.headers.get("content-length", "")
+    if length.isdigit() and int(length) > api.MAX_BODY:
+        raise ApiError(413, f"the request body has {length} bytes, more than the "
+                            f"{api.MAX_BODY} allowed")
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > api.MAX_BODY:
+            raise ApiError(413, f"the request body is larger than the {api.MAX_BODY} bytes "
+                                "allowed")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _prompt_tokens(service: Service, ask: Ask) -> list[int]:
+    tokenizer = service.head.tokenizer
+    try:
+        text = tokenizer.apply_chat_template(list(ask.messages)) if ask.chat else ask.prompt
+    except LlamaError as err:
+        raise ApiError(400, f"cannot render the chat: {err}") from None
+    return tokenizer.tokenize(text)
+
+
+async def _complete(service: Service, request: Request, chat: bool) -> Response:
+    body = api.parse_body(await _read_body(request))
+    defaults = service.defaults
+    ask = api.parse_chat(body, defaults) if chat else api.parse_completion(body, defaults)
+    api.check_model(ask.model, service.model_name)
+    service.bridge.check_ready()
+    prompt = _prompt_tokens(service, ask)
+    n_predict = api.n_predict(len(prompt), ask.max_tokens, service.n_ctx)
+    ticket = Ticket(prompt, n_predict, ask.sampling, ask.stop, asyncio.get_running_loop())
+    service.bridge.submit(ticket)
+    reply = Reply(ask, service.model_name, ticket.number)
+    if ask.stream:
+        return StreamingResponse(_events(ticket, request, reply),
+                                 media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache"})
+    return await _whole(ticket, request, reply)
+
+
+async def _next(ticket: Ticket, request: Request):
+    """The ticket's next event; None once the client has gone (the ticket is cancelled)."""
+    while True:
+        try:
+            return await asyncio.wait_for(ticket.events.get(), DISCONNECT_CHECK_S)
+        except asyncio.TimeoutError:
+            if await request.is_disconnected():
+                ticket.cancelled.set()
+                return None
+
+
+async def _whole(ticket: Ticket, request: Request, reply: Reply) -> Response:
+    try:
+        while (event := await _next(ticket, request)) is not None:
+            if isinstance(event, Failed):
+                raise ApiError(event.status, event.message)
+            if isinstance(event, Done):
+                return JSONResponse(reply.whole(event))
+            reply.add(event)
+        return Response(status_code=499)  # nobody is there to read it
+    finally:
+        ticket.cancelled.set()  # (a no-op for the head once the generation is over)
+
+
+async def _events(ticket: Ticket, request: Request, reply: Reply):
+    """Server-sent events: the chunks, the usage chunk if asked, then [DONE]; an error
+    object if the generation failed. Leaving early (client gone) cancels the ticket."""
+    try:
+        for chunk in reply.opening():
+            yield _sse(chunk)
+        while (event := await _next(ticket, request)) is not None:
+            if isinstance(event, Failed):
+                yield _sse(ApiError(event.status, event.message).body())
+                return
+            if isinstance(event, Done):
+                for chunk in reply.closing(event):
+                    yield _sse(chunk)
+                yield "data: [DONE]\n\n"
+                return
+            if event.text:
+                yield _sse(reply.chunk(event.text))
+    finally:
+        ticket.cancelled.set()
+
+
+def _sse(obj: dict) -> str:
+    return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
+
+
+def ready(service: Service, head) -> None:
+    """The job has started: requests are taken from now on."""
+    service.head = head
+    service.created = int(time.time())
+    service.bridge.state = State.READY

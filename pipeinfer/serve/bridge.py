@@ -1,0 +1,129 @@
+"""Between the HTTP server's event loop (a thread of its own) and the head's loop (the main
+thread, the only one that touches MPI): requests go in through a bounded thread-safe queue,
+and each request's events come back on its own asyncio queue (loop.call_soon_threadsafe).
+
+The server's state (loading, ready, failed, stopping) lives here too, since both sides read
+it: requests are refused with 503 unless it is ready.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import itertools
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+
+from ..model.sampling import SamplingParams
+from .api import ApiError
+
+
+class State(enum.Enum):
+    LOADING = "loading model"
+    READY = "ok"
+    FAILED = "failed"
+    STOPPING = "shutting down"
+
+
+@dataclass(frozen=True)
+class Piece:
+    """Text of the completion (maybe empty while a stop string is possible) and the
+    number of tokens it took."""
+    text: str
+    n_tokens: int
+
+
+@dataclass(frozen=True)
+class Done:
+    """The completion ended: finish_reason "stop" or "length", and the token counts."""
+    finish_reason: str
+    prompt_tokens: int
+    completion_tokens: int
+
+
+@dataclass(frozen=True)
+class Failed:
+    """The request could not be completed (ApiError's fields)."""
+    status: int
+    message: str
+
+
+_ids = itertools.count()
+
+
+@dataclass
+class Ticket:
+    """One request crossing into the head: its prompt tokens and settings, and the way back."""
+    prompt: list[int]
+    n_predict: int
+    sampling: SamplingParams
+    stop: tuple[str, ...]
+    loop: asyncio.AbstractEventLoop
+    events: asyncio.Queue = field(default_factory=asyncio.Queue)
+    cancelled: threading.Event = field(default_factory=threading.Event)
+    arrived: float = field(default_factory=time.perf_counter)
+    number: int = field(default_factory=lambda: next(_ids))
+
+    def send(self, event) -> None:
+        """From the head's thread: hand an event to the request's handler."""
+        try:
+            self.loop.call_soon_threadsafe(self.events.put_nowait, event)
+        except RuntimeError:  # the event loop is closed: nobody is listening any more
+            pass
+
+
+class Bridge:
+    def __init__(self, max_waiting: int):
+        self._waiting: queue.Queue[Ticket] = queue.Queue(maxsize=max_waiting)
+        self.max_waiting = max_waiting
+        self.state = State.LOADING
+        self.failure = ""               # why, when FAILED
+        self.running: Ticket | None = None
+
+    @property
+    def depth(self) -> int:
+        """Requests waiting for the head (not the one it is generating)."""
+        return self._waiting.qsize()
+
+    def check_ready(self) -> None:
+        """ApiError 503 unless requests are taken now."""
+        if self.state is State.FAILED:
+            raise ApiError(503, f"the server has failed: {self.failure}")
+        if self.state is not State.READY:
+            raise ApiError(503, f"the server is {self.state.value}; try again later")
+
+    def submit(self, ticket: Ticket) -> None:
+        """From the event loop: queue a request (ApiError 503 when the queue is full)."""
+        self.check_ready()
+        try:
+            self._waiting.put_nowait(ticket)
+        except queue.Full:
+            raise ApiError(503, f"the server is busy: {self.max_waiting} requests are "
+                                "waiting already; try again later") from None
+
+    def take(self, timeout: float) -> Ticket | None:
+        """From the head: the next request not cancelled, waiting up to `timeout` seconds."""
+        deadline = time.monotonic() + timeout
+        while (left := deadline - time.monotonic()) > 0:
+            try:
+                ticket = self._waiting.get(timeout=left)
+            except queue.Empty:
+                return None
+            if not ticket.cancelled.is_set():
+                return ticket
+        return None
+
+    def fail(self, state: State, message: str, status: int = 503) -> None:
+        """Refuse new requests from now on and end the running and waiting ones with
+        `message`."""
+        self.state, self.failure = state, message
+        tickets = [self.running] if self.running is not None else []
+        while True:
+            try:
+                tickets.append(self._waiting.get_nowait())
+            except queue.Empty:
+                break
+        for ticket in tickets:
+            ticket.send(Failed(status, message))

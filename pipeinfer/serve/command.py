@@ -1,0 +1,120 @@
+"""`pipeinfer serve`: its options and their checks; the server itself is service.py."""
+
+from __future__ import annotations
+
+import signal
+import sys
+from pathlib import Path
+
+import click
+
+from ..cli import Failure, RankedCommand, _checked, _verbosity, setup_logging
+from ..cli_options import (DRAFT_MODEL_HELP, SPLIT_HELP, STRATEGY_HELP, STRATEGY_NAMES,
+                           parse_run_split, parse_threads, speculation_options)
+
+PARALLEL_HELP = ("Requests generated at once. Only 1 is implemented yet: requests are "
+                 "generated one at a time, in arrival order (the others wait in the queue); "
+                 "values above 1 are refused.")
+
+
+@click.command(cls=RankedCommand, context_settings={"show_default": True})
+@click.option("-m", "--model", required=True,
+              help="Target model: a GGUF path, or a name of `pipeinfer models list`.")
+@click.option("-md", "--model-draft", "draft", multiple=True, help=DRAFT_MODEL_HELP)
+@click.option("--alias", default=None,
+              help="The model's name in the API (/v1/models, the requests' `model`). "
+                   "[default: the -m name without .gguf]", show_default=False)
+@click.option("-c", "--ctx-size", "n_ctx", default=2048, type=click.IntRange(2, None),
+              help="Context size in tokens: prompt + completion of one request.")
+@click.option("-b", "--batch-size", "n_batch", default=512, type=click.IntRange(1, None),
+              help="Largest batch one stage evaluates at once (prompt chunks).")
+@click.option("-t", "--threads", default="1", callback=parse_threads,
+              help="Threads per rank: one number for all, or a comma list with one per rank.")
+@click.option("--layer-split", "split", default=None, callback=parse_run_split,
+              help=SPLIT_HELP)
+@click.option("--strategy", default="iterative", type=click.Choice(list(STRATEGY_NAMES)),
+              help=STRATEGY_HELP)
+@speculation_options
+@click.option("--temp", default=0.0, type=click.FloatRange(0, 2),
+              help="Temperature of requests that give none; 0 = greedy (exact).")
+@click.option("--top-k", default=40, type=click.IntRange(0, None),
+              help="Top-k of requests that give none (0 = off).")
+@click.option("--top-p", default=0.95, type=click.FloatRange(0, 1, min_open=True),
+              help="Top-p of requests that give none (1 = off).")
+@click.option("-s", "--seed", default=0, type=int, help="Seed of requests that give none.")
+@click.option("--host", default="127.0.0.1", help="Address to listen on (0.0.0.0: all).")
+@click.option("--port", default=8080, type=click.IntRange(0, 65535),
+              help="Port to listen on (0: any free port, named in the `listening` line).")
+@click.option("--queue", "queue_size", default=16, type=click.IntRange(1, None),
+              help="Requests that may wait for the pipeline; the server answers 503 beyond.")
+@click.option("--parallel", default=1, type=click.IntRange(1, None), help=PARALLEL_HELP)
+@click.option("--api-key", default=None, envvar="PIPEINFER_API_KEY",
+              help="Require `Authorization: Bearer KEY` on every endpoint but /health "
+                   "(401 otherwise). Also from $PIPEINFER_API_KEY.", show_default=False)
+@_verbosity("-v: progress of every rank, the head's scheduling and tracebacks; -vv: also "
+            "llama.cpp's log.", "Only notices and errors on stderr.")
+def serve(model, draft, alias, n_ctx, n_batch, threads, split, strategy, temp, top_k, top_p,
+          seed, host, port, queue_size, parallel, api_key, verbose, quiet, **speculation):
+    """Serve the model over HTTP with an OpenAI-compatible API, as one MPI job: rank 0 runs
+    the HTTP server (and is the head, as for `run`), ranks 1..N-1 evaluate their slices of the
+    target's layers. E.g.
+
+      mpiexec -n 3 pipeinfer serve -m smollm2 --port 8080
+
+    Endpoints: POST /v1/completions and /v1/chat/completions (stream or not), GET /v1/models,
+    /health (503 while the model loads) and /metrics (Prometheus). Greedy answers
+    (temperature 0) are exactly single-node llama.cpp's. Requests are generated one at a time
+    in arrival order; concurrent requests sharing the pipeline are not implemented yet.
+    SIGINT or SIGTERM ends the server and every rank.
+    """
+    from ..engine.config import RunConfig, resolve_draft_source
+    from ..engine.mpi_transport import world
+    from ..model.sampling import SamplingParams
+    from .service import ServeOptions, main as serve_main
+
+    setup_logging(verbose, quiet, rank=world()[0])
+    signal.signal(signal.SIGTERM, signal.getsignal(signal.SIGINT))  # SIGTERM ends as Ctrl-C
+    _refuse(parallel, split, strategy, speculation, n_batch)
+    source = _checked(resolve_draft_source, strategy, speculation.pop("draft_source"),
+                      bool(draft))
+    defaults = SamplingParams(temp, top_k, top_p, seed)
+    cfg = RunConfig(model=model, prompt=None, n_ctx=n_ctx, n_batch=n_batch,
+                    draft=(draft[0] if len(draft) == 1 else draft) or None, strategy=strategy,
+                    split=split[0], threads=threads, sampling=defaults,
+                    spec=_spec(speculation, source), repack=speculation["repack"],
+                    exact=speculation["exact"], verbose=verbose, full_logits=True)
+    _checked(cfg.check_drafts)
+    options = ServeOptions(host, port, queue_size, api_key, alias or _name(model), defaults)
+    sys.exit(serve_main(cfg, options))
+
+
+def _refuse(parallel: int, split, strategy: str, speculation: dict, n_batch: int) -> None:
+    if parallel > 1:
+        raise Failure(f"--parallel {parallel}: only 1 is implemented yet (requests are "
+                      "generated one at a time, in arrival order)", 2)
+    if split[1]:
+        raise Failure("--layer-split: draft models on ranks of their own ('/') run one "
+                      "generation per job; serve runs them in the head process", 2)
+    if speculation["partitions"] * speculation["n_parallel"] > 254:
+        raise Failure("--partitions x --n-parallel must be at most 254 (llama.cpp's sequence "
+                      "limit)", 2)
+    if strategy == "specpipe" and speculation["tree_width"] > n_batch:
+        raise Failure(f"--tree-width ({speculation['tree_width']}) must be at most the batch "
+                      f"size (-b {n_batch}): a tree level is evaluated in one batch", 2)
+
+
+def _spec(o: dict, source: str):
+    from ..strategies import SpecOptions
+
+    return SpecOptions(o["draft_max"], o["p_accept"], o["p_split"], o["n_parallel"],
+                       o["p_recovery"], o["p_decay"], not o["no_continuous"],
+                       not o["no_cancel"], o["max_runs"], o["partitions"], o["kv_size"],
+                       tree_width=o["tree_width"], tree_k=o["tree_k"],
+                       draft_thread=not o["no_draft_thread"], p_floor=o["p_floor"],
+                       guard_accept=o["guard_accept"], draft_source=source,
+                       ngram_min=o["ngram_min"], ngram_max=o["ngram_max"])
+
+
+def _name(model: str) -> str:
+    name = Path(model).name
+    return name[:-5] if name.endswith(".gguf") else name

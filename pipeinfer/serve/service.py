@@ -1,0 +1,130 @@
+"""One rank's part of `pipeinfer serve`: errors become one line and an exit status.
+
+Rank 0 listens first (the port is taken before any model loads, and /health answers 503
+while they load), then every rank starts the job as for `pipeinfer run`. The head then
+generates requests on the main thread while uvicorn serves HTTP on another; the workers
+evaluate their slices until the head shuts them down.
+
+Endings: SIGINT or SIGTERM (on every rank under mpiexec, or the head alone) ends the requests
+under way with 503, stops the HTTP server and the workers, within a few seconds (a second
+interrupt from supervisor.interrupt ends a wait on ranks already gone). A rank that fails
+ends the requests with 503 naming it, and the whole job. A rank killed outright (SIGKILL) is
+named by its supervisor, and the launcher ends the job, the head with it.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import time
+from dataclasses import dataclass
+
+from ..engine.config import RunConfig
+from ..engine.backoff import IdleBackoff
+from ..engine.job import Job, StartFailed, describe
+from ..engine.mpi_transport import Link, abort_job
+from ..model.sampling import SamplingParams
+from .app import Service, build_app, ready
+from .bridge import Bridge, State
+from .http_thread import HttpThread
+from .loop import serve_requests
+from .metrics import ServeMetrics
+
+log = logging.getLogger(__name__)
+
+FLUSH_S = 0.5   # for the HTTP thread to send the error answers before it stops
+
+
+@dataclass(frozen=True)
+class ServeOptions:
+    host: str = "127.0.0.1"
+    port: int = 8080
+    queue: int = 16
+    api_key: str | None = None
+    model_name: str = ""
+    defaults: SamplingParams = SamplingParams()
+
+
+def main(cfg: RunConfig, options: ServeOptions) -> int:
+    """This rank's part of the server; its exit status."""
+    rank = Link().rank
+    service = Service(Bridge(options.queue), ServeMetrics(), options.model_name, cfg.n_ctx,
+                      options.defaults, options.api_key)
+    http: list[HttpThread] = []
+
+    def listen() -> None:
+        http.append(HttpThread(build_app(service), options.host, options.port))
+        log.info("listening on http://%s:%d (loading the model)", options.host, http[0].port)
+
+    try:
+        job = Job.start(cfg, check=listen)
+    except (StartFailed, KeyboardInterrupt) as err:
+        for thread in http:
+            thread.stop()
+        if isinstance(err, KeyboardInterrupt):
+            return _interrupted(rank)
+        if rank == 0:
+            log.error("%s", err)
+        return 1
+    if not job.is_head:
+        for signum in (signal.SIGINT, signal.SIGTERM):  # the head ends the workers in order
+            signal.signal(signum, signal.SIG_IGN)
+        return job.serve()
+    return _head(cfg, job, service, http[0])
+
+
+def _head(cfg: RunConfig, job: Job, service: Service, http: HttpThread) -> int:
+    ready(service, job.head)
+    log.info("ready: %s", "; ".join(f"rank {r} pid {pid} on {host}"
+                                    for r, host, pid, _ in job.statuses))
+    log.info("serving %s on http://%s:%d", service.model_name, http.sock.getsockname()[0],
+             http.port)
+    try:
+        serve_requests(job.head, service.bridge, service.metrics, lambda: _http_alive(http))
+    except KeyboardInterrupt:
+        _stop(job, service, http)
+        return _interrupted(0)
+    except Exception as err:  # a rank failed (or a bug): end every request and the job
+        log.error("%s", describe(err, cfg.verbose))  # (the requests got 503 with it)
+        time.sleep(FLUSH_S)
+        http.stop()
+        if job.link.size > 1:
+            abort_job(1)  # workers may wait on a rank that is gone: end them all
+        return 1
+    return 0
+
+
+def _http_alive(http: HttpThread) -> bool:
+    if not http.alive():
+        raise RuntimeError(f"the HTTP server stopped: {http.error or 'no reason given'}")
+    return True
+
+
+def _stop(job: Job, service: Service, http: HttpThread) -> None:
+    """After an interrupt: 503 to the requests under way, then stop HTTP and the workers. A
+    second interrupt (supervisor.interrupt raises one again while a wait goes on) ends the
+    wait for workers that are gone already."""
+    try:
+        service.bridge.fail(State.STOPPING, "the server is shutting down")
+        time.sleep(FLUSH_S)
+        http.stop()
+        _drain(job.head.setup.pipeline)
+        job.head.shutdown()
+    except (KeyboardInterrupt, Exception) as err:  # noqa: BLE001 (leaving anyway)
+        log.debug("while stopping: %r", err)
+    signal.alarm(0)
+
+
+def _drain(pipeline) -> None:
+    """Take the results of an interrupted generation's runs still in flight (MPI must not
+    end with messages to this rank unreceived)."""
+    backoff = IdleBackoff()
+    while pipeline.in_flight > 0:
+        if pipeline.poll() is None:
+            backoff.wait()
+
+
+def _interrupted(rank: int) -> int:
+    if rank == 0:
+        log.warning("interrupted", extra={"fresh_line": True})
+    return 130
