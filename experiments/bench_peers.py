@@ -10,7 +10,8 @@ the same with llama.cpp's speculative decoding (llama-speculative, the draft on 
 Every system gets the same nodes: N nodes share --cpu-total cores evenly (2 cores: 2 x 1,
 4 x 0.5, 8 x 0.25), one CPU quota per node (experiments/cluster.py's cgroups), 1 thread per
 node; node 0 is the head / main host and holds no target layers, the other nodes split the
-target's layers evenly (llama.cpp: -ts 1,1,...; pipeinfer: --layer-split 0,1/(N-1),...). The
+target's layers evenly (llama.cpp: -ts 1,1,...; pipeinfer: --layer-split 0,1/(N-1),...);
+the extra system pipeinfer-default-split is pipeinfer without --layer-split (its default). The
 prompt is the coding prompt in the target's chat template, greedy, -n tokens with EOS ignored.
 Repeats are interleaved (rep, then node count, then system) so the ratios compare like with
 like on a noisy machine. Peak resident memory per node is kept for every run (peak_rss_mb).
@@ -41,6 +42,7 @@ CODE_PROMPT = ("Write a Python function that parses a CSV file of transactions (
                "category) and returns the total amount per category, sorted by amount.")
 PEER_SYSTEMS = ("llama-rpc", "llama-rpc-spec")
 PIPEINFER_SYSTEMS = ("iterative", "speculative", "pipeinfer")
+EXTRA_SYSTEMS = ("pipeinfer-default-split",)   # pipeinfer's own default split (not the even one)
 
 
 def render_prompt(model: str, text: str) -> str:
@@ -111,7 +113,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="cores shared evenly by the nodes of each setting (default 2)")
     parser.add_argument("-n", type=int, default=128, help="tokens to generate")
     parser.add_argument("-k", type=int, default=3, help="repeats (interleaved)")
-    parser.add_argument("--systems", default=",".join(PEER_SYSTEMS + PIPEINFER_SYSTEMS))
+    parser.add_argument("--systems", default=",".join(PEER_SYSTEMS + PIPEINFER_SYSTEMS),
+                        help="comma-separated, of: " + ", ".join(PEER_SYSTEMS + PIPEINFER_SYSTEMS
+                                                                 + EXTRA_SYSTEMS))
     parser.add_argument("--draft-max", default="4,8",
                         help="llama-speculative's --draft-max sweep (best is the peer's figure)")
     parser.add_argument("--link", default="none", choices=("none", "gigabit", "slow"),
@@ -120,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=900, help="seconds per run")
     args = parser.parse_args(argv)
     systems = args.systems.split(",")
-    unknown = [s for s in systems if s not in PEER_SYSTEMS + PIPEINFER_SYSTEMS]
+    unknown = [s for s in systems if s not in PEER_SYSTEMS + PIPEINFER_SYSTEMS + EXTRA_SYSTEMS]
     if unknown:
         parser.error(f"unknown system(s) {', '.join(unknown)}")
     bin_dir = peer_binaries(systems)

@@ -29,7 +29,8 @@ PERIOD_US = 10_000   # experiments/cluster.py's default: short throttling bursts
 
 @dataclass(frozen=True)
 class RunSpec:
-    system: str          # llama-rpc, llama-rpc-spec, iterative, speculative, pipeinfer
+    system: str          # llama-rpc, llama-rpc-spec, iterative, speculative, pipeinfer,
+    #                      pipeinfer-default-split (pipeinfer without --layer-split)
     variant: str         # the system, or llama-rpc-spec-d<draft max>
     nodes: int
     cpu: float           # cores per node
@@ -44,6 +45,10 @@ class RunSpec:
     @property
     def uses_draft(self) -> bool:
         return self.system not in ("llama-rpc", "iterative")
+
+    @property
+    def strategy(self) -> str:
+        return self.system.removesuffix("-default-split")
 
     @property
     def split(self) -> list[float]:
@@ -113,8 +118,9 @@ def _links(job: str, spec: RunSpec):
 def pipeinfer_command(spec: RunSpec) -> list[str]:
     cmd = [str(Path(sys.executable).parent / "pipeinfer"), "run", "-m", spec.model,
            "-p", spec.prompt, "-n", str(spec.n), "--ignore-eos", "-t", "1", "--json",
-           "--strategy", spec.system,
-           "--layer-split", ",".join(repr(f) for f in spec.split)]
+           "--strategy", spec.strategy]
+    if spec.system == spec.strategy:
+        cmd += ["--layer-split", ",".join(repr(f) for f in spec.split)]
     if spec.uses_draft:
         cmd += ["-md", spec.draft]
     return [sys.executable, str(HERE / "cluster.py"), "--nodes", str(spec.nodes),
@@ -132,7 +138,7 @@ def run_pipeinfer(spec: RunSpec) -> dict:
         return {"error": f"exit {out.returncode}: {last_line(out.stderr)}"}
     r = json.loads(out.stdout.strip().splitlines()[-1])
     keys = ("speed_tps", "ttft_s", "itl_s", "prefill_tps", "n_prompt", "n_generated",
-            "accept_rate", "n_drafted", "n_accepted", "text")
+            "accept_rate", "n_drafted", "n_accepted", "text", "split")
     return {**{k: r.get(k) for k in keys},
             "peak_rss_mb": [round(s.get("peak_rss_mb") or 0.0, 1) for s in r["rank_stats"]]}
 
@@ -143,7 +149,8 @@ def write_row(path: str, spec: RunSpec, r: dict) -> None:
              f"variant={spec.variant}")
     row = CsvRow(time=time.strftime("%Y-%m-%dT%H:%M:%S"), strategy=spec.system,
                  target=spec.model, draft=spec.draft if spec.uses_draft else "",
-                 ranks=spec.nodes, split=",".join(f"{f:.3g}" for f in spec.split),
+                 ranks=spec.nodes,
+                 split=r.get("split") or ",".join(f"{f:.3g}" for f in spec.split),
                  threads=",".join("1" for _ in range(spec.nodes)),
                  n_prompt=r.get("n_prompt") or 0, n_generated=r.get("n_generated") or 0,
                  prefill_tps=r.get("prefill_tps"), speed_tps=r.get("speed_tps"),
