@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import csv
 import os
+import shutil
 import subprocess
 import sys
 import uuid
@@ -89,6 +90,15 @@ def _cluster_run(bin_dir: Path, command: list[str], timeout: float):
             return cluster.run(command + ["--rpc", cluster.endpoints()], timeout)
     finally:
         quotas.remove()
+
+
+def test_built_peers_are_not_rebuilt(peer_bin, monkeypatch, tmp_path):
+    """A second run finds the cached binaries and builds nothing: without cmake, make or a
+    compiler on PATH (only what reads the CPU flags) it still answers."""
+    for tool in ("bash", "grep", "cut"):
+        (tmp_path / tool).symlink_to(shutil.which(tool))
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert build_peers.build(jobs=1) / "bin" == peer_bin
 
 
 def test_crashing_peer_says_why(peer_bin, tmp_path):
