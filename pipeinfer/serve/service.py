@@ -6,8 +6,10 @@ generates requests on the main thread while uvicorn serves HTTP on another; the 
 evaluate their slices until the head shuts them down.
 
 Endings: SIGINT or SIGTERM (on every rank under mpiexec, or the head alone) ends the requests
-under way with 503, stops the HTTP server and the workers, within a few seconds (a second
-interrupt from supervisor.interrupt ends a wait on ranks already gone). A rank that fails
+under way with 503, stops the HTTP server, takes the results still in flight and shuts the
+workers down (they ignore the signals once started, to end in this order), within a few
+seconds; if that takes over STOP_LIMIT_S, SIGALRM ends the head and the launcher the job. A
+rank that fails
 ends the requests with 503 naming it, and the whole job. A rank killed outright (SIGKILL) is
 named by its supervisor, and the launcher ends the job, the head with it.
 """
@@ -33,6 +35,7 @@ from .metrics import ServeMetrics
 log = logging.getLogger(__name__)
 
 FLUSH_S = 0.5   # for the HTTP thread to send the error answers before it stops
+STOP_LIMIT_S = 20  # seconds an orderly stop may take (the ranks must be gone within 30)
 
 
 @dataclass(frozen=True)
@@ -101,9 +104,13 @@ def _http_alive(http: HttpThread) -> bool:
 
 
 def _stop(job: Job, service: Service, http: HttpThread) -> None:
-    """After an interrupt: 503 to the requests under way, then stop HTTP and the workers. A
-    second interrupt (supervisor.interrupt raises one again while a wait goes on) ends the
-    wait for workers that are gone already."""
+    """After an interrupt: 503 to the requests under way, then stop HTTP and the workers
+    (which ignore the signals: they are ended here, in order). supervisor.interrupt's second
+    interrupt is called off: this must not be cut short; if a rank keeps it from ending,
+    SIGALRM ends the head after STOP_LIMIT_S, and the launcher the job."""
+    signal.alarm(0)
+    signal.signal(signal.SIGALRM, signal.SIG_DFL)
+    signal.alarm(STOP_LIMIT_S)
     try:
         service.bridge.fail(State.STOPPING, "the server is shutting down")
         time.sleep(FLUSH_S)

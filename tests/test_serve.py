@@ -1,0 +1,266 @@
+"""`pipeinfer serve` for real: a 3-rank job under mpiexec (SmolLM2, itself as the draft,
+pipeinfer's strategy, the head drafting only), started once for the module, asked over HTTP
+with the `openai` client and httpx. Every greedy answer equals single-node llama.cpp's for
+its prompt (tokens up to the first end-of-generation token, with the weight layout the run
+uses: repacked for pipeinfer), request after request, also after a client left mid-stream.
+Then every error case, and SIGTERM ending every rank; a worker killed outright ends the job
+(a second, tiny server) without a hang."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+import mpi_util
+from test_pipeline_mpi import llama_greedy
+
+pytestmark = pytest.mark.smollm2
+
+KEY = "test-key"
+N_CTX = 512
+AUTH = {"Authorization": f"Bearer {KEY}"}
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class Server:
+    """`mpiexec -n N pipeinfer serve ...` in a session of its own, output in files."""
+
+    def __init__(self, tmp: Path, n: int, *args: str):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.err_path = tmp / "stderr.txt"
+        cmd = mpi_util.mpi_command(n, [str(mpi_util.PIPEINFER), "serve", "--port",
+                                       str(self.port), *args])
+        with open(tmp / "stdout.txt", "w") as out, open(self.err_path, "w") as err:
+            self.proc = subprocess.Popen(cmd, stdout=out, stderr=err, env=mpi_util.mpi_env(),
+                                         start_new_session=True, stdin=subprocess.DEVNULL)
+        self.early: list[int] = []   # /health statuses before it was ready
+
+    @property
+    def stderr(self) -> str:
+        return self.err_path.read_text()
+
+    def wait_ready(self, timeout: float = 150) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            assert self.proc.poll() is None, f"the server ended:\n{self.stderr}"
+            try:
+                r = httpx.get(self.url + "/health", timeout=2)
+                if r.status_code == 200:
+                    return
+                self.early.append(r.status_code)
+            except httpx.TransportError:
+                pass
+            time.sleep(0.2)
+        raise AssertionError(f"not ready in {timeout} s:\n{self.stderr}")
+
+    def processes(self) -> list[str]:
+        """Processes still in the launch's session (mpiexec, proxies, supervisors, ranks)."""
+        out = subprocess.run(["ps", "-eo", "pid=,sid=,args="], capture_output=True,
+                             text=True).stdout
+        sid = str(self.proc.pid)
+        return [line for line in out.splitlines() if line.split()[1:2] == [sid]]
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            mpi_util._kill_group(self.proc.pid)
+        for line in self.processes():
+            try:
+                os.kill(int(line.split()[0]), signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        self.proc.wait(10)
+
+
+@pytest.fixture(scope="module")
+def server(smollm2, tmp_path_factory):
+    srv = Server(tmp_path_factory.mktemp("serve"), 3, "-m", str(smollm2), "-md", str(smollm2),
+                 "--strategy", "pipeinfer", "--layer-split", "0,0.5,0.5", "-c", str(N_CTX),
+                 "--api-key", KEY, "--queue", "4", "--alias", "smollm2")
+    try:
+        srv.wait_ready()
+        yield srv
+    finally:
+        srv.kill()
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    from openai import OpenAI
+
+    return OpenAI(base_url=server.url + "/v1", api_key=KEY, max_retries=0, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def tokenizer(smollm2):
+    from pipeinfer.model.tokenizer import Tokenizer
+
+    tok = Tokenizer(smollm2)
+    yield tok
+    tok.close()
+
+
+def expected(model, tokenizer, prompt_tokens: list[int], n: int) -> tuple[str, int, str]:
+    """llama.cpp's greedy answer as the server gives it: (text, tokens, finish reason)."""
+    tokens = llama_greedy(model, prompt_tokens, n, n_ctx=N_CTX, repack=True)
+    end = next((i + 1 for i, t in enumerate(tokens) if tokenizer.is_eog(t)), None)
+    tokens = tokens[:end] if end else tokens
+    return tokenizer.detokenize(tokens), len(tokens), "stop" if end else "length"
+
+
+def chat_tokens(tokenizer, messages) -> list[int]:
+    pairs = [(m["role"], m["content"]) for m in messages]
+    return tokenizer.tokenize(tokenizer.apply_chat_template(pairs))
+
+
+def test_health_models_and_loading(server):
+    assert all(code == 503 for code in server.early)
+    assert httpx.get(server.url + "/health").json() == {"status": "ok"}
+    models = httpx.get(server.url + "/v1/models", headers=AUTH).json()
+    assert [m["id"] for m in models["data"]] == ["smollm2"]
+
+
+def test_completion_is_exact(server, client, smollm2, tokenizer):
+    prompt = "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n"
+    answer = client.completions.create(model="smollm2", prompt=prompt, max_tokens=32,
+                                       temperature=0)
+    text, n, reason = expected(smollm2, tokenizer, tokenizer.tokenize(prompt), 32)
+    assert answer.choices[0].text == text and answer.choices[0].finish_reason == reason
+    assert answer.usage.completion_tokens == n
+    assert answer.usage.prompt_tokens == len(tokenizer.tokenize(prompt))
+
+
+def test_chat_is_exact(server, client, smollm2, tokenizer):
+    messages = [{"role": "system", "content": "You are a concise assistant."},
+                {"role": "user", "content": "Name three colours of the rainbow."}]
+    answer = client.chat.completions.create(model="smollm2", messages=messages,
+                                            max_tokens=40, temperature=0)
+    text, n, reason = expected(smollm2, tokenizer, chat_tokens(tokenizer, messages), 40)
+    assert answer.choices[0].message.content == text
+    assert answer.choices[0].message.role == "assistant"
+    assert (answer.choices[0].finish_reason, answer.usage.completion_tokens) == (reason, n)
+
+
+def test_streaming_is_exact(server, client, smollm2, tokenizer):
+    messages = [{"role": "user", "content": "Write a haiku about pipelines."}]
+    stream = client.chat.completions.create(model="smollm2", messages=messages, max_tokens=30,
+                                            temperature=0, stream=True,
+                                            stream_options={"include_usage": True})
+    chunks = list(stream)
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    want, n, reason = expected(smollm2, tokenizer, chat_tokens(tokenizer, messages), 30)
+    assert text == want and chunks[-1].usage.completion_tokens == n
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == reason
+    prompt = "The capital of France is"
+    pieces = list(client.completions.create(model="smollm2", prompt=prompt, max_tokens=12,
+                                            temperature=0, stream=True))
+    assert "".join(p.choices[0].text for p in pieces) == expected(
+        smollm2, tokenizer, tokenizer.tokenize(prompt), 12)[0]
+
+
+def test_sequential_requests_are_each_exact(server, smollm2, tokenizer):
+    for prompt, n in [("Once upon a time", 8), ("import numpy as np\n", 24),
+                      ("1, 2, 3, 4,", 16)]:
+        r = httpx.post(server.url + "/v1/completions", headers=AUTH, timeout=120,
+                       json={"prompt": prompt, "max_tokens": n, "temperature": 0})
+        assert r.status_code == 200, r.text
+        assert r.json()["choices"][0]["text"] == expected(
+            smollm2, tokenizer, tokenizer.tokenize(prompt), n)[0], prompt
+
+
+def test_disconnect_mid_stream_then_exact(server, smollm2, tokenizer):
+    body = {"prompt": "List the numbers from one to one hundred: one, two,", "max_tokens": 300,
+            "temperature": 0, "stream": True}
+    with httpx.stream("POST", server.url + "/v1/completions", headers=AUTH, json=body,
+                      timeout=60) as r:
+        lines = r.iter_lines()
+        got = [next(lines) for _ in range(6)]
+    assert any(line.startswith("data: ") for line in got)
+    prompt = "The quick brown fox"
+    r = httpx.post(server.url + "/v1/completions", headers=AUTH, timeout=120,
+                   json={"prompt": prompt, "max_tokens": 20, "temperature": 0})
+    assert r.json()["choices"][0]["text"] == expected(
+        smollm2, tokenizer, tokenizer.tokenize(prompt), 20)[0]
+    metrics = httpx.get(server.url + "/metrics", headers=AUTH).text
+    assert "pipeinfer_requests_cancelled_total 1.0" in metrics
+
+
+def test_errors(server):
+    def post(path, headers=AUTH, **kw):
+        r = httpx.post(server.url + path, headers=headers, timeout=30, **kw)
+        error = r.json()["error"]
+        assert set(error) >= {"message", "type", "code"} and error["code"] == r.status_code
+        return r.status_code, error["message"]
+
+    completions, chat = "/v1/completions", "/v1/chat/completions"
+    assert post(completions, content=b'{"prompt": ')[0] == 400
+    assert post(completions, json={"prompt": "x", "max_tokens": "ten"})[0] == 400
+    assert post(completions, json={"prompt": "x", "temperature": [1]})[0] == 400
+    assert post(completions, json={"prompt": "x", "max_tokens": 0})[0] == 400
+    status, message = post(completions, json={"prompt": "x", "max_tokens": N_CTX + 1})
+    assert status == 400 and "context" in message
+    status, message = post(completions, json={"prompt": "hello " * N_CTX, "max_tokens": 4})
+    assert status == 400 and "context" in message
+    assert post(completions, json={"prompt": ""})[0] == 400
+    assert post(chat, json={"messages": []})[0] == 400
+    assert post(completions, json={"prompt": "x", "n": 2})[0] == 400
+    assert post(completions, json={"prompt": "x", "model": "gpt-4"})[0] == 404
+    assert post(completions, content=b"x" * ((1 << 20) + 10))[0] == 413
+    assert post(completions, headers={}, json={"prompt": "x"})[0] == 401
+    assert post(completions, headers={"Authorization": "Bearer nope"},
+                json={"prompt": "x"})[0] == 401
+
+
+def test_metrics(server):
+    text = httpx.get(server.url + "/metrics", headers=AUTH).text
+    count = next(line for line in text.splitlines()
+                 if line.startswith("pipeinfer_time_to_first_token_seconds_count"))
+    assert float(count.split()[-1]) >= 5
+    for name in ("pipeinfer_queue_depth", "pipeinfer_acceptance_ratio",
+                 "pipeinfer_inter_token_latency_seconds_bucket", "pipeinfer_drafted_tokens"):
+        assert name in text
+
+
+def test_sigterm_ends_every_rank(server):
+    """Last of the module: the server it shares goes."""
+    server.proc.send_signal(signal.SIGTERM)
+    try:
+        server.proc.wait(30)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"mpiexec still runs 30 s after SIGTERM:\n{server.stderr}")
+    deadline = time.monotonic() + 5
+    while server.processes() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert server.processes() == []
+    assert "Traceback" not in server.stderr, server.stderr
+
+
+def test_a_killed_worker_ends_the_job(tiny_model, tmp_path):
+    srv = Server(tmp_path, 3, "-m", str(tiny_model))
+    try:
+        srv.wait_ready(60)
+        ready = next(line for line in srv.stderr.splitlines() if "ready: rank 0" in line)
+        pid = int(ready.split("rank 2 pid ")[1].split()[0])
+        os.kill(pid, signal.SIGKILL)
+        srv.proc.wait(30)
+        deadline = time.monotonic() + 5
+        while srv.processes() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert srv.processes() == []
+        assert "rank 2" in srv.stderr and "SIGKILL" in srv.stderr, srv.stderr
+        with pytest.raises(httpx.TransportError):
+            httpx.get(srv.url + "/health", timeout=2)
+    finally:
+        srv.kill()
