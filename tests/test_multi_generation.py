@@ -31,8 +31,9 @@ def run_plan(model, strategy: str, draft=None) -> dict:
     return launch.json
 
 
-@pytest.mark.parametrize("strategy,draft", [("iterative", None), ("pipeinfer", "aligned"),
-                                            ("specpipe", None)])
+@pytest.mark.parametrize("strategy,draft", [("iterative", None), ("speculative", None),
+                                            ("pipeinfer", "aligned"), ("specpipe", None),
+                                            ("pipespec", "aligned")])
 def test_each_generation_is_exact(tiny_model, tiny_draft_aligned, strategy, draft):
     result = run_plan(tiny_model, strategy, tiny_draft_aligned if draft else None)
     gens = result["generations"]

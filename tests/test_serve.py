@@ -180,6 +180,18 @@ def test_sequential_requests_are_each_exact(server, smollm2, tokenizer):
             smollm2, tokenizer, tokenizer.tokenize(prompt), n)[0], prompt
 
 
+def test_sampling_follows_the_seed(server):
+    def ask(seed):
+        r = httpx.post(server.url + "/v1/completions", headers=AUTH, timeout=120,
+                       json={"prompt": "My favourite animal is", "max_tokens": 16,
+                             "temperature": 0.9, "top_p": 0.95, "seed": seed})
+        assert r.status_code == 200, r.text
+        return r.json()["choices"][0]["text"]
+
+    first = ask(7)
+    assert ask(7) == first and len({first, ask(8), ask(9)}) > 1
+
+
 def test_disconnect_mid_stream_then_exact(server, smollm2, tokenizer):
     body = {"prompt": "List the numbers from one to one hundred: one, two,", "max_tokens": 300,
             "temperature": 0, "stream": True}
