@@ -9,8 +9,8 @@ Then every error case, and SIGTERM ending every rank; a worker killed outright e
 from __future__ import annotations
 
 import os
+import re
 import signal
-import socket
 import subprocess
 import time
 from pathlib import Path
@@ -28,21 +28,14 @@ N_CTX = 512
 AUTH = {"Authorization": f"Bearer {KEY}"}
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 class Server:
     """`mpiexec -n N pipeinfer serve ...` in a session of its own, output in files."""
 
     def __init__(self, tmp: Path, n: int, *args: str):
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.url = ""   # once the server has said where it listens (--port 0: a free port)
         self.err_path = tmp / "stderr.txt"
-        cmd = mpi_util.mpi_command(n, [str(mpi_util.PIPEINFER), "serve", "--port",
-                                       str(self.port), *args])
+        cmd = mpi_util.mpi_command(n, [str(mpi_util.PIPEINFER), "serve", "--port", "0",
+                                       *args])
         with open(tmp / "stdout.txt", "w") as out, open(self.err_path, "w") as err:
             self.proc = subprocess.Popen(cmd, stdout=out, stderr=err, env=mpi_util.mpi_env(),
                                          start_new_session=True, stdin=subprocess.DEVNULL)
@@ -56,6 +49,11 @@ class Server:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             assert self.proc.poll() is None, f"the server ended:\n{self.stderr}"
+            if not self.url:
+                said = re.search(r"listening on (http://\S+)", self.stderr)
+                self.url = said.group(1) if said else ""
+                time.sleep(0.1)
+                continue
             try:
                 r = httpx.get(self.url + "/health", timeout=2)
                 if r.status_code == 200:
