@@ -274,3 +274,15 @@ def test_full_queue_and_a_client_leaving(server):
     assert head.generations[0][1] == "cancelled" and head.generations[0][0] < 40
     assert head.generations[1] == (2, "length")
     assert "pipeinfer_requests_cancelled_total 1.0" in httpx.get(url + "/metrics").text
+
+
+def test_a_client_leaving_a_whole_answer_cancels_it(server):
+    head = FakeHead(delay=0.05)
+    url, service, _ = server(head)
+    with pytest.raises(httpx.ReadTimeout):   # gone after 0.4 s of a 2 s answer
+        httpx.post(url + "/v1/completions", json={"prompt": "x", "max_tokens": 40},
+                   timeout=0.4)
+    deadline = time.monotonic() + 5
+    while not head.generations and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert head.generations[0][1] == "cancelled" and head.generations[0][0] < 30

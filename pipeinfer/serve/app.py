@@ -161,14 +161,18 @@ async def _complete(service: Service, request: Request, chat: bool) -> Response:
 
 
 async def _next(ticket: Ticket, request: Request):
-    """The ticket's next event; None once the client has gone (the ticket is cancelled)."""
+    """The ticket's next event; None once the client has gone (the ticket is cancelled).
+    Whether it has is looked at every DISCONNECT_CHECK_S, events or not."""
     while True:
-        try:
-            return await asyncio.wait_for(ticket.events.get(), DISCONNECT_CHECK_S)
-        except asyncio.TimeoutError:
+        if time.monotonic() - ticket.seen > DISCONNECT_CHECK_S:
+            ticket.seen = time.monotonic()
             if await request.is_disconnected():
                 ticket.cancelled.set()
                 return None
+        try:
+            return await asyncio.wait_for(ticket.events.get(), DISCONNECT_CHECK_S)
+        except asyncio.TimeoutError:
+            continue
 
 
 async def _whole(ticket: Ticket, request: Request, reply: Reply) -> Response:

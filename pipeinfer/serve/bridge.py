@@ -65,6 +65,7 @@ class Ticket:
     cancelled: threading.Event = field(default_factory=threading.Event)
     arrived: float = field(default_factory=time.perf_counter)
     number: int = field(default_factory=lambda: next(_ids))
+    seen: float = field(default_factory=time.monotonic)  # the client last seen connected
 
     def send(self, event) -> None:
         """From the head's thread: hand an event to the request's handler."""
