@@ -31,6 +31,7 @@ PROMPT = ("Write a Python function that parses a CSV file of transactions (date,
           "category) and returns the total amount per category, sorted by amount.")
 VARIANTS = {"iterative": ["--strategy", "iterative"],
             "pipeinfer": ["--strategy", "pipeinfer"],
+            "pipeinfer model": ["--strategy", "pipeinfer", "--draft-source", "model"],
             "pipeinfer -pr0 -pd0": ["--strategy", "pipeinfer", "-pr", "0", "-pd", "0"],
             # the last stage also computes the output matrix (about five layers' worth of
             # Qwen2.5-Coder 1.5B): a split that gives it fewer layers balances the stages

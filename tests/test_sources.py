@@ -22,8 +22,28 @@ def test_poor_ngram_drafts_give_way_to_the_model_with_probes():
         choice.observe("model", 4, 4)
         choice.observe("ngram", 4, 1)
     assert not choice.prefers_ngram
-    answers = [choice.use_ngram() for _ in range(32)]
-    assert sum(answers) == 4               # one job in 8 still tries the lookup
+    # every n-gram run that left while the model was preferred doubled the probe interval
+    assert choice.interval == 64
+    answers = [choice.use_ngram() for _ in range(256)]
+    assert sum(answers) == 4               # one job in 64 still tries the lookup
+
+
+def test_probe_interval_doubles_and_resets():
+    choice = SourceChoice(margin=0.1, probe=8, max_probe=64)
+    for _ in range(10):
+        choice.observe("model", 4, 4)
+    intervals = []
+    for _ in range(5):
+        choice.observe("ngram", 4, 0)
+        intervals.append(choice.interval)
+    assert intervals == [16, 32, 64, 64, 64]
+    gap = 0
+    while not choice.use_ngram():
+        gap += 1
+    assert gap + 1 == 64                   # the next probe comes 64 jobs later
+    for _ in range(20):                    # the text starts repeating: probes pay
+        choice.observe("ngram", 8, 8)
+    assert choice.prefers_ngram and choice.interval == 8
 
 
 def test_ngram_drafts_come_back_when_they_pay_again():
