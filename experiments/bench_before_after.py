@@ -93,6 +93,8 @@ def report(label: str, runs: dict[str, list[dict]]) -> None:
         print(f"  {variant:22} {med(rs, 'speed_tps'):7.2f} {med(rs, 'ttft_s') * 1000:8.0f} "
               f"{med(rs, 'itl_s') * 1000:7.0f} {acc if acc is None else round(acc, 2)!s:>7}  "
               + " ".join(f"{r['speed_tps']:.2f}" for r in rs))
+    if "iterative" not in runs:
+        return
     it = med(runs["iterative"], "speed_tps")
     for variant in runs:
         if variant != "iterative":
