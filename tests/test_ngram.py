@@ -23,6 +23,7 @@ from pipeinfer.schedule.options import Limits, SpecOptions
 from pipeinfer.schedule.partition_pool import PartitionPool
 from pipeinfer.schedule.pipeinfer import PipeInfer
 from pipeinfer.schedule.speculative import Speculative
+from scripted_executor import ScriptedExecutor
 from test_schedule import result_for
 
 
@@ -72,32 +73,17 @@ def test_sizes_are_checked():
 
 # --- the executor ------------------------------------------------------------------------------
 
-class ScriptedModel:
+class ScriptedModel(ScriptedExecutor):
     """A stand-in draft model executor: drafts `target`'s next tokens (origin "model")."""
 
     def __init__(self, target=()):
-        self.target, self.ready, self.calls = list(target), [], []
-
-    def warm(self, tokens):
-        self.calls.append("warm")
-
-    def idle(self):
-        self.calls.append("idle")
-        return False
+        super().__init__()
+        self.target = list(target)
 
     def submit(self, job):
         n = len(job.context)
         self.calls.append(("submit", job.job_id))
         self.ready.append(DraftReady(job.job_id, (tuple(self.target[n:n + job.budget]),)))
-
-    def stop(self, job_id):
-        self.calls.append(("stop", job_id))
-
-    def poll(self):
-        return self.ready.pop(0) if self.ready else None
-
-    def close(self):
-        self.calls.append("close")
 
 
 def job(job_id, context, budget=4):

@@ -28,6 +28,7 @@ from pipeinfer.schedule.tree_draft import (Adopt, SparseLogits, StartTreeDraft, 
                                            TreeDraftReady)
 from test_ngram import (CODE_PROMPT, N_CODE, SPLIT, code_oracle, oracle,  # noqa: F401
                         run, smol_self_draft)
+from scripted_executor import ScriptedExecutor
 from test_schedule import result_for
 
 
@@ -119,32 +120,18 @@ def test_counts_become_probabilities():
     assert np.allclose(np.exp(row.logits) / np.exp(row.logits).sum(), [2 / 3, 1 / 3])
 
 
-class ScriptedTreeModel:
+class ScriptedTreeModel(ScriptedExecutor):
     """A stand-in for TreeDrafts: a dense row per decode (then the sync), token 0 on top."""
 
     def __init__(self, vocab=32):
-        self.vocab, self.done, self.calls = vocab, [], []
-
-    def warm(self, tokens):
-        self.calls.append("warm")
-
-    def idle(self):
-        return False
+        super().__init__()
+        self.vocab = vocab
 
     def submit(self, job):
         self.calls.append(("submit", job.job_id))
         n = len(job.decodes) + (job.sync is not None)
         rows = [np.eye(self.vocab, dtype=np.float32)[0] * 5 for _ in range(n)]
-        self.done.append(TreeDraftReady(job.job_id, (), rows=tuple(rows)))
-
-    def stop(self, job_id):
-        self.calls.append(("stop", job_id))
-
-    def poll(self):
-        return self.done.pop(0) if self.done else None
-
-    def close(self):
-        self.calls.append("close")
+        self.ready.append(TreeDraftReady(job.job_id, (), rows=tuple(rows)))
 
 
 def test_with_a_model_the_lookup_overrides_matching_rows_only():
@@ -317,7 +304,7 @@ def test_both_sources_are_counted_apart():
             rows = [dense(TARGET[pos + 1]) for _, pos, _ in job.decodes]
             if job.sync is not None:
                 rows.append(dense(TARGET[len(job.sync)]))
-            self.done.append(TreeDraftReady(job.job_id, (), rows=tuple(rows)))
+            self.ready.append(TreeDraftReady(job.job_id, (), rows=tuple(rows)))
 
     def dense(token):
         z = np.zeros(400, dtype=np.float32)
