@@ -20,11 +20,9 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 
-from cpu_quota import CpuQuotas, QuotaError  # noqa: E402
+from cpu_quota import PERIOD_US, CpuQuotas, QuotaError  # noqa: E402
 from peer_output import PeerOutputError, parse_completion, parse_speculative  # noqa: E402
 from peers import PeerCluster, last_line  # noqa: E402
-
-PERIOD_US = 10_000   # experiments/cluster.py's default: short throttling bursts
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,7 @@ from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import linkhub  # noqa: E402  (beside this script)
-from cpu_quota import CpuQuotas, QuotaError, join_quota  # noqa: E402
+from cpu_quota import PERIOD_US, CpuQuotas, QuotaError, join_quota  # noqa: E402
 
 LINK_PRESETS = {"gigabit": ("1gbit", "0.2ms", "0ms"), "slow": ("100mbit", "1ms", "0ms")}
 SUBNET = "10.77.0"
@@ -339,7 +339,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--nodes", type=int, default=4, help="MPI ranks (emulated nodes)")
     parser.add_argument("--cpu", type=float, default=0.5, help="CPU quota per node, in cores")
     parser.add_argument("--cpus", help="per-node quotas, comma-separated (heterogeneous cluster)")
-    parser.add_argument("--period-us", type=int, default=10000,
+    parser.add_argument("--period-us", type=int, default=PERIOD_US,
                         help="CFS period; short periods avoid 100 ms throttling bursts")
     parser.add_argument("--link", default="none", choices=["none", "gigabit", "slow", "custom"],
                         help="network between nodes: none (shared memory), gigabit "

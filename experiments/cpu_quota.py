@@ -15,6 +15,11 @@ CGROUP_V1 = Path("/sys/fs/cgroup/cpu")
 CGROUP_V2 = Path("/sys/fs/cgroup")
 
 
+# The CFS period every emulated cluster uses unless told otherwise (10 ms: a throttled rank
+# stalls for short bursts, not the kernel default's 100 ms).
+PERIOD_US = 10_000
+
+
 class QuotaError(RuntimeError):
     pass
 

@@ -38,6 +38,8 @@ import re
 import shlex
 import tomllib
 from dataclasses import dataclass, field
+
+from cpu_quota import PERIOD_US  # (beside this module)
 from pathlib import Path
 
 BASE_STRATEGIES = ("iterative", "speculative", "pipeinfer")  # the paper's, the default order
@@ -248,7 +250,7 @@ def parse_settings(raw: list, path: Path) -> list[Setting]:
                     len(setting.layer_split.split(",")) != ranks:
                 raise ConfigError(f"settings[{i}]: layer_split {setting.layer_split!r} needs "
                                   f"{ranks} shares")
-            period = setting.period_us or 10000  # cluster.py's default CFS period
+            period = setting.period_us or PERIOD_US
             if cpus is not None and min(cpus) * period < 1000:
                 raise ConfigError(f"settings[{i}] ({name}): a quota of {min(cpus):g} cores is "
                                   f"under the kernel's 1 ms minimum per {period} us period; "

@@ -81,9 +81,9 @@ def peer_bin(session_cache, monkeypatch) -> Path:
 
 
 def _cluster_run(bin_dir: Path, command: list[str], timeout: float):
-    from cpu_quota import CpuQuotas
+    from cpu_quota import PERIOD_US, CpuQuotas
     from peers import PeerCluster
-    quotas = CpuQuotas(uuid.uuid4().hex[:6], [1.0, 1.0], 10_000)
+    quotas = CpuQuotas(uuid.uuid4().hex[:6], [1.0, 1.0], PERIOD_US)
     quotas.create()
     try:
         with PeerCluster(bin_dir, quotas) as cluster:
