@@ -1,8 +1,9 @@
 """`pipeinfer serve` for real: a 3-rank job under mpiexec (SmolLM2, itself as the draft,
-pipeinfer's strategy, the head drafting only), started once for the module, asked over HTTP
-with the `openai` client and httpx. Every greedy answer equals single-node llama.cpp's for
-its prompt (tokens up to the first end-of-generation token, with the weight layout the run
-uses: repacked for pipeinfer), request after request, also after a client left mid-stream.
+pipeinfer's strategy, the head drafting only, --parallel 4), started once for the module,
+asked over HTTP with the `openai` client and httpx. Every greedy answer equals single-node
+llama.cpp's for its prompt (tokens up to the first end-of-generation token, with the weight
+layout the run uses: repacked for pipeinfer), request after request, four at once, also
+after a client left mid-stream.
 Then every error case, and SIGTERM ending every rank; a worker killed outright ends the job
 (a second, tiny server) without a hang."""
 
@@ -12,6 +13,7 @@ import os
 import re
 import signal
 import subprocess
+import threading
 import time
 from pathlib import Path
 
@@ -86,7 +88,7 @@ class Server:
 def server(smollm2, tmp_path_factory):
     srv = Server(tmp_path_factory.mktemp("serve"), 3, "-m", str(smollm2), "-md", str(smollm2),
                  "--strategy", "pipeinfer", "--layer-split", "0,0.5,0.5", "-c", str(N_CTX),
-                 "--api-key", KEY, "--queue", "4", "--alias", "smollm2")
+                 "--api-key", KEY, "--queue", "4", "--alias", "smollm2", "--parallel", "4")
     try:
         srv.wait_ready()
         yield srv
@@ -205,6 +207,52 @@ def test_disconnect_mid_stream_then_exact(server, smollm2, tokenizer):
         smollm2, tokenizer, tokenizer.tokenize(prompt), 20)[0]
     metrics = httpx.get(server.url + "/metrics", headers=AUTH).text
     assert "pipeinfer_requests_cancelled_total 1.0" in metrics
+
+
+def test_concurrent_requests_are_each_exact(server, client, smollm2, tokenizer):
+    """Four requests at once (chat, completion, both streamed and not) share the pipeline,
+    and a fifth client leaves mid-stream meanwhile: every answer is exact."""
+    asks = [("chat", "Name three colours of the rainbow.", 40, False),
+            ("completion", "import numpy as np\n", 48, True),
+            ("chat", "Write a haiku about pipelines.", 30, True),
+            ("completion", "1, 2, 3, 4,", 40, False)]
+    answers: dict[int, str] = {}
+
+    def ask(i: int) -> None:
+        kind, text, n, stream = asks[i]
+        if kind == "chat":
+            r = client.chat.completions.create(
+                model="smollm2", messages=[{"role": "user", "content": text}], max_tokens=n,
+                temperature=0, stream=stream)
+            answers[i] = ("".join(c.choices[0].delta.content or "" for c in r if c.choices)
+                          if stream else r.choices[0].message.content)
+        else:
+            r = client.completions.create(model="smollm2", prompt=text, max_tokens=n,
+                                          temperature=0, stream=stream)
+            answers[i] = ("".join(c.choices[0].text for c in r) if stream
+                          else r.choices[0].text)
+
+    def leave() -> None:
+        body = {"prompt": "Count: one, two,", "max_tokens": 200, "temperature": 0,
+                "stream": True}
+        with httpx.stream("POST", server.url + "/v1/completions", headers=AUTH, json=body,
+                          timeout=60) as r:
+            lines = r.iter_lines()
+            for _ in range(4):
+                next(lines)
+
+    threads = [threading.Thread(target=ask, args=(i,)) for i in range(len(asks))]
+    threads.append(threading.Thread(target=leave))
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(180)
+    for i, (kind, text, n, _) in enumerate(asks):
+        tokens = (chat_tokens(tokenizer, [{"role": "user", "content": text}]) if kind == "chat"
+                  else tokenizer.tokenize(text))
+        assert answers.get(i) == expected(smollm2, tokenizer, tokens, n)[0], asks[i]
+    under_way = [int(n) for n in re.findall(r"\((\d+) under way\)", server.stderr)]
+    assert max(under_way) >= 3, "the requests did not overlap"
 
 
 def test_errors(server):

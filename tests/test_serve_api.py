@@ -111,45 +111,76 @@ class FakeTokenizer:
 
 
 class FakeHead:
-    """Generates "abcd..." one letter per `delay`; fails (a rank) at token `fail_at`."""
+    """The head's side the request loop uses besides its lanes."""
 
-    def __init__(self, delay=0.01, fail_at=None):
-        self.delay, self.fail_at = delay, fail_at
+    def __init__(self):
         self.tokenizer = FakeTokenizer()
         self.setup = SimpleNamespace(pipeline=SimpleNamespace(busy_s=0.0))
-        self.gen = None
-        self.generations: list[tuple[int, str]] = []   # (tokens given, stop reason)
 
     def request(self, prompt, n_predict, ignore_eos=False):
         return Request(tuple(prompt), n_predict, 64, ignore_eos)
-
-    def stream(self, request, sampling):
-        self.gen = gen = SimpleNamespace(counters=Counters(n_drafted=4, n_accepted=3),
-                                         stop_reason="")
-        given = 0
-        try:
-            for i in range(request.n_predict):
-                if i == self.fail_at:
-                    raise RankFailed(2, "llama_decode failed", "node2")
-                time.sleep(self.delay)
-                given += 1
-                yield ord("a") + i % 26
-            gen.stop_reason = "length"
-        except GeneratorExit:
-            gen.stop_reason = "cancelled"
-        finally:
-            self.generations.append((given, gen.stop_reason))
 
     def check_ranks(self):
         pass
 
 
+class FakeLanes:
+    """Stands in for engine.lanes.Lanes: up to `slots` generations at once, each giving
+    "abcd..." one letter per `delay`; a rank fails when a generation reaches `fail_at`."""
+
+    def __init__(self, slots=1, delay=0.01, fail_at=None):
+        self.slots, self.delay, self.fail_at = slots, delay, fail_at
+        self.active = []
+        self.generations: list[tuple[int, str]] = []   # (tokens given, stop reason), ended
+        self.most_active = 0
+
+    @property
+    def n_free(self):
+        return self.slots - len(self.active)
+
+    def start(self, request, sampling, owner, on_token):
+        assert self.n_free > 0
+        lane = SimpleNamespace(owner=owner, on_token=on_token, n=request.n_predict, given=0,
+                               next_at=time.monotonic() + self.delay, finished=False,
+                               gen=SimpleNamespace(counters=Counters(n_drafted=4, n_accepted=3),
+                                                   stop_reason=""))
+        lane.slot = len(self.active)
+        self.active.append(lane)
+        self.most_active = max(self.most_active, len(self.active))
+        return lane
+
+    def cancel(self, lane):
+        if not lane.finished:
+            lane.finished, lane.gen.stop_reason = True, "cancelled"
+
+    def turn(self):
+        busy = False
+        for lane in self.active:
+            if lane.finished or time.monotonic() < lane.next_at:
+                continue
+            if lane.given == self.fail_at:
+                raise RankFailed(2, "llama_decode failed", "node2")
+            lane.on_token(ord("a") + lane.given % 26)
+            lane.given, lane.next_at, busy = lane.given + 1, lane.next_at + self.delay, True
+            if lane.given >= lane.n:
+                lane.finished, lane.gen.stop_reason = True, "length"
+        return busy
+
+    def reap(self):
+        done = [lane for lane in self.active if lane.finished]
+        for lane in done:
+            self.active.remove(lane)
+            self.generations.append((lane.given, lane.gen.stop_reason))
+        return done
+
+
 @pytest.fixture
 def server():
-    """Start the app on a free port with a FakeHead; yields (base url, head, service)."""
+    """Start the app on a free port with FakeLanes; yields (base url, service, errors)."""
     started = []
 
-    def start(head, queue=4, api_key=None):
+    def start(lanes, queue=4, api_key=None):
+        head = FakeHead()
         service = Service(Bridge(queue), ServeMetrics(), "fake", 64, DEFAULTS, api_key)
         http = HttpThread(build_app(service), "127.0.0.1", 0)
         ready(service, head)
@@ -157,7 +188,8 @@ def server():
 
         def loop():
             try:
-                serve_requests(head, service.bridge, service.metrics, lambda: not stop.is_set())
+                serve_requests(head, service.bridge, service.metrics, lambda: not stop.is_set(),
+                               lanes)
             except Exception as err:  # noqa: BLE001
                 errors.append(err)
 
@@ -175,7 +207,7 @@ def server():
 
 
 def test_answers_stream_and_stop(server):
-    url, service, _ = server(FakeHead())
+    url, service, _ = server(FakeLanes())
     r = httpx.post(url + "/v1/completions", json={"prompt": "x", "max_tokens": 5})
     body = r.json()
     assert r.status_code == 200 and body["choices"][0]["text"] == "abcde"
@@ -201,7 +233,7 @@ def test_answers_stream_and_stop(server):
 
 
 def test_errors_are_objects(server):
-    url, service, _ = server(FakeHead(), api_key="sesame")
+    url, service, _ = server(FakeLanes(), api_key="sesame")
     key = {"Authorization": "Bearer sesame"}
     assert httpx.get(url + "/health").status_code == 200   # public
     for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "sesame"}):
@@ -222,7 +254,7 @@ def test_errors_are_objects(server):
 
 
 def test_a_rank_failing_answers_503_naming_it(server):
-    head = FakeHead(delay=0.05, fail_at=3)
+    head = FakeLanes(delay=0.05, fail_at=3)
     url, service, errors = server(head, queue=4)
     results = {}
 
@@ -253,7 +285,7 @@ def test_a_rank_failing_answers_503_naming_it(server):
 
 
 def test_full_queue_and_a_client_leaving(server):
-    head = FakeHead(delay=0.05)
+    head = FakeLanes(delay=0.05)
     url, service, _ = server(head, queue=1)
     with httpx.stream("POST", url + "/v1/completions",
                       json={"prompt": "x", "max_tokens": 40, "stream": True}) as r:
@@ -277,7 +309,7 @@ def test_full_queue_and_a_client_leaving(server):
 
 
 def test_a_client_leaving_a_whole_answer_cancels_it(server):
-    head = FakeHead(delay=0.05)
+    head = FakeLanes(delay=0.05)
     url, service, _ = server(head)
     with pytest.raises(httpx.ReadTimeout):   # gone after 0.4 s of a 2 s answer
         httpx.post(url + "/v1/completions", json={"prompt": "x", "max_tokens": 40},
@@ -286,3 +318,41 @@ def test_a_client_leaving_a_whole_answer_cancels_it(server):
     while not head.generations and time.monotonic() < deadline:
         time.sleep(0.02)
     assert head.generations[0][1] == "cancelled" and head.generations[0][0] < 30
+
+
+def test_parallel_requests_share_the_loop_and_the_rest_wait(server):
+    """--parallel 2: two generations under way at once, a third waits for a free slot and
+    then runs; every answer whole."""
+    lanes = FakeLanes(slots=2, delay=0.03)
+    url, service, _ = server(lanes, queue=4)
+    answers = {}
+
+    def ask(name, n):
+        r = httpx.post(url + "/v1/completions", json={"prompt": name, "max_tokens": n},
+                       timeout=10)
+        answers[name] = r.json()["choices"][0]["text"]
+
+    threads = [threading.Thread(target=ask, args=(name, n))
+               for name, n in (("a", 10), ("b", 10), ("c", 3))]
+    for t in threads:
+        t.start()
+        time.sleep(0.01)
+    for t in threads:
+        t.join(10)
+    assert answers == {"a": "abcdefghij", "b": "abcdefghij", "c": "abc"}
+    assert lanes.most_active == 2
+    # c waited: it ended after the first two although it is much shorter
+    assert [n for n, _ in lanes.generations] == [10, 10, 3]
+
+
+def test_parallel_refused_for_pipespec():
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    exe = Path(sys.executable).parent / "pipeinfer"
+    res = subprocess.run([str(exe), "serve", "-m", "any.gguf", "-md", "d.gguf", "--strategy",
+                          "pipespec", "--parallel", "2"], capture_output=True, text=True,
+                         timeout=60)
+    assert res.returncode == 2 and "Traceback" not in res.stderr
+    assert "--parallel 2: strategy pipespec generates one request at a time" in res.stderr

@@ -388,3 +388,30 @@ def test_cancel_before_decode(wide_model: Path):
         assert "error" not in result, result
         assert np.array_equal(result["value"], want)
         assert stage.seq_pos_max(0) == 263
+
+
+def test_slots_are_contexts_of_their_own(tiny_setup: Setup):
+    """Two slots of one stage (one model): the same tokens give the same logits in each, and
+    one slot's KV cells (here: cleared, then refilled with another prompt) leave the other's
+    alone, so a request computes in its slot exactly as alone in a stage of its own."""
+    config = StageConfig(n_ctx=256, n_batch=64, n_seq_max=4, n_threads=1, n_slots=2)
+    with Stage(tiny_setup.path, config, label="slots") as stage, \
+            Stage(tiny_setup.path, CFG, label="alone") as alone:
+        assert stage.n_slots == 2
+        prompt = [1, 5, 9, 2, 7]
+        rows = [(0,)] * len(prompt)
+        a = stage.decode(range(5), rows, tokens=prompt, slot=0)
+        b = stage.decode(range(5), rows, tokens=prompt[::-1], slot=1)
+        stage.clear(slot=1)
+        stage.decode(range(3), [(0,)] * 3, tokens=[3, 3, 3], slot=1)
+        assert stage.seq_pos_max(0, slot=0) == 4 and stage.seq_pos_max(0, slot=1) == 2
+        step = stage.decode([5], [(0,)], tokens=[4], slot=0)
+        want = alone.decode(range(5), rows, tokens=prompt)
+        np.testing.assert_array_equal(a, want)
+        np.testing.assert_array_equal(step, alone.decode([5], [(0,)], tokens=[4]))
+        assert not np.array_equal(a, b)
+        view = stage.slot(1)
+        view.seq_rm(0, 1, -1)
+        assert stage.seq_pos_max(0, slot=1) == 0 and stage.seq_pos_max(0, slot=0) == 5
+        with pytest.raises(IndexError):
+            stage.slot(2)

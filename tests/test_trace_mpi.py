@@ -72,7 +72,7 @@ from pipeinfer.engine.worker import Worker
 N_VOCAB = 4
 
 class FakeStage:
-    def decode(self, positions, seq_ids, *, embd=None, logit_rows=None, run_id=-1):
+    def decode(self, positions, seq_ids, *, embd=None, logit_rows=None, run_id=-1, slot=0):
         time.sleep(0.01)
         if run_id == 2:
             raise StageAborted()
@@ -138,7 +138,7 @@ class SpanStage:
     def __init__(self, aborts=()):
         self.aborts = set(aborts)
 
-    def decode(self, positions, seq_ids, *, embd=None, logit_rows=None, run_id=-1):
+    def decode(self, positions, seq_ids, *, embd=None, logit_rows=None, run_id=-1, slot=0):
         time.sleep(0.002)
         if run_id in self.aborts:
             raise StageAborted()

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -19,7 +20,8 @@ from pipeinfer.engine.worker_core import StageCore
 from pipeinfer.model.partition import partition
 from pipeinfer.model.slicing import split_model
 from pipeinfer.model.stage import Stage, StageAborted, StageConfig
-from pipeinfer.schedule.transaction import DecodeTx, seq_cp, seq_keep, seq_rm
+from pipeinfer.schedule.transaction import (DecodeTx, decode_kv_ops, encode_kv_ops, seq_cp,
+                                            seq_keep, seq_rm)
 from pipeinfer.engine.transport import LocalTransport
 
 CFG = StageConfig(n_ctx=512, n_batch=256, n_seq_max=4, n_threads=1)
@@ -186,7 +188,7 @@ class StandIn:
     def __init__(self, aborts=()):
         self.aborts = set(aborts)
 
-    def decode(self, positions, seq_ids, *, embd=None, logit_rows=None, run_id=-1):
+    def decode(self, positions, seq_ids, *, embd=None, logit_rows=None, run_id=-1, slot=0):
         if run_id in self.aborts:
             raise StageAborted()
         return np.zeros((len(positions), 4), dtype=np.float32)
@@ -207,3 +209,14 @@ def test_local_transport_stages_follow_the_core():
                         ["computed", "skipped", "skipped"]]
     assert [s["rank"] for s in stats] == [1, 2, 3]
     assert all(set(s) == STATS_KEYS | {"rank", "spans"} for s in stats)
+
+
+def test_the_slot_travels_with_decodes_and_kv_ops():
+    """A run's slot (the stage context it decodes in: serve --parallel) and every KV
+    operation's slot survive the wire encoding."""
+    run = DecodeTx(7, (3, 4), ((0,), (1, 2)), (False, True), speculative=True, slot=3)
+    meta = run.encode_meta()
+    assert DecodeTx.from_wire(run.header(meta_len=len(meta)), meta) == run
+    ops = [replace(seq_cp(1, 0, 2, 5), slot=2), seq_rm(4), replace(seq_rm(-1), slot=1)]
+    assert decode_kv_ops(encode_kv_ops(ops)) == ops
+    assert repr(ops[0]) == "cp(1->0, [2,5))@2" and repr(ops[1]) == "rm(4, [-1,-1))"

@@ -43,6 +43,7 @@ class RunConfig:
     trace: str | None = None
     full_logits: bool = False  # the last rank returns logits even under greedy sampling
                                # (serve: each request chooses its sampling)
+    slots: int = 1          # llama.cpp contexts per stage: generations at once (serve)
 
     @property
     def argmax_only(self) -> bool:

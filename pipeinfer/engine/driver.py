@@ -67,6 +67,11 @@ class Driver:
         if result is not None:
             self.feed(ResultArrived(result.run_id, result))
             return True
+        return self.turn_drafts()
+
+    def turn_drafts(self) -> bool:
+        """The turn's part after the pipeline: a draft event, else a tick (and what the draft
+        executor made of it); False when nothing happened."""
         if self._draft_event():
             return True
         if self.feed(Tick()):

@@ -42,11 +42,12 @@ class Pipeline:
         t0 = time.perf_counter()
         if self.whole_model:
             out = self.stage.decode(tx.positions, tx.seq_ids, tokens=tokens,
-                                    logit_rows=tx.logit_rows, run_id=tx.run_id)
+                                    logit_rows=tx.logit_rows, run_id=tx.run_id, slot=tx.slot)
         else:
             out = self.embed(tokens)
             if self.stage is not None:
-                out = self.stage.decode(tx.positions, tx.seq_ids, embd=out, run_id=tx.run_id)
+                out = self.stage.decode(tx.positions, tx.seq_ids, embd=out, run_id=tx.run_id,
+                                        slot=tx.slot)
         self.busy_s += time.perf_counter() - t0
         self.in_flight += 1
         if self.transport is None:

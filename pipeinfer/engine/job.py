@@ -146,7 +146,7 @@ class Head:
         self.trace = Trace(cfg.trace) if cfg.trace else None
         self.gen: Generation | None = None
         self.generations = 0
-        self._run_ids = itertools.count()
+        self.run_ids = itertools.count()  # one counter for every generation (and lane)
 
     @property
     def tokenizer(self):
@@ -189,7 +189,7 @@ class Head:
             self._clear()
         self.generations += 1
         return Generation(request or self.request(), self.setup.tokenizer.is_eog, on_token,
-                          run_ids=self._run_ids)
+                          run_ids=self.run_ids)
 
     def _clear(self) -> None:
         """Every rank's KV cells, the draft models' and the partitions as at the start."""

@@ -100,7 +100,7 @@ def load_stage(cfg: RunConfig, model: Path, rng: StageRange, size: int) -> Stage
     pool = cfg.pool()
     config = StageConfig(n_ctx=cfg.kv_size, n_batch=cfg.n_batch,
                          n_seq_max=pool.n_seq if pool else 1, n_threads=cfg.threads_for(rng.rank),
-                         repack=cfg.repack_target)
+                         repack=cfg.repack_target, n_slots=cfg.slots)
     label = f"rank {rng.rank} layers [{rng.first},{rng.last})"
     if size == 1:
         return Stage(model, config, final=True, label=label)
@@ -158,7 +158,7 @@ def _load_drafter(cfg: RunConfig, tokenizer: Tokenizer, draft: str,
     config = StageConfig(n_ctx=cfg.kv_size, n_batch=cfg.n_batch,
                          n_seq_max=(cfg.spec.tree_width + 1 if cfg.strategy == "specpipe"
                                     else cfg.spec.n_parallel),
-                         n_threads=threads or cfg.threads_for(0))
+                         n_threads=threads or cfg.threads_for(0), n_slots=cfg.slots)
     _check_same_vocabulary(Path(draft).name, path, tokenizer)
     stage = Stage(path, config, final=True, label="draft model")
     return Drafter(stage, cfg.n_batch)

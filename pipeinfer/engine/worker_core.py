@@ -34,13 +34,14 @@ SPANS_MAX = 100_000
 
 
 def apply_kv(stage: Stage, ops: list[KvOp]) -> None:
+    """Apply `ops` in order, each in its own context (slot) of `stage`."""
     for op in ops:
         if op.kind == KvOpType.KV_SEQ_CP:
-            stage.seq_cp(op.seq, op.dst, op.p0, op.p1)
+            stage.seq_cp(op.seq, op.dst, op.p0, op.p1, slot=op.slot)
         elif op.kind == KvOpType.KV_SEQ_RM:
-            stage.seq_rm(op.seq, op.p0, op.p1)
+            stage.seq_rm(op.seq, op.p0, op.p1, slot=op.slot)
         else:
-            stage.seq_keep(op.seq)
+            stage.seq_keep(op.seq, slot=op.slot)
 
 
 def record_span(spans, tx: DecodeTx, start: float, end: float, outcome: str) -> None:
@@ -118,7 +119,7 @@ class StageCore:
             self._computing.set()
         try:
             out = self.stage.decode(tx.positions, tx.seq_ids, embd=x, logit_rows=tx.logit_rows,
-                                    run_id=tx.run_id)
+                                    run_id=tx.run_id, slot=tx.slot)
             outcome = COMPUTED
         except StageAborted:
             out, outcome = None, ABORTED

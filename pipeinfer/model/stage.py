@@ -3,7 +3,9 @@
 A stage file comes from slicing.py. Non-final stages take activations (or, for the whole-model
 case, token ids) and return the activations after their last layer, captured by the native eval
 callback; the final stage returns logits. KV operations and cancellation act on the stage's own
-llama.cpp context.
+llama.cpp context; a stage of a server that generates several requests at once has one context
+per *slot* (one model, its weights loaded once), so every request's KV cells live apart and it
+computes exactly as it would alone.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ class StageConfig:
     n_seq_max: int = 64       # sequence ids 0..n_seq_max-1 (kv_unified: no memory cost)
     n_threads: int = 1
     repack: bool = True       # llama.cpp's weight repacking (extra buffer types); see README
+    n_slots: int = 1          # llama.cpp contexts (each n_ctx cells): requests generated at once
 
 
 class StageAborted(Exception):
@@ -46,9 +49,8 @@ class Stage:
         self.path = str(path)
         self.config = config
         self.label = label
-        self._model = self._ctx = None
-        self._state = 0
-        self._batches: dict[bool, _Batch] = {}
+        self._model = None
+        self._slots: list[_Context] = []
         try:
             self._load(final)
         except BaseException:
@@ -70,44 +72,27 @@ class Stage:
         self.n_embd = llama_cpp.llama_model_n_embd(self._model)
         self.n_layer = llama_cpp.llama_model_n_layer(self._model)
         self.final = self.n_vocab > 1 if final is None else final
-
-        cfg = self.config
-        cparams = llama_cpp.llama_context_default_params()
-        cparams.n_ctx = cfg.n_ctx
-        cparams.n_batch = cparams.n_ubatch = cfg.n_batch
-        cparams.n_seq_max = cfg.n_seq_max
-        cparams.n_threads = cparams.n_threads_batch = cfg.n_threads
-        cparams.kv_unified = True  # split batches in token order; seq copies are metadata only
-        cparams.no_perf = True
-        get_name, nbytes, tensor_get = llama_lib.ggml_function_addresses()
-        self._state = _native.state_new(f"l_out-{self.n_layer - 1}".encode(),
-                                        get_name, nbytes, tensor_get)
-        if not self.final:
-            cparams.cb_eval = llama_cpp.ggml_backend_sched_eval_callback(
-                llama_lib.EVAL_CALLBACK_ADDRESS)
-            cparams.cb_eval_user_data = ctypes.c_void_p(self._state)
-        self._ctx = llama_cpp.llama_init_from_model(self._model, cparams)
-        if not self._ctx:
-            raise LlamaError(f"{self.label}: llama.cpp could not create a context for "
-                             f"{self.path} (n_ctx={cfg.n_ctx}): {llama_lib.recent_log(3)}")
-        self._abort_cb = llama_cpp.ggml_abort_callback(llama_lib.ABORT_CALLBACK_ADDRESS)
-        llama_cpp.llama_set_abort_callback(self._ctx, self._abort_cb, ctypes.c_void_p(self._state))
-        self._mem = llama_cpp.llama_get_memory(self._ctx)
+        for _ in range(self.config.n_slots):
+            self._slots.append(_Context(self))
 
     def close(self) -> None:
-        """Free the context, then the model. Safe to call twice."""
-        for batch in self._batches.values():
-            batch.free()
-        self._batches.clear()
-        if self._ctx:
-            llama_cpp.llama_free(self._ctx)
-            self._ctx = None
+        """Free the contexts, then the model. Safe to call twice."""
+        for context in self._slots:
+            context.free()
+        self._slots.clear()
         if self._model:
             llama_cpp.llama_model_free(self._model)
             self._model = None
-        if self._state:
-            _native.state_free(self._state)
-            self._state = 0
+
+    @property
+    def n_slots(self) -> int:
+        return len(self._slots)
+
+    def slot(self, slot: int) -> "StageSlot":
+        """This stage seen through one of its contexts (what a draft model per request
+        uses)."""
+        self._slots[slot]  # (an IndexError now, not at the first decode)
+        return StageSlot(self, slot)
 
     def __enter__(self) -> "Stage":
         return self
@@ -118,8 +103,9 @@ class Stage:
     # --- compute --------------------------------------------------------------------------
     def decode(self, positions: Sequence[int], seq_ids: Sequence[Sequence[int]], *,
                embd: np.ndarray | None = None, tokens: Sequence[int] | None = None,
-               logit_rows: Sequence[bool] | None = None, run_id: int = 0) -> np.ndarray:
-        """Evaluate one batch. Returns float32 activations [n, n_embd] (non-final stage) or
+               logit_rows: Sequence[bool] | None = None, run_id: int = 0,
+               slot: int = 0) -> np.ndarray:
+        """Evaluate one batch in context `slot`. Returns float32 activations [n, n_embd] (non-final stage) or
         logits [rows asked, n_vocab] (final stage; every row unless `logit_rows` says which).
         Raises StageAborted if `cancel(run_id)` was called before or during the decode."""
         n = len(positions)
@@ -127,78 +113,154 @@ class Stage:
             raise LlamaError(f"{self.label}: batch of {n} tokens (allowed 1..{self.config.n_batch})")
         if (embd is None) == (tokens is None):
             raise ValueError("give exactly one of embd or tokens")
-        batch = self._batch(embd is not None)
+        context = self._slots[slot]
+        batch = context.batch(embd is not None)
         rows = [True] * n if logit_rows is None or not self.final else list(logit_rows)
         batch.fill(positions, seq_ids, rows, embd=embd, tokens=tokens)
         out = None
         if not self.final:
             out = np.empty((n, self.n_embd), dtype=np.float32)
-            _native.state_reset(self._state, out.ctypes.data, out.nbytes)
-        _native.set_active_run(self._state, run_id)
+            _native.state_reset(context.state, out.ctypes.data, out.nbytes)
+        _native.set_active_run(context.state, run_id)
         try:
-            rc = llama_cpp.llama_decode(self._ctx, batch.batch)
+            rc = llama_cpp.llama_decode(context.ctx, batch.batch)
         finally:
-            _native.set_active_run(self._state, -1)
+            _native.set_active_run(context.state, -1)
         if rc == DECODE_ABORTED:
-            self._forget(positions, seq_ids)
+            self._forget(positions, seq_ids, slot)
             raise StageAborted(run_id)
         if rc != DECODE_OK:
             reason = "no free KV cache slot (context full)" if rc == DECODE_NO_SLOT else \
                 llama_lib.recent_log(2)
             raise LlamaError(f"{self.label}: llama_decode failed ({rc}): {reason}")
         if out is not None:
-            used, overflow = _native.state_captured(self._state)
+            used, overflow = _native.state_captured(context.state)
             if overflow or used != out.nbytes:
                 raise LlamaError(f"{self.label}: captured {used} of {out.nbytes} activation "
                                  "bytes (n_ubatch smaller than the batch?)")
             return out
         n_out = sum(rows)
-        ptr = llama_cpp.llama_get_logits(self._ctx)
+        ptr = llama_cpp.llama_get_logits(context.ctx)
         return np.ctypeslib.as_array(ptr, shape=(n_out * self.n_vocab,)).reshape(
             n_out, self.n_vocab).copy()
 
-    def _forget(self, positions: Sequence[int], seq_ids: Sequence[Sequence[int]]) -> None:
+    def _forget(self, positions: Sequence[int], seq_ids: Sequence[Sequence[int]],
+                slot: int) -> None:
         """After an abort, drop whatever the batch left in the cache for its sequences."""
         first: dict[int, int] = {}
         for pos, seqs in zip(positions, seq_ids):
             for s in seqs:
                 first[s] = min(pos, first.get(s, pos))
         for s, p0 in first.items():
-            llama_cpp.llama_memory_seq_rm(self._mem, s, p0, -1)
-
-    def _batch(self, with_embd: bool) -> "_Batch":
-        if with_embd not in self._batches:
-            self._batches[with_embd] = _Batch(self.config.n_batch,
-                                              self.n_embd if with_embd else 0,
-                                              self.config.n_seq_max)
-        return self._batches[with_embd]
+            llama_cpp.llama_memory_seq_rm(self._slots[slot].mem, s, p0, -1)
 
     def cancel(self, run_id: int) -> None:
-        """Abort `run_id` if it is being decoded now, or make its decode abort at once.
-        Thread-safe: meant to be called while another thread is inside decode()."""
-        _native.set_abort_run(self._state, run_id)
+        """Abort `run_id` if it is being decoded now (in any slot), or make its decode abort
+        at once. Thread-safe: meant to be called while another thread is inside decode()."""
+        for context in self._slots:
+            _native.set_abort_run(context.state, run_id)
 
     @property
     def abort_polls(self) -> int:
-        return _native.polls(self._state)
+        return sum(_native.polls(context.state) for context in self._slots)
 
-    # --- KV cache -------------------------------------------------------------------------
-    def seq_cp(self, src: int, dst: int, p0: int = -1, p1: int = -1) -> None:
-        llama_cpp.llama_memory_seq_cp(self._mem, src, dst, p0, p1)
+    # --- KV cache (of context `slot`) ---------------------------------------------------
+    def seq_cp(self, src: int, dst: int, p0: int = -1, p1: int = -1, slot: int = 0) -> None:
+        llama_cpp.llama_memory_seq_cp(self._slots[slot].mem, src, dst, p0, p1)
 
-    def seq_rm(self, seq: int, p0: int = -1, p1: int = -1) -> None:
-        if not llama_cpp.llama_memory_seq_rm(self._mem, seq, p0, p1):
+    def seq_rm(self, seq: int, p0: int = -1, p1: int = -1, slot: int = 0) -> None:
+        if not llama_cpp.llama_memory_seq_rm(self._slots[slot].mem, seq, p0, p1):
             raise LlamaError(f"{self.label}: seq_rm({seq}, {p0}, {p1}) refused")
 
-    def seq_keep(self, seq: int) -> None:
-        llama_cpp.llama_memory_seq_keep(self._mem, seq)
+    def seq_keep(self, seq: int, slot: int = 0) -> None:
+        llama_cpp.llama_memory_seq_keep(self._slots[slot].mem, seq)
+
+    def seq_pos_max(self, seq: int, slot: int = 0) -> int:
+        """Last cached position of `seq`, -1 when it has none."""
+        return llama_cpp.llama_memory_seq_pos_max(self._slots[slot].mem, seq)
+
+    def clear(self, slot: int = 0) -> None:
+        llama_cpp.llama_memory_clear(self._slots[slot].mem, True)
+
+
+class _Context:
+    """One llama.cpp context of a stage's model, with its native callback state (activation
+    capture, abort) and its batches."""
+
+    def __init__(self, stage: Stage):
+        self.ctx, self.state, self.batches = None, 0, {}
+        cfg = stage.config
+        cparams = llama_cpp.llama_context_default_params()
+        cparams.n_ctx = cfg.n_ctx
+        cparams.n_batch = cparams.n_ubatch = cfg.n_batch
+        cparams.n_seq_max = cfg.n_seq_max
+        cparams.n_threads = cparams.n_threads_batch = cfg.n_threads
+        cparams.kv_unified = True  # split batches in token order; seq copies are metadata only
+        cparams.no_perf = True
+        get_name, nbytes, tensor_get = llama_lib.ggml_function_addresses()
+        self.state = _native.state_new(f"l_out-{stage.n_layer - 1}".encode(),
+                                       get_name, nbytes, tensor_get)
+        if not stage.final:
+            cparams.cb_eval = llama_cpp.ggml_backend_sched_eval_callback(
+                llama_lib.EVAL_CALLBACK_ADDRESS)
+            cparams.cb_eval_user_data = ctypes.c_void_p(self.state)
+        self.ctx = llama_cpp.llama_init_from_model(stage._model, cparams)
+        if not self.ctx:
+            self.free()
+            raise LlamaError(f"{stage.label}: llama.cpp could not create a context for "
+                             f"{stage.path} (n_ctx={cfg.n_ctx}): {llama_lib.recent_log(3)}")
+        self.abort_cb = llama_cpp.ggml_abort_callback(llama_lib.ABORT_CALLBACK_ADDRESS)
+        llama_cpp.llama_set_abort_callback(self.ctx, self.abort_cb, ctypes.c_void_p(self.state))
+        self.mem = llama_cpp.llama_get_memory(self.ctx)
+        self.n_batch, self.n_embd, self.n_seq_max = cfg.n_batch, stage.n_embd, cfg.n_seq_max
+
+    def batch(self, with_embd: bool) -> "_Batch":
+        if with_embd not in self.batches:
+            self.batches[with_embd] = _Batch(self.n_batch, self.n_embd if with_embd else 0,
+                                             self.n_seq_max)
+        return self.batches[with_embd]
+
+    def free(self) -> None:
+        for batch in self.batches.values():
+            batch.free()
+        self.batches.clear()
+        if self.ctx:
+            llama_cpp.llama_free(self.ctx)
+            self.ctx = None
+        if self.state:
+            _native.state_free(self.state)
+            self.state = 0
+
+
+class StageSlot:
+    """A stage's methods bound to one of its contexts (a Drafter per request uses one)."""
+
+    def __init__(self, stage: Stage, slot: int):
+        self.stage, self.index = stage, slot
+        self.n_vocab, self.n_embd, self.final = stage.n_vocab, stage.n_embd, stage.final
+        self.config, self.label = stage.config, stage.label
+
+    def decode(self, *args, **kw) -> np.ndarray:
+        return self.stage.decode(*args, slot=self.index, **kw)
+
+    # (a `slot` given to these is ignored: apply_kv passes the op's, this view has its own)
+    def seq_cp(self, src: int, dst: int, p0: int = -1, p1: int = -1, slot: int = 0) -> None:
+        self.stage.seq_cp(src, dst, p0, p1, slot=self.index)
+
+    def seq_rm(self, seq: int, p0: int = -1, p1: int = -1, slot: int = 0) -> None:
+        self.stage.seq_rm(seq, p0, p1, slot=self.index)
+
+    def seq_keep(self, seq: int, slot: int = 0) -> None:
+        self.stage.seq_keep(seq, slot=self.index)
 
     def seq_pos_max(self, seq: int) -> int:
-        """Last cached position of `seq`, -1 when it has none."""
-        return llama_cpp.llama_memory_seq_pos_max(self._mem, seq)
+        return self.stage.seq_pos_max(seq, slot=self.index)
 
     def clear(self) -> None:
-        llama_cpp.llama_memory_clear(self._mem, True)
+        self.stage.clear(slot=self.index)
+
+    def cancel(self, run_id: int) -> None:
+        self.stage.cancel(run_id)
 
 
 class _Batch:

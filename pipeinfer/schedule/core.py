@@ -31,10 +31,18 @@ class Scheduler:
         self.sources = SourceChoice()
         self.finished = False
         self.prefilled = False  # no draft job goes out before the prompt is in (they wait)
+        self.load = None  # runs in the whole pipeline, when other generations share it
 
     @property
     def in_flight(self) -> int:
+        """This generation's runs in flight."""
         return len(self.spec.fifo)
+
+    @property
+    def pipeline_load(self) -> int:
+        """Runs in flight in the pipeline: this generation's, and (serve --parallel) those of
+        the generations sharing it, which keep its stages busy just the same."""
+        return self.load() if self.load is not None else self.in_flight
 
     def step(self, event) -> list:
         if isinstance(event, ResultArrived):

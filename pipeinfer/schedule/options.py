@@ -13,6 +13,10 @@ NGRAM_MIN, NGRAM_MAX = 2, 4
 NGRAM_LIMIT = 16
 DRAFT_SOURCES = ("model", "ngram", "both")
 
+# Strategies whose generations may share the pipeline (serve --parallel; engine/lanes.py):
+# pipespec's draft hierarchy keeps one generation's state per level.
+LANE_STRATEGIES = ("iterative", "speculative", "pipeinfer", "specpipe")
+
 # Most tokens of a run after the prompt when the output must be exact. A speculative tree is
 # verified as one batch, and llama.cpp gives every token of a batch the logits one-token
 # decoding gives it, bit for bit, only up to a size (experiments/batch_exactness.py prints the

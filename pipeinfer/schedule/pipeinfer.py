@@ -66,7 +66,7 @@ class PipeInfer(Scheduler):
         if self.job is None:
             if self._may_speculate():
                 self._submit()
-        elif not self.stopping and self.batch.ship_now(self.in_flight):
+        elif not self.stopping and self.batch.ship_now(self.pipeline_load):
             self._stop_job()  # a target stage idles: ship the tokens drafted so far
 
     def on_draft(self, event) -> None:
@@ -107,7 +107,7 @@ class PipeInfer(Scheduler):
         self.spec.emit(StopDraft(self.job.job_id))
 
     def _may_speculate(self) -> bool:
-        if self.pool.n_free == 0 or self.in_flight >= self.opts.max_runs:
+        if self.pool.n_free == 0 or self.pipeline_load >= self.opts.max_runs:
             return False
         if not self.speculation_pays():
             return False

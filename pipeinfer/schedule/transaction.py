@@ -14,7 +14,7 @@ from typing import Sequence
 
 import numpy as np
 
-HEADER_LEN = 6  # int64: type, run_id, n_tokens, n_items, flags, reserved
+HEADER_LEN = 6  # int64: type, run_id, n_tokens, n_items, flags, slot
 
 
 class TxType(enum.IntEnum):
@@ -63,15 +63,17 @@ class KvOp:
     dst: int = -1       # destination (cp)
     p0: int = -1
     p1: int = -1
+    slot: int = 0       # the stage's context (serve: one per request generated at once)
 
     def __repr__(self) -> str:
+        at = f"@{self.slot}" if self.slot else ""
         if self.kind == KvOpType.KV_SEQ_CP:
-            return f"cp({self.seq}->{self.dst}, [{self.p0},{self.p1}))"
+            return f"cp({self.seq}->{self.dst}, [{self.p0},{self.p1})){at}"
         if self.kind == KvOpType.KV_SEQ_RM:
             if self.seq == ALL_SEQS:
-                return "rm(all)"
-            return f"rm({self.seq}, [{self.p0},{self.p1}))"
-        return f"keep({self.seq})"
+                return f"rm(all){at}"
+            return f"rm({self.seq}, [{self.p0},{self.p1})){at}"
+        return f"keep({self.seq}){at}"
 
 
 def seq_cp(src: int, dst: int, p0: int = -1, p1: int = -1) -> KvOp:
@@ -93,13 +95,13 @@ def seq_keep(seq: int) -> KvOp:
 
 
 def encode_kv_ops(ops: Sequence[KvOp]) -> np.ndarray:
-    return np.array([[op.kind, op.seq, op.dst, op.p0, op.p1] for op in ops],
+    return np.array([[op.kind, op.seq, op.dst, op.p0, op.p1, op.slot] for op in ops],
                     dtype=np.int32).reshape(-1)
 
 
 def decode_kv_ops(buf: np.ndarray) -> list[KvOp]:
-    return [KvOp(KvOpType(int(r[0])), int(r[1]), int(r[2]), int(r[3]), int(r[4]))
-            for r in buf.reshape(-1, 5)]
+    return [KvOp(KvOpType(int(r[0])), int(r[1]), int(r[2]), int(r[3]), int(r[4]), int(r[5]))
+            for r in buf.reshape(-1, 6)]
 
 
 @dataclass(frozen=True)
@@ -110,6 +112,7 @@ class DecodeTx:
     seq_ids: tuple[tuple[int, ...], ...]
     logit_rows: tuple[bool, ...]
     speculative: bool = False
+    slot: int = 0       # the stage's context it decodes in (KvOp.slot)
 
     @property
     def n_tokens(self) -> int:
@@ -140,17 +143,18 @@ class DecodeTx:
             at += int(c)
         return cls(run_id, tuple(int(p) for p in meta[:n]), tuple(seq_ids),
                    tuple(bool(x) for x in meta[2 * n:3 * n]),
-                   bool(int(header[4]) & DecodeFlag.SPECULATIVE))
+                   bool(int(header[4]) & DecodeFlag.SPECULATIVE), int(header[5]))
 
     def header(self, skipped: bool = False, meta_len: int = 0) -> np.ndarray:
         flags = (DecodeFlag.SPECULATIVE if self.speculative else DecodeFlag.NONE) | \
                 (DecodeFlag.SKIPPED if skipped else DecodeFlag.NONE)
-        return make_header(TxType.DECODE, self.run_id, self.n_tokens, meta_len, int(flags))
+        return make_header(TxType.DECODE, self.run_id, self.n_tokens, meta_len, int(flags),
+                           self.slot)
 
 
 def make_header(kind: TxType, run_id: int = -1, n_tokens: int = 0, n_items: int = 0,
-                flags: int = 0) -> np.ndarray:
-    return np.array([kind, run_id, n_tokens, n_items, flags, 0], dtype=np.int64)
+                flags: int = 0, slot: int = 0) -> np.ndarray:
+    return np.array([kind, run_id, n_tokens, n_items, flags, slot], dtype=np.int64)
 
 
 class ResultFlag(enum.IntFlag):

@@ -70,7 +70,7 @@ def build_app(service: Service) -> Starlette:
     async def metrics(request: Request) -> Response:
         head, bridge = service.head, service.bridge
         busy = head.setup.pipeline.busy_s if head is not None else None
-        body = service.metrics.render(bridge.depth, int(bridge.running is not None), busy)
+        body = service.metrics.render(bridge.depth, len(bridge.running), busy)
         return Response(body, media_type=service.metrics.content_type)
 
     routes = [Route("/v1/completions", _guarded(service, "completions", completions),

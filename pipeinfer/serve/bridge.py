@@ -53,7 +53,7 @@ class Failed:
 _ids = itertools.count()
 
 
-@dataclass
+@dataclass(eq=False)   # (compared and hashed as itself: Bridge.running is a set)
 class Ticket:
     """One request crossing into the head: its prompt tokens and settings, and the way back."""
     prompt: list[int]
@@ -81,7 +81,7 @@ class Bridge:
         self.max_waiting = max_waiting
         self.state = State.LOADING
         self.failure = ""               # why, when FAILED
-        self.running: Ticket | None = None
+        self.running: set[Ticket] = set()  # being generated (the head's thread changes it)
 
     @property
     def depth(self) -> int:
@@ -105,22 +105,24 @@ class Bridge:
                                 "waiting already; try again later") from None
 
     def take(self, timeout: float) -> Ticket | None:
-        """From the head: the next request not cancelled, waiting up to `timeout` seconds."""
+        """From the head: the next request not cancelled, waiting up to `timeout` seconds
+        (0: only one already waiting)."""
         deadline = time.monotonic() + timeout
-        while (left := deadline - time.monotonic()) > 0:
+        while True:
+            left = deadline - time.monotonic()
             try:
-                ticket = self._waiting.get(timeout=left)
+                ticket = (self._waiting.get(timeout=left) if left > 0
+                          else self._waiting.get_nowait())
             except queue.Empty:
                 return None
             if not ticket.cancelled.is_set():
                 return ticket
-        return None
 
     def fail(self, state: State, message: str, status: int = 503) -> None:
         """Refuse new requests from now on and end the running and waiting ones with
         `message`."""
         self.state, self.failure = state, message
-        tickets = [self.running] if self.running is not None else []
+        tickets = list(self.running)
         while True:
             try:
                 tickets.append(self._waiting.get_nowait())

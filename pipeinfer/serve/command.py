@@ -9,12 +9,14 @@ from pathlib import Path
 import click
 
 from ..cli import Failure, RankedCommand, _checked, _verbosity, setup_logging
+from ..schedule.options import LANE_STRATEGIES
 from ..cli_options import (DRAFT_MODEL_HELP, SPLIT_HELP, STRATEGY_HELP, STRATEGY_NAMES,
                            parse_run_split, parse_threads, speculation_options)
 
-PARALLEL_HELP = ("Requests generated at once. Only 1 is implemented yet: requests are "
-                 "generated one at a time, in arrival order (the others wait in the queue); "
-                 "values above 1 are refused.")
+PARALLEL_HELP = ("Requests generated at once, sharing the pipeline (each in a llama.cpp "
+                 "context of its own on every rank: N times the KV cache memory, -c tokens "
+                 "each, and exact alone or together); more wait in the queue, in arrival "
+                 "order. Not with --strategy pipespec.")
 
 
 @click.command(cls=RankedCommand, context_settings={"show_default": True})
@@ -63,9 +65,9 @@ def serve(model, draft, alias, n_ctx, n_batch, threads, split, strategy, temp, t
 
     Endpoints: POST /v1/completions and /v1/chat/completions (stream or not), GET /v1/models,
     /health (503 while the model loads) and /metrics (Prometheus). Greedy answers
-    (temperature 0) are exactly single-node llama.cpp's. Requests are generated one at a time
-    in arrival order; concurrent requests sharing the pipeline are not implemented yet.
-    SIGINT or SIGTERM ends the server and every rank.
+    (temperature 0) are exactly single-node llama.cpp's, alone or with other requests in
+    flight. Up to --parallel requests are generated at once, their runs interleaved in the
+    pipeline; SIGINT or SIGTERM ends the server and every rank.
     """
     from ..engine.config import RunConfig, resolve_draft_source
     from ..engine.mpi_transport import world
@@ -82,16 +84,17 @@ def serve(model, draft, alias, n_ctx, n_batch, threads, split, strategy, temp, t
                     draft=(draft[0] if len(draft) == 1 else draft) or None, strategy=strategy,
                     split=split[0], threads=threads, sampling=defaults,
                     spec=_spec(speculation, source), repack=speculation["repack"],
-                    exact=speculation["exact"], verbose=verbose, full_logits=True)
+                    exact=speculation["exact"], verbose=verbose, full_logits=True,
+                    slots=parallel)
     _checked(cfg.check_drafts)
     options = ServeOptions(host, port, queue_size, api_key, alias or _name(model), defaults)
     sys.exit(serve_main(cfg, options))
 
 
 def _refuse(parallel: int, split, strategy: str, speculation: dict, n_batch: int) -> None:
-    if parallel > 1:
-        raise Failure(f"--parallel {parallel}: only 1 is implemented yet (requests are "
-                      "generated one at a time, in arrival order)", 2)
+    if parallel > 1 and strategy not in LANE_STRATEGIES:
+        raise Failure(f"--parallel {parallel}: strategy {strategy} generates one request at a "
+                      f"time (use --parallel 1, or one of {', '.join(LANE_STRATEGIES)})", 2)
     if split[1]:
         raise Failure("--layer-split: draft models on ranks of their own ('/') run one "
                       "generation per job; serve runs them in the head process", 2)

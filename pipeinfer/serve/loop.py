@@ -1,11 +1,12 @@
 """The head's side of `pipeinfer serve`, on the main thread (the only one touching MPI):
-requests from the bridge are generated one at a time, in arrival order, each a generation of
-the job's Head (which clears every rank's KV cells before the next one).
+requests from the bridge are generated up to --parallel at once, each in a lane of its own
+(engine/lanes.py: a slot of every stage's contexts), through the one pipeline; more wait in
+the bridge's queue, in arrival order.
 
 A request's tokens become text (whole UTF-8 characters), cut at its first stop string, and go
 back to its handler as they are accepted. A request whose client went away (its ticket is
-cancelled) is cancelled at its next token: the generator is closed, which cancels the runs in
-flight and drains the pipeline, so the next request starts clean.
+cancelled) or that reached a stop string is cancelled at the next turn: its runs in flight are
+drained and its slot cleared before another request takes it.
 """
 
 from __future__ import annotations
@@ -14,8 +15,11 @@ import logging
 import time
 from typing import Callable
 
+from ..engine.backoff import IdleBackoff
 from ..engine.job import Head, describe
+from ..engine.lanes import Lane, Lanes
 from ..model.tokenizer import TextStream
+from ..schedule.generation import Generation
 from .bridge import Bridge, Done, Piece, State, Ticket
 from .metrics import ServeMetrics
 from .stop_text import StopText
@@ -26,55 +30,103 @@ IDLE_WAIT_S = 0.05   # how long the head waits for a request before looking at t
 FINISH_REASONS = {"eos": "stop", "cancelled": "stop"}   # the rest: "length"
 
 
+class Completion:
+    """One request's way from accepted tokens to its handler: text, stop strings, metrics."""
+
+    def __init__(self, ticket: Ticket, tokenizer, metrics: ServeMetrics):
+        self.ticket, self.metrics = ticket, metrics
+        self.text, self.stops = TextStream(tokenizer), StopText(ticket.stop)
+        self.n_tokens, self.last = 0, None
+
+    @property
+    def wants_end(self) -> bool:
+        """A stop string was reached, or the client went away."""
+        return self.stops.stopped or self.ticket.cancelled.is_set()
+
+    def on_token(self, token: int) -> None:
+        if self.wants_end:
+            return  # (tokens accepted with the one that completed a stop string)
+        now = time.perf_counter()
+        if self.last is None:
+            self.metrics.ttft.observe(now - self.ticket.arrived)
+        else:
+            self.metrics.itl.observe(now - self.last)
+        self.n_tokens, self.last = self.n_tokens + 1, now
+        piece = self.stops.push(self.text.push(token))
+        if piece or not self.stops.stopped:
+            self.ticket.send(Piece(piece, 1))
+
+    def finish(self, gen: Generation) -> None:
+        """The generation ended and its runs are back: the rest of the text and Done (or,
+        for a client gone, nothing)."""
+        ticket = self.ticket
+        self.metrics.generation(len(ticket.prompt), self.n_tokens, gen.counters)
+        if ticket.cancelled.is_set():
+            self.metrics.cancelled.inc()
+            log.info("request %d cancelled by its client after %d tokens", ticket.number,
+                     self.n_tokens)
+            return
+        rest = self.stops.push(self.text.finish()) + self.stops.finish()
+        if rest:
+            ticket.send(Piece(rest, 0))
+        reason = ("stop" if self.stops.stopped
+                  else FINISH_REASONS.get(gen.stop_reason, "length"))
+        ticket.send(Done(reason, len(ticket.prompt), self.n_tokens))
+
+
 def serve_requests(head: Head, bridge: Bridge, metrics: ServeMetrics,
-                   keep_going: Callable[[], bool]) -> None:
-    """Generate the bridge's requests while `keep_going()`. When a generation fails (a rank
-    failed: RankFailed names it), every request under way or waiting is answered 503 with the
-    reason, new ones are refused, and the error goes to the caller, which ends the job."""
+                   keep_going: Callable[[], bool], lanes: Lanes | None = None) -> None:
+    """Generate the bridge's requests while `keep_going()`, in `lanes` (default: the head's
+    slots). When a generation fails (a rank failed: RankFailed names it), every request
+    under way or waiting is answered 503 with the reason, new ones are refused, and the error
+    goes to the caller, which ends the job."""
+    lanes = lanes if lanes is not None else Lanes(head)
+    backoff = IdleBackoff()
     try:
         while keep_going():
-            ticket = bridge.take(IDLE_WAIT_S)
-            if ticket is None:
-                head.check_ranks()  # a worker's failure is reported even while idle
+            _admit(lanes, head, bridge, metrics)
+            if not lanes.active:
+                ticket = bridge.take(IDLE_WAIT_S)
+                if ticket is None:
+                    head.check_ranks()  # a worker's failure is reported even while idle
+                else:
+                    _start(lanes, head, bridge, metrics, ticket)
                 continue
-            bridge.running = ticket  # until it is done: a failure answers it too
-            generate(head, ticket, metrics)
-            bridge.running = None
+            busy = lanes.turn()
+            for lane in lanes.active:
+                if lane.owner.wants_end:
+                    lanes.cancel(lane)
+            for lane in lanes.reap():
+                _end(lane, bridge)
+            if busy:
+                backoff.reset()
+            else:
+                backoff.wait()
     except Exception as err:  # every request under way and waiting gets 503 with why
         bridge.fail(State.FAILED, describe(err))
         raise
 
 
-def generate(head: Head, ticket: Ticket, metrics: ServeMetrics) -> None:
-    """One request from its first token to Done (or a cancellation, which sends nothing)."""
+def _admit(lanes: Lanes, head: Head, bridge: Bridge, metrics: ServeMetrics) -> None:
+    """Waiting requests into the free slots."""
+    while lanes.n_free:
+        ticket = bridge.take(0)
+        if ticket is None:
+            return
+        _start(lanes, head, bridge, metrics, ticket)
+
+
+def _start(lanes: Lanes, head: Head, bridge: Bridge, metrics: ServeMetrics,
+           ticket: Ticket) -> None:
+    completion = Completion(ticket, head.tokenizer, metrics)
+    bridge.running.add(ticket)  # until it is done: a failure answers it too
     request = head.request(ticket.prompt, ticket.n_predict, ignore_eos=False)
-    text, stops = TextStream(head.tokenizer), StopText(ticket.stop)
-    tokens = head.stream(request, ticket.sampling)
-    n_tokens, last = 0, None
-    try:
-        for token in tokens:
-            now = time.perf_counter()
-            if last is None:
-                metrics.ttft.observe(now - ticket.arrived)
-            else:
-                metrics.itl.observe(now - last)
-            n_tokens, last = n_tokens + 1, now
-            piece = stops.push(text.push(token))
-            if piece or not stops.stopped:
-                ticket.send(Piece(piece, 1))
-            if stops.stopped or ticket.cancelled.is_set():
-                break
-    finally:
-        tokens.close()  # left early: cancels the generation and drains its runs
-    gen = head.gen
-    metrics.generation(len(ticket.prompt), n_tokens, gen.counters)
-    if ticket.cancelled.is_set():
-        metrics.cancelled.inc()
-        log.info("request %d cancelled by its client after %d tokens", ticket.number,
-                 n_tokens)
-        return
-    rest = stops.push(text.finish()) + stops.finish()
-    if rest:
-        ticket.send(Piece(rest, 0))
-    reason = "stop" if stops.stopped else FINISH_REASONS.get(gen.stop_reason, "length")
-    ticket.send(Done(reason, len(ticket.prompt), n_tokens))
+    lane = lanes.start(request, ticket.sampling, completion, completion.on_token)
+    log.info("request %d: %d prompt tokens, slot %d (%d under way)", ticket.number,
+             len(ticket.prompt), lane.slot, len(lanes.active))
+
+
+def _end(lane: Lane, bridge: Bridge) -> None:
+    completion: Completion = lane.owner
+    completion.finish(lane.gen)
+    bridge.running.discard(completion.ticket)

@@ -1,0 +1,144 @@
+"""Several generations at once through one pipeline (`pipeinfer serve --parallel N`).
+
+A *lane* is one request's generation in a slot of its own: every stage keeps one llama.cpp
+context per slot (model/stage.py), so a lane's KV cells (its canonical sequence, partitions
+and graveyard) live apart from the other lanes' and it computes exactly as it would alone.
+Its scheduler is the strategy's, unchanged; its actions go through a SlotPipeline, which tags
+decodes and KV operations with the slot. Run ids come from the head's one counter (they grow
+in issue order across lanes, as the ranks' cancellation rules need), and results, which come
+back in issue order, go to the lane that started the run.
+
+Scheduling order per turn: a waiting result first (its lane starts the run of its new
+pending token at once, so every active request keeps its non-speculative run in flight: with
+N stages and N requests every stage is busy without speculation); else each lane's draft
+events and ticks in turn. A lane speculates only while the whole pipeline holds fewer than
+--max-runs runs (Scheduler.pipeline_load): speculative runs fill the stages the requests
+leave idle. A lane whose generation ended is drained (its runs in flight come back and are
+discarded), then its slot's KV cells are cleared on every rank and its draft context reset,
+before the slot takes another request.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, replace
+from typing import Any, Callable
+
+from .drafter import Drafter
+from .driver import Driver
+from .generate import driver_for
+from .head import Pipeline
+from ..model.sampling import Sampler, SamplingParams
+from ..schedule.events import Cancel, ResultArrived, Start
+from ..schedule.generation import Generation, Request
+from ..schedule.options import LANE_STRATEGIES
+from ..schedule.transaction import DecodeTx, KvOp, seq_clear
+
+
+class SlotPipeline:
+    """One lane's view of the shared Pipeline: decodes and KV operations in its slot."""
+
+    def __init__(self, pipe: Pipeline, slot: int, owners: dict[int, "Lane"]):
+        self.pipe, self.slot, self.owners = pipe, slot, owners
+        self.stage, self.n_stages = pipe.stage, pipe.n_stages
+        self.lane: Lane | None = None    # whose runs these are (set once it exists)
+
+    def decode(self, tx: DecodeTx, tokens) -> None:
+        self.owners[tx.run_id] = self.lane
+        self.pipe.decode(replace(tx, slot=self.slot), tokens)
+
+    def kv(self, ops: list[KvOp]) -> None:
+        self.pipe.kv([replace(op, slot=self.slot) for op in ops])
+
+    def cancel(self, run_ids: list[int]) -> None:
+        self.pipe.cancel(run_ids)
+
+    def result_waiting(self) -> bool:
+        return self.pipe.result_waiting()
+
+
+@dataclass
+class Lane:
+    slot: int
+    gen: Generation
+    driver: Driver
+    owner: Any              # the caller's object for this request (serve: its completion)
+
+    @property
+    def finished(self) -> bool:
+        return self.driver.sched.finished
+
+    @property
+    def drained(self) -> bool:
+        return self.finished and self.driver.sched.in_flight == 0
+
+
+class Lanes:
+    """The generations under way on the head (at most `cfg.slots`), through one pipeline."""
+
+    def __init__(self, head):
+        cfg, setup = head.cfg, head.setup
+        if cfg.strategy not in LANE_STRATEGIES and cfg.slots > 1:
+            raise ValueError(f"strategy {cfg.strategy} generates one request at a time")
+        self.head, self.cfg, self.pipe = head, cfg, setup.pipeline
+        drafter = setup.drafter
+        self._drafters = ([Drafter(drafter.stage.slot(k), drafter.n_batch)
+                           for k in range(cfg.slots)] if isinstance(drafter, Drafter)
+                          else [drafter] * cfg.slots)
+        self._free = list(range(cfg.slots))
+        self._owners: dict[int, Lane] = {}   # run id in flight -> its lane
+        self.active: list[Lane] = []
+
+    @property
+    def n_free(self) -> int:
+        return len(self._free)
+
+    def start(self, request: Request, sampling: SamplingParams, owner: Any,
+              on_token: Callable[[int], None]) -> Lane:
+        """A generation of `request` in a free slot (its prefill goes out now)."""
+        slot = self._free.pop(0)
+        head = self.head
+        gen = Generation(request, head.tokenizer.is_eog, on_token, run_ids=head.run_ids)
+        pipe = SlotPipeline(self.pipe, slot, self._owners)
+        driver = driver_for(self.cfg.strategy, pipe, gen, Sampler(sampling), self.cfg,
+                            self._drafters[slot], self.cfg.pool(), head.trace)
+        driver.sched.load = lambda: self.pipe.in_flight
+        lane = pipe.lane = Lane(slot, gen, driver, owner)
+        self.active.append(lane)
+        gen.timeline.start = time.perf_counter()
+        driver.feed(Start())
+        return lane
+
+    def cancel(self, lane: Lane) -> None:
+        """End `lane`'s generation now (its runs in flight are drained all the same)."""
+        if not lane.finished:
+            lane.driver.feed(Cancel())
+
+    def turn(self) -> bool:
+        """A waiting result to its lane, else every lane's draft work and tick; False when
+        nothing happened."""
+        result = self.pipe.poll()
+        if result is not None:
+            lane = self._owners.pop(result.run_id)
+            lane.driver.feed(ResultArrived(result.run_id, result))
+            return True
+        busy = False
+        for lane in self.active:
+            if not lane.finished:
+                busy = lane.driver.turn_drafts() or busy
+        return busy
+
+    def reap(self) -> list[Lane]:
+        """The lanes whose generations ended and whose runs are all back: their slots are
+        cleared (every rank's KV cells of the slot, the draft context) and free again."""
+        done = [lane for lane in self.active if lane.drained]
+        for lane in done:
+            self.active.remove(lane)
+            if lane.driver.drafts is not None:
+                lane.driver.drafts.close()
+            self.pipe.kv([replace(seq_clear(), slot=lane.slot)])
+            drafter = self._drafters[lane.slot]
+            if isinstance(drafter, Drafter):
+                drafter.reset()
+            self._free.append(lane.slot)
+        return done
