@@ -133,16 +133,21 @@ def wait_healthy(url: str, proc: subprocess.Popen, log: Path) -> None:
     raise RuntimeError(f"not ready within {READY_TIMEOUT_S} s")
 
 
+# pipeinfer's systems: their strategy flags (the rest as for every pipeinfer system)
+PIPEINFER_SYSTEMS = {"pipeinfer": ["--strategy", "pipeinfer", "-md", "{draft}"],
+                     "pipeinfer-iterative": ["--strategy", "iterative"]}
+
+
 class PipeinferServer:
     """`pipeinfer serve` under experiments/cluster.py (one rank per emulated node)."""
-    name = "pipeinfer"
     extra: dict = {}
 
-    def __init__(self, args):
+    def __init__(self, args, name: str = "pipeinfer"):
         split = ",".join(["0"] + [repr(1 / (args.nodes - 1))] * (args.nodes - 1))
+        flags = [f.format(draft=args.draft) for f in PIPEINFER_SYSTEMS[name]]
         serve = [str(Path(sys.executable).parent / "pipeinfer"), "serve", "-m", args.model,
-                 "-md", args.draft, "--strategy", "pipeinfer", "--layer-split", split,
-                 "--parallel", str(args.clients), "--port", "0", "-c", "2048"]
+                 *flags, "--layer-split", split, "--parallel", str(args.clients), "--port", "0",
+                 "-c", "2048"]
         self.command = [sys.executable, str(HERE / "cluster.py"), "--nodes", str(args.nodes),
                         "--cpu", f"{args.cpu:g}", "--period-us", str(PERIOD_US), "--", *serve]
         self.log = Path(f"/tmp/pipeinfer-bench-serve-{os.getpid()}.log")
@@ -174,7 +179,6 @@ class PipeinferServer:
 class LlamaServer:
     """llama-server on node 0 with --rpc to a ggml-rpc-server on every other node, each in
     its node's CPU quota (experiments/peers.py)."""
-    name = "llama-server"
     extra = {"cache_prompt": False}
 
     def __init__(self, args, bin_dir: Path):
@@ -259,10 +263,13 @@ def summarize(results: dict[str, list[dict]], clients: int) -> None:
               f"{percentile(tn, .5):>11.2f}/{percentile(tn, .95):<8.2f}   "
               + " ".join(f"{s:.2f}" for s in single) + " / "
               + " ".join(f"{a:.2f}" for a in agg))
-    if {"pipeinfer", "llama-server"} <= med.keys():
-        p, l = med["pipeinfer"], med["llama-server"]
-        print(f"\npipeinfer / llama-server: 1 client {p[0] / l[0]:.2f}x, {clients} clients "
-              f"{p[1] / l[1]:.2f}x; pipeinfer {clients} clients / its 1 client {p[1] / p[0]:.2f}x")
+    for name in med:
+        if name == "llama-server":
+            continue
+        p, l = med[name], med.get("llama-server")
+        against = (f"/ llama-server: 1 client {p[0] / l[0]:.2f}x, {clients} clients "
+                   f"{p[1] / l[1]:.2f}x; " if l else "")
+        print(f"{name} {against}{clients} clients / its 1 client {p[1] / p[0]:.2f}x")
     for name, runs in results.items():
         same = all(r["batch_texts"] == r["texts"] for r in runs)
         print(f"{name}: answers at once equal the answers alone: {same}")
@@ -295,7 +302,8 @@ def parse_args(argv):
                    help="concurrent clients (and --parallel / -np)")
     p.add_argument("-m", "--model", default="qwen-coder-1.5b")
     p.add_argument("-md", "--draft", default="qwen-coder-0.5b")
-    p.add_argument("--systems", default="pipeinfer,llama-server")
+    p.add_argument("--systems", default="pipeinfer,llama-server",
+                   help="comma list of: llama-server, " + ", ".join(PIPEINFER_SYSTEMS))
     p.add_argument("--csv", default=None)
     return p.parse_args(argv)
 
@@ -303,6 +311,10 @@ def parse_args(argv):
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     systems = args.systems.split(",")
+    unknown = set(systems) - {"llama-server", *PIPEINFER_SYSTEMS}
+    if unknown:
+        print(f"bench_serve: unknown system(s) {', '.join(sorted(unknown))}", file=sys.stderr)
+        return 2
     bin_dir = None
     if "llama-server" in systems:
         import build_peers
@@ -314,7 +326,8 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[str, list[dict]] = {s: [] for s in systems}
     for rep in range(args.k):
         for name in systems:
-            server = PipeinferServer(args) if name == "pipeinfer" else LlamaServer(args, bin_dir)
+            server = (LlamaServer(args, bin_dir) if name == "llama-server"
+                      else PipeinferServer(args, name))
             t0 = time.monotonic()
             try:
                 r = one_server(server, args)

@@ -255,6 +255,38 @@ def test_concurrent_requests_are_each_exact(server, client, smollm2, tokenizer):
     assert max(under_way) >= 3, "the requests did not overlap"
 
 
+def head_rss_kb(server) -> int:
+    pid = re.search(r"rank 0 pid (\d+)", server.stderr).group(1)
+    status = Path(f"/proc/{pid}/status").read_text()
+    return int(re.search(r"VmRSS:\s+(\d+)", status).group(1))
+
+
+def test_soak_keeps_the_head_flat(server):
+    """A few hundred short requests, four clients at a time, in bounded time: all answered,
+    and the head's resident memory after them is where it was after the first fifty."""
+    def batch(n_requests: int) -> None:
+        def client(k: int) -> None:
+            with httpx.Client(headers=AUTH, timeout=60) as http:
+                for i in range(k, n_requests, 4):
+                    r = http.post(server.url + "/v1/completions",
+                                  json={"prompt": f"Item {i}:", "max_tokens": 3,
+                                        "temperature": 0, "stream": i % 2 == 0})
+                    assert r.status_code == 200, r.text
+        threads = [threading.Thread(target=client, args=(k,)) for k in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(240)
+
+    start = time.monotonic()
+    batch(50)
+    before = head_rss_kb(server)
+    batch(250)
+    growth_mb = (head_rss_kb(server) - before) / 1024
+    assert time.monotonic() - start < 240
+    assert growth_mb < 16, f"the head grew by {growth_mb:.1f} MB over 250 requests"
+
+
 def test_errors(server):
     def post(path, headers=AUTH, **kw):
         r = httpx.post(server.url + path, headers=headers, timeout=30, **kw)
@@ -289,6 +321,8 @@ def test_metrics(server):
     for name in ("pipeinfer_queue_depth", "pipeinfer_acceptance_ratio",
                  "pipeinfer_inter_token_latency_seconds_bucket", "pipeinfer_drafted_tokens"):
         assert name in text
+    busy = dict(re.findall(r'pipeinfer_stage_busy_seconds\{rank="(\d)"\} (\S+)', text))
+    assert float(busy["1"]) > 0 and float(busy["2"]) > 0   # the workers', by probe
 
 
 def test_sigterm_ends_every_rank(server):

@@ -11,9 +11,11 @@ back in issue order, go to the lane that started the run.
 Scheduling order per turn: a waiting result first (its lane starts the run of its new
 pending token at once, so every active request keeps its non-speculative run in flight: with
 N stages and N requests every stage is busy without speculation); else each lane's draft
-events and ticks in turn. A lane speculates only while the whole pipeline holds fewer than
---max-runs runs (Scheduler.pipeline_load): speculative runs fill the stages the requests
-leave idle. A lane whose generation ended is drained (its runs in flight come back and are
+events and ticks in turn. Speculative runs fill the stages the requests leave idle
+(PipelineShare): alone, a generation speculates up to --max-runs runs in flight, as in `run`;
+with others under way, only while fewer runs than stages are in flight, since then the
+requests' own runs keep the stages busy and a speculative run only delays them (and the
+head's one draft model is shared by every lane). A lane whose generation ended is drained (its runs in flight come back and are
 discarded), then its slot's KV cells are cleared on every rank and its draft context reset,
 before the slot takes another request.
 """
@@ -57,6 +59,22 @@ class SlotPipeline:
         return self.pipe.result_waiting()
 
 
+class PipelineShare:
+    """What a lane's scheduler sees of the pipeline it shares (Scheduler.share)."""
+
+    def __init__(self, lanes: "Lanes"):
+        self.lanes = lanes
+
+    def load(self) -> int:
+        """Runs in flight, of every lane."""
+        return self.lanes.pipe.in_flight
+
+    def limit(self, max_runs: int) -> int:
+        """Most runs in flight under which a lane may start a speculative run."""
+        others = sum(not lane.finished for lane in self.lanes.active) > 1
+        return min(max_runs, self.lanes.pipe.n_stages) if others else max_runs
+
+
 @dataclass
 class Lane:
     slot: int
@@ -87,6 +105,7 @@ class Lanes:
                           else [drafter] * cfg.slots)
         self._free = list(range(cfg.slots))
         self._owners: dict[int, Lane] = {}   # run id in flight -> its lane
+        self._share = PipelineShare(self)
         self.active: list[Lane] = []
 
     @property
@@ -102,7 +121,7 @@ class Lanes:
         pipe = SlotPipeline(self.pipe, slot, self._owners)
         driver = driver_for(self.cfg.strategy, pipe, gen, Sampler(sampling), self.cfg,
                             self._drafters[slot], self.cfg.pool(), head.trace)
-        driver.sched.load = lambda: self.pipe.in_flight
+        driver.sched.share = self._share
         lane = pipe.lane = Lane(slot, gen, driver, owner)
         self.active.append(lane)
         gen.timeline.start = time.perf_counter()

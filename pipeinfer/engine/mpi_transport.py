@@ -235,6 +235,15 @@ class HeadTransport(Link):
     def send_cancel(self, run_ids: list[int]) -> None:
         self.isend(np.array(run_ids, dtype=np.int64), self.last, Tag.CANCEL)
 
+    def send_busy_probe(self) -> None:
+        """Ask every worker for its busy seconds so far (after what it was sent before)."""
+        self.isend(make_header(TxType.BUSY), self.first, Tag.BEGIN)
+        self.isend(np.zeros(0, dtype=np.float64), self.first, Tag.BUSY)
+
+    def poll_busy(self) -> np.ndarray | None:
+        """The answer to a busy probe, if it is back: seconds per worker, rank 1 first."""
+        return self.recv_array(self.last, Tag.BUSY, np.float64, wait=False)
+
     def result_waiting(self) -> bool:
         return self.probe(self.last, Tag.RESULT) is not None
 
@@ -310,6 +319,10 @@ class WorkerLink(Link):
 
     def send_stats(self, stats: dict) -> None:
         self.isend_obj(stats, HEAD, Tag.STATS)
+
+    def send_busy(self, busy: np.ndarray) -> None:
+        """The last rank: a busy probe's answer to the head."""
+        self.isend(busy, HEAD, Tag.BUSY)
 
 
 class DraftLink(Link):

@@ -45,7 +45,7 @@ class Worker:
         watcher = threading.Thread(target=self._watch_cancels, name="cancel-watcher", daemon=True)
         watcher.start()
         started = time.monotonic()
-        handlers = {TxType.DECODE: self._decode, TxType.KV: self._kv}
+        handlers = {TxType.DECODE: self._decode, TxType.KV: self._kv, TxType.BUSY: self._busy}
         backoff = IdleBackoff()
         try:
             while True:
@@ -101,6 +101,14 @@ class Worker:
         self.core.kv(decode_kv_ops(buf))
         if not self.is_last:
             self.link.forward(header, (buf, Tag.KV_OPS))
+
+    def _busy(self, header: np.ndarray) -> None:
+        """A busy probe: this rank's busy seconds appended, on to the next rank or the head."""
+        busy = np.append(self.link.recv_payload(Tag.BUSY, np.float64), self.core.stats["busy_s"])
+        if self.is_last:
+            self.link.send_busy(busy)
+        else:
+            self.link.forward(header, (busy, Tag.BUSY))
 
     # --- cancellations ----------------------------------------------------------------------
     def _watch_cancels(self) -> None:

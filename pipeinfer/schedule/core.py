@@ -31,7 +31,7 @@ class Scheduler:
         self.sources = SourceChoice()
         self.finished = False
         self.prefilled = False  # no draft job goes out before the prompt is in (they wait)
-        self.load = None  # runs in the whole pipeline, when other generations share it
+        self.share = None  # serve --parallel: the pipeline as other generations share it
 
     @property
     def in_flight(self) -> int:
@@ -42,7 +42,14 @@ class Scheduler:
     def pipeline_load(self) -> int:
         """Runs in flight in the pipeline: this generation's, and (serve --parallel) those of
         the generations sharing it, which keep its stages busy just the same."""
-        return self.load() if self.load is not None else self.in_flight
+        return self.share.load() if self.share is not None else self.in_flight
+
+    @property
+    def run_limit(self) -> int:
+        """Most runs in flight in the pipeline before no speculative run may start: --max-runs,
+        or what the generations sharing the pipeline leave (engine/lanes.py)."""
+        limit = self.opts.max_runs
+        return self.share.limit(limit) if self.share is not None else limit
 
     def step(self, event) -> list:
         if isinstance(event, ResultArrived):

@@ -107,7 +107,7 @@ class PipeInfer(Scheduler):
         self.spec.emit(StopDraft(self.job.job_id))
 
     def _may_speculate(self) -> bool:
-        if self.pool.n_free == 0 or self.pipeline_load >= self.opts.max_runs:
+        if self.pool.n_free == 0 or self.pipeline_load >= self.run_limit:
             return False
         if not self.speculation_pays():
             return False

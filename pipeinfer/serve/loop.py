@@ -27,6 +27,7 @@ from .stop_text import StopText
 log = logging.getLogger(__name__)
 
 IDLE_WAIT_S = 0.05   # how long the head waits for a request before looking at the ranks
+BUSY_EVERY_S = 1.0   # how often the workers' busy seconds are asked for (/metrics)
 FINISH_REASONS = {"eos": "stop", "cancelled": "stop"}   # the rest: "length"
 
 
@@ -74,6 +75,37 @@ class Completion:
         ticket.send(Done(reason, len(ticket.prompt), self.n_tokens))
 
 
+class BusyProbe:
+    """The workers' busy seconds for /metrics: a probe through the pipeline every
+    BUSY_EVERY_S (one out at a time; it passes each rank after the work sent before it)."""
+
+    def __init__(self, head: Head, metrics: ServeMetrics):
+        transport = getattr(head.setup.pipeline, "transport", None)
+        self.transport = transport if hasattr(transport, "send_busy_probe") else None
+        self.metrics, self.out, self.sent = metrics, False, 0.0
+
+    def tick(self) -> None:
+        if self.transport is None:
+            return
+        if not self.out:
+            if time.monotonic() - self.sent >= BUSY_EVERY_S:
+                self.transport.send_busy_probe()
+                self.out, self.sent = True, time.monotonic()
+            return
+        busy = self.transport.poll_busy()
+        if busy is not None:
+            self.out = False
+            for rank, seconds in enumerate(busy, start=1):
+                self.metrics.stage_busy(rank, float(seconds))
+
+    def drain(self, limit_s: float = 2.0) -> None:
+        """Take the answer of a probe still out (MPI must not end with it unreceived)."""
+        deadline = time.monotonic() + limit_s
+        while self.out and time.monotonic() < deadline:
+            self.tick()
+            time.sleep(0.005)
+
+
 def serve_requests(head: Head, bridge: Bridge, metrics: ServeMetrics,
                    keep_going: Callable[[], bool], lanes: Lanes | None = None) -> None:
     """Generate the bridge's requests while `keep_going()`, in `lanes` (default: the head's
@@ -81,9 +113,10 @@ def serve_requests(head: Head, bridge: Bridge, metrics: ServeMetrics,
     under way or waiting is answered 503 with the reason, new ones are refused, and the error
     goes to the caller, which ends the job."""
     lanes = lanes if lanes is not None else Lanes(head)
-    backoff = IdleBackoff()
+    backoff, probe = IdleBackoff(), BusyProbe(head, metrics)
     try:
         while keep_going():
+            probe.tick()
             _admit(lanes, head, bridge, metrics)
             if not lanes.active:
                 ticket = bridge.take(IDLE_WAIT_S)
@@ -105,6 +138,8 @@ def serve_requests(head: Head, bridge: Bridge, metrics: ServeMetrics,
     except Exception as err:  # every request under way and waiting gets 503 with why
         bridge.fail(State.FAILED, describe(err))
         raise
+    finally:
+        probe.drain()
 
 
 def _admit(lanes: Lanes, head: Head, bridge: Bridge, metrics: ServeMetrics) -> None:

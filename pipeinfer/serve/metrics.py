@@ -35,8 +35,9 @@ class ServeMetrics:
                              registry=r)
         self.acceptance = Gauge(PREFIX + "acceptance_ratio", "Accepted over drafted tokens "
                                 "since the start (0 before any draft)", registry=r)
-        self.busy = Gauge(PREFIX + "stage_busy_seconds", "Time the head's own stage spent "
-                          "computing (rank 0)", ["rank"], registry=r)
+        self.busy = Gauge(PREFIX + "stage_busy_seconds", "Time each rank's stage spent "
+                          "computing since the start (workers: as of the last probe, at most "
+                          "about a second old)", ["rank"], registry=r)
         self._totals = [0, 0]     # drafted, accepted
         self.ttft = Histogram(PREFIX + "time_to_first_token_seconds", "From a request's "
                               "arrival to its first token", buckets=LATENCY_BUCKETS, registry=r)
@@ -53,6 +54,9 @@ class ServeMetrics:
         self._totals[1] += counters.n_accepted
         drafted, accepted = self._totals
         self.acceptance.set(accepted / drafted if drafted else 0.0)
+
+    def stage_busy(self, rank: int, seconds: float) -> None:
+        self.busy.labels(rank=str(rank)).set(seconds)
 
     def render(self, queue_depth: int, running: int, busy_s: float | None) -> bytes:
         self.queue_depth.set(queue_depth)

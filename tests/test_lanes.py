@@ -1,0 +1,63 @@
+"""engine/lanes.py's policies without a pipeline: how a lane's runs and KV operations are
+tagged with its slot and claimed, and how much speculation a lane may start when other
+requests share the pipeline. Exactness of lanes on real ranks: tests/test_serve.py."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from pipeinfer.engine.lanes import PipelineShare, SlotPipeline
+from pipeinfer.schedule.transaction import DecodeTx, seq_clear, seq_cp
+
+
+class RecordingPipe:
+    stage, n_stages = None, 3
+
+    def __init__(self):
+        self.sent, self.in_flight = [], 0
+
+    def decode(self, tx, tokens):
+        self.sent.append(("decode", tx))
+        self.in_flight += 1
+
+    def kv(self, ops):
+        self.sent.append(("kv", ops))
+
+    def cancel(self, run_ids):
+        self.sent.append(("cancel", run_ids))
+
+
+def test_a_slot_pipeline_tags_its_runs_and_kv_ops_and_claims_its_run_ids():
+    pipe, owners = RecordingPipe(), {}
+    view = SlotPipeline(pipe, 2, owners)
+    view.lane = "lane-2"
+    view.decode(DecodeTx(5, (0,), ((0,),), (True,)), [1])
+    view.kv([seq_cp(1, 0, 0, 3), seq_clear()])
+    view.cancel([5])
+    (_, tx), (_, ops), cancel = pipe.sent
+    assert tx.slot == 2 and tx.run_id == 5 and owners == {5: "lane-2"}
+    assert [op.slot for op in ops] == [2, 2] and ops[0].dst == 0
+    assert cancel == ("cancel", [5])
+
+
+def lanes_with(n_active: int, n_finished: int = 0, in_flight: int = 0):
+    pipe = RecordingPipe()
+    pipe.in_flight = in_flight
+    active = ([SimpleNamespace(finished=False)] * n_active
+              + [SimpleNamespace(finished=True)] * n_finished)
+    return SimpleNamespace(pipe=pipe, active=active)
+
+
+def test_alone_a_lane_speculates_up_to_max_runs():
+    share = PipelineShare(lanes_with(1, n_finished=2, in_flight=4))
+    assert share.limit(6) == 6 and share.load() == 4
+
+
+def test_with_others_under_way_speculation_only_fills_idle_stages():
+    """Two requests on 3 stages: a speculative run may start while fewer than 3 runs are in
+    flight (a stage would idle), never beyond (the requests' own runs keep them busy)."""
+    share = PipelineShare(lanes_with(2, in_flight=2))
+    assert share.limit(6) == 3 and share.load() < share.limit(6)
+    share = PipelineShare(lanes_with(4, in_flight=4))
+    assert share.load() >= share.limit(6)
+    assert PipelineShare(lanes_with(2)).limit(2) == 2   # --max-runs below the stages: kept
