@@ -10,7 +10,12 @@ this venv (the native module copied in); each run checks which tree it imported.
     python experiments/bench_before_after.py --baseline HEAD~3 [--candidate HEAD] -k 3 -n 128
 
 Prints one line per run and, at the end, per tree: median t/s, TTFT, ITL and acceptance of
-every variant, pipeinfer/iterative, and whether all outputs were identical.
+every variant, its ratio to iterative, and whether all outputs were identical. Variants named
+"edit ..." run bench_speculation_pays's code-editing prompt without a draft model (n-gram
+drafts), against "edit iterative":
+
+    python experiments/bench_before_after.py --baseline main -k 3 -n 160 \
+        --variants "edit iterative,edit pipeinfer ngram"
 """
 
 from __future__ import annotations
@@ -25,6 +30,8 @@ import sys
 import time
 from pathlib import Path
 
+from bench_speculation_pays import EDIT_PROMPT  # beside this script
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 PROMPT = ("Write a Python function that parses a CSV file of transactions (date, amount, "
@@ -36,7 +43,12 @@ VARIANTS = {"iterative": ["--strategy", "iterative"],
             # the last stage also computes the output matrix (about five layers' worth of
             # Qwen2.5-Coder 1.5B): a split that gives it fewer layers balances the stages
             "pipeinfer split 0/.4/.4/.2": ["--strategy", "pipeinfer",
-                                           "--layer-split", "0,0.4,0.4,0.2"]}
+                                           "--layer-split", "0,0.4,0.4,0.2"],
+            # the code-editing prompt of bench_speculation_pays, drafts from the text only
+            "edit iterative": ["--strategy", "iterative"],
+            "edit pipeinfer ngram": ["--strategy", "pipeinfer", "--draft-source", "ngram"],
+            "edit speculative ngram": ["--strategy", "speculative", "--draft-source", "ngram"]}
+EDIT = "edit "   # variants named so run the edit prompt without a draft model
 LAUNCH = "import sys; sys.argv[0] = 'pipeinfer'; from pipeinfer.cli import main; main()"
 
 
@@ -56,8 +68,10 @@ def worktree(rev: str) -> Path:
 
 
 def run_once(tree: Path, variant: str, args) -> dict:
-    cmd = [sys.executable, "-c", LAUNCH, "run", "-m", args.model, "-md", args.draft,
-           "-p", PROMPT, "--chat", "-n", str(args.n), "--ignore-eos", "--layer-split",
+    edit = variant.startswith(EDIT)
+    model = ["-m", args.model] + ([] if edit else ["-md", args.draft])
+    cmd = [sys.executable, "-c", LAUNCH, "run", *model,
+           "-p", EDIT_PROMPT if edit else PROMPT, "--chat", "-n", str(args.n), "--ignore-eos", "--layer-split",
            args.split, "-t", "1", "--json", *VARIANTS[variant]]
     launch = [sys.executable, str(HERE / "cluster.py"), "--nodes", str(args.nodes),
               "--cpu", str(args.cpu), "--"] + cmd
@@ -93,12 +107,11 @@ def report(label: str, runs: dict[str, list[dict]]) -> None:
         print(f"  {variant:22} {med(rs, 'speed_tps'):7.2f} {med(rs, 'ttft_s') * 1000:8.0f} "
               f"{med(rs, 'itl_s') * 1000:7.0f} {acc if acc is None else round(acc, 2)!s:>7}  "
               + " ".join(f"{r['speed_tps']:.2f}" for r in rs))
-    if "iterative" not in runs:
-        return
-    it = med(runs["iterative"], "speed_tps")
     for variant in runs:
-        if variant != "iterative":
-            print(f"  {variant} / iterative = {med(runs[variant], 'speed_tps') / it:.2f}")
+        base = EDIT + "iterative" if variant.startswith(EDIT) else "iterative"
+        if base in runs and variant != base:
+            ratio = med(runs[variant], "speed_tps") / med(runs[base], "speed_tps")
+            print(f"  {variant} / {base} = {ratio:.2f}")
 
 
 def main() -> None:
@@ -133,9 +146,13 @@ def main() -> None:
                       flush=True)
     for label in trees:
         report(label, runs[label])
-    first = next(iter(runs.values()))["iterative"][0]["tokens"]
-    same = all(r["tokens"] == first for t in runs.values() for rs in t.values() for r in rs)
-    print(f"\noutputs identical across trees, variants and repeats: {same}")
+    for edit in (False, True):
+        group = [rs for t in runs.values() for v, rs in t.items() if v.startswith(EDIT) == edit]
+        if group:
+            first = group[0][0]["tokens"]
+            same = all(r["tokens"] == first for rs in group for r in rs)
+            print(f"\n{'edit prompt' if edit else 'coding prompt'}: outputs identical across "
+                  f"trees, variants and repeats: {same}")
 
 
 if __name__ == "__main__":

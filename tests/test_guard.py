@@ -111,3 +111,31 @@ def test_speculation_returns_when_drafts_recover(tiny, strategy):
     plans = USELESS * 6 + PERFECT * 200
     on = go(tiny, strategy, plans, 0.2)
     assert on.n_accepted >= N // 2, on
+
+
+# --- the guard under n-gram chains: one mismatch is one mistake -----------------------------------
+
+from pipeinfer.engine.ngram_drafts import NgramDrafts  # noqa: E402
+from pipeinfer.schedule.actions import PolicyChanged  # noqa: E402
+from pipeinfer.schedule.pipeinfer import PipeInfer  # noqa: E402
+from test_ngram import PATTERN, PROMPT, drive, make  # noqa: E402
+
+# text that copies the prompt's pattern, with one token changed every 19 (an edit)
+EDITED = list(PROMPT) + (PATTERN * 3 + [90]) * 8
+
+
+def guard_pauses(log) -> list[PolicyChanged]:
+    return [a for a in log if isinstance(a, PolicyChanged) and a.name == "guard"]
+
+
+def test_runs_cancelled_behind_a_mismatch_do_not_pause_speculation():
+    """A chain of n-gram runs, six deep: a mismatch cancels the runs continuing the rejected
+    guess. Their guesses were never judged, so the guard does not count them as rejected:
+    the draft's one mistake in 19 tokens never pauses speculation."""
+    sched = make(PipeInfer, n_predict=120, draft=3)
+    log = drive(sched, NgramDrafts(2, 4), depth=6, target=EDITED)
+    c = sched.gen.counters
+    assert sched.gen.tokens == EDITED[len(PROMPT):len(PROMPT) + 120]
+    assert c.runs_cancelled_invalidated >= 10 and c.n_unverified > c.n_accepted / 3  # chains
+    assert guard_pauses(log) == []
+    assert c.n_accepted > 80

@@ -139,10 +139,10 @@ def make(cls, source="ngram", n_predict=60, **opts):
     return cls(gen, None, Limits(64, 512, 2048, 3), spec, pool)
 
 
-def drive(sched, drafts, depth=3) -> list:
-    """The generation to its end, with a pipeline `depth` runs deep: a result comes back
-    when that many runs are in flight, or when the head found nothing to do. Every action
-    is returned, in order."""
+def drive(sched, drafts, depth=3, target=TARGET) -> list:
+    """The generation of `target` to its end, with a pipeline `depth` runs deep: a result
+    comes back when that many runs are in flight, or when the head found nothing to do.
+    Every action is returned, in order."""
     flight, log = [], []
 
     def feed(event) -> bool:
@@ -167,7 +167,7 @@ def drive(sched, drafts, depth=3) -> list:
         elif not flight:
             return log
         elif sched.finished or len(flight) >= depth or not feed(Tick()):
-            feed(result_for(flight.pop(0), TARGET))
+            feed(result_for(flight.pop(0), target))
 
 
 @pytest.mark.parametrize("cls", [Speculative, PipeInfer])

@@ -50,7 +50,8 @@ class LookupExecutor:
 class NgramDrafts(LookupExecutor):
 
     def submit(self, job: DraftJob) -> None:
-        draft = ngram_draft(job.context, self.n_min, self.n_max, job.budget) if job.ngram else []
+        draft = (ngram_draft(job.context, self.n_min, self.n_max, job.lookup_budget)
+                 if job.ngram else [])
         if draft:
             self._ready.append(DraftReady(job.job_id, (tuple(draft),), origin=ORIGIN))
             return

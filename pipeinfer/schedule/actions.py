@@ -51,10 +51,18 @@ class DraftJob:
     cutoff: float
     budget: int
     ngram: bool = True     # --draft-source both: a lookup may answer it (sources.py)
+    ngram_budget: int | None = None  # most tokens a lookup answers with (None: budget; ramp.py)
+
+    @property
+    def lookup_budget(self) -> int:
+        """How many tokens a lookup may answer this job with."""
+        return self.budget if self.ngram_budget is None else min(self.budget, self.ngram_budget)
 
     def __repr__(self) -> str:
+        lookup = "" if self.lookup_budget == self.budget else f" ({self.lookup_budget} n-gram)"
         return (f"DraftJob({self.job_id} after {len(self.context)} tokens, cutoff "
-                f"{self.cutoff:.3f}, budget {self.budget}{'' if self.ngram else ', model'})")
+                f"{self.cutoff:.3f}, budget {self.budget}{lookup}"
+                f"{'' if self.ngram else ', model'})")
 
 
 @dataclass(frozen=True)

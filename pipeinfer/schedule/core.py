@@ -93,6 +93,12 @@ class Scheduler:
                 self.record("ngram", float(self.sources.prefers_ngram),
                             f"acceptance ngram {self.sources.rate['ngram']:.2f}, "
                             f"model {self.sources.rate['model']:.2f}")
+            # A run that continued another run's rejected guess was cancelled for that one
+            # mistake, already counted: its own guesses were never judged. (Counted as
+            # rejected, one mismatch in a chain of n-gram runs, which copy the text 3 tokens a
+            # run, paused speculation for the 12 or so guesses cancelled behind it.)
+            if run.continues_rejected(self.gen.accepted):
+                return
             why = self.guard.observe(run.guesses, run.n_accepted, len(self.gen.tokens))
             if why:
                 self.record("guard", self.guard.pause, why)

@@ -4,9 +4,11 @@ Speculative runs share the stages with the run that decodes the next token, so d
 mostly rejected cost more than they bring (with an unrelated draft pipeinfer ran at 0.88x of
 plain decoding). The guard watches what every speculative run brought when it left the run
 table: its guessed tokens, and how many of them were accepted (none when it was cancelled or
-rejected). Once the last `window` guessed tokens were accepted at a rate under `threshold`,
-speculation *pauses* for `pause` generated tokens (plain decoding: no draft, no speculative
-run); then it *probes*: it speculates again with an empty window. A probe that fails doubles
+rejected). A run that continued another run's rejected guess is not shown to it (core.py): it
+was cancelled for that one mistake, and its own guesses were never judged. Once the last
+`window` guessed tokens were accepted at a rate under `threshold`, speculation *pauses* for
+`pause` generated tokens (plain decoding: no draft, no speculative run); then it *probes*: it
+speculates again with an empty window. A probe that fails doubles
 the pause (at most `max_pause`); a window that pays resets the pause to its first length.
 A threshold of 0 turns the guard off.
 """

@@ -15,8 +15,11 @@ The schedule:
   accepted) or dropped. An attempt that drafted nothing is not repeated unchanged.
 - A result is verified (speculation.py), runs it made useless are cancelled, and a job whose
   context left the speculation is stopped early.
-The cutoff (cutoff.py) rises per speculative run started, resets when a completed speculative
-run is accepted, decays once per failed draft attempt of the draft model down to its floor.
+Lookups answer at once, so a chain of n-gram runs goes out together: its first runs are short
+(1, 2, then full size) after every break, when the pending token needed a run of its own
+(ramp.py). The cutoff (cutoff.py) rises per speculative run started, resets when a completed
+speculative run is accepted, decays once per failed draft attempt of the draft model down to
+its floor.
 Drafts may also come from the text itself (n-gram lookup, ngram.py): the executor answers
 those at once, and the runs remember their origin for the counters. While the guard (guard.py)
 pauses speculation, no draft goes out: plain decoding, until it probes again.
@@ -31,6 +34,7 @@ from .core import Scheduler
 from .cutoff import Cutoff
 from .events import DraftInterrupted
 from .microbatch import MicroBatch
+from .ramp import Ramp
 from .runs import trim_branches
 
 
@@ -40,6 +44,7 @@ class PipeInfer(Scheduler):
         o = self.opts
         self.cutoff = Cutoff(o.p_accept, o.p_recovery, o.p_decay, o.p_floor)
         self.batch = MicroBatch(o.draft, o.continuous, self.limits.n_stages)
+        self.ramp = Ramp(self.batch.limit)   # n-gram runs start short after a break
         self.jobs = itertools.count()
         self.job: DraftJob | None = None
         self.stopping = False          # StopDraft sent for the job out
@@ -56,6 +61,8 @@ class PipeInfer(Scheduler):
             if self.cutoff.accepted():
                 self.record("cutoff", self.cutoff.value, "speculative run accepted")
         self.failed_at = None
+        if self.spec.cover() is None and self.ramp.broke():
+            self.record("ramp", self.ramp.size, "the pending token needs a run of its own")
         self.start_cover()
         job = self.job
         if job is not None and not self.gen.done and not _extends(self.spec.tip()[0],
@@ -80,6 +87,7 @@ class PipeInfer(Scheduler):
         branches = trim_branches(_rebase(job, event.branches, context), self.spec.kv_free - 1)
         if branches and self._may_speculate():
             self.spec.start_speculative(context, branches, source, event.origin)
+            self.ramp.started()
             self.failed_at = None
             if self.cutoff.run_started():
                 self.record("cutoff", self.cutoff.value, "speculative run started")
@@ -99,7 +107,7 @@ class PipeInfer(Scheduler):
         if (len(context), source, cutoff) == self.failed_at or budget <= 0:
             return
         self.job = DraftJob(next(self.jobs), tuple(context), source, cutoff, budget,
-                            self.sources.use_ngram())
+                            self.sources.use_ngram(), ngram_budget=self.ramp.size)
         self.spec.emit(StartDraft(self.job))
 
     def _stop_job(self) -> None:

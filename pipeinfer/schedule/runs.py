@@ -79,11 +79,16 @@ class Run:
             node, p = nxt[0], p + 1
         return node if node >= 0 else None
 
+    def continues_rejected(self, accepted: Sequence[int]) -> bool:
+        """Whether its context holds a token the target rejected: it continued another run's
+        wrong guess, so its own guesses were never judged."""
+        overlap = min(self.base, len(accepted))
+        return tuple(accepted[:overlap]) != self.context[:overlap]
+
     def classify(self, accepted: Sequence[int]) -> RunState:
         """Compare with the accepted tokens (prompt + generated; the last one is pending)."""
         n = len(accepted)
-        overlap = min(self.base, n)
-        if tuple(accepted[:overlap]) != self.context[:overlap]:
+        if self.continues_rejected(accepted):
             return RunState.INVALIDATED
         if n <= self.base:
             return RunState.VALID  # ahead of the accepted tokens; consistent so far
