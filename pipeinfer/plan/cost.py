@@ -123,6 +123,15 @@ class Pipeline:
         return self.stage_ms(rank, k, final, b) + link
 
 
+def draft_tokens(strategy: str, with_draft_model: bool) -> int:
+    """Tokens the head's draft model drafts per run: a pipelined run's micro-batch, a
+    synchronous tree's depth (its root is the pending token), none without a draft model."""
+    if not with_draft_model or strategy == "iterative":
+        return 0
+    shape, step = strategy_shape(strategy)
+    return step if shape == "max" else step - 1
+
+
 def strategy_shape(strategy: str) -> tuple[str, int]:
     try:
         return SHAPES[strategy]
