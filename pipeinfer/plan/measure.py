@@ -3,17 +3,21 @@ step size, the draft model per token, and free memory. No MPI here (calibrate.py
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from pathlib import Path
 
 import numpy as np
 
+from ..model.balance import layer_bytes
+from ..model.gguf_header import read_header
 from ..model.partition import StageRange
 from ..model.stage import Stage, StageConfig
 from ..model.stage_cache import stage_file
 from .cost import STEP_SIZES
 
+CALIBRATION_MB = 256
 CONTEXT = 64        # positions already in the cache when a step is timed (as mid-generation)
 REPEATS = 5         # timed steps per size at least (the median is kept), more while they
 MIN_TOTAL_S = 0.15  # took less than this in all (fast steps are noisy), up to MAX_REPEATS
@@ -21,11 +25,16 @@ MAX_REPEATS = 40
 PROBE_REPEATS = 3
 
 
-def calibration_ranges(n_layer: int) -> tuple[StageRange, StageRange]:
-    """The slices timed: the first layers (2, not final) for a layer's time, the last layer
-    with the output layer for the output's time (minus one layer)."""
-    k = max(1, min(2, n_layer - 1))
-    return StageRange(1, 0, k, False), StageRange(1, n_layer - 1, n_layer, True)
+def calibration_ranges(model: Path, n_layer: int) -> tuple[StageRange, StageRange]:
+    """The slices timed: the first k layers (not final) for a layer's time, the last k with
+    the output layer for the output's time (the difference). k layers weigh at least
+    CALIBRATION_MB where the model allows (half its layers at most): a smaller slice fits the
+    CPU's cache better than a stage's does, and runs faster per layer (measured on Qwen2.5 1.5B
+    here: 2 layers 2.1 ms a layer, 7 layers 3.9, all 28 3.7)."""
+    per_layer, _ = layer_bytes(read_header(model), n_layer)
+    mean_mb = sum(per_layer) / n_layer / 2 ** 20
+    k = max(1, min(n_layer // 2, math.ceil(CALIBRATION_MB / max(mean_mb, 1e-3))))
+    return StageRange(1, 0, k, False), StageRange(1, n_layer - k, n_layer, True)
 
 
 def _config(threads: int, repack: bool) -> StageConfig:
@@ -62,21 +71,21 @@ def _fill_context(stage: Stage, tokens: bool = False) -> None:
 def measure_layers(model: Path, n_layer: int, threads: int, repack: bool = True,
                    sizes=STEP_SIZES, repeats: int = REPEATS) -> tuple[dict, dict]:
     """({b: ms of one layer}, {b: ms of the output layer}) for b-token steps."""
-    body, last = calibration_ranges(n_layer)
+    body, last = calibration_ranges(model, n_layer)
     with Stage(stage_file(model, body), _config(threads, repack), final=False,
                label="calibration layers") as stage:
         _fill_context(stage)
-        layer = {b: _step_ms(stage, b, repeats) / body.n_layer for b in sizes}
+        layers = {b: _step_ms(stage, b, repeats) for b in sizes}
     with Stage(stage_file(model, last), _config(threads, repack), final=True,
                label="calibration output") as stage:
         _fill_context(stage)
-        output = {b: max(0.0, _step_ms(stage, b, repeats) - layer[b]) for b in sizes}
-    return layer, output
+        output = {b: max(0.0, _step_ms(stage, b, repeats) - layers[b]) for b in sizes}
+    return {b: ms / body.n_layer for b, ms in layers.items()}, output
 
 
 def probe_layer_ms(model: Path, n_layer: int, threads: int, repack: bool = True) -> float:
     """A quick measure of one layer's 1-token step (to see whether a profile still holds)."""
-    body, _ = calibration_ranges(n_layer)
+    body, _ = calibration_ranges(model, n_layer)
     with Stage(stage_file(model, body), _config(threads, repack), final=False,
                label="calibration probe") as stage:
         _fill_context(stage)
