@@ -21,9 +21,9 @@ from pathlib import Path  # noqa: E402
 
 import click  # noqa: E402
 
-from .cli_options import (DRAFT_MODEL_HELP, SPLIT_HELP, STRATEGY_HELP,  # noqa: E402
-                          STRATEGY_NAMES, parse_run_split, parse_split, parse_threads,
-                          speculation_options)
+from .cli_options import (AUTO_SPLIT_HELP, DRAFT_MODEL_HELP, PROFILE_HELP,  # noqa: E402
+                          SPLIT_HELP, STRATEGY_HELP, STRATEGY_NAMES, parse_run_split,
+                          parse_split, parse_threads, speculation_options)
 from .model.partition import PartitionError  # noqa: E402
 
 
@@ -138,16 +138,20 @@ def _checked(check, *args):
 
 
 class _Commands(click.Group):
-    """The commands, and `serve` from its own package (imported when asked for: it builds on
-    the helpers of this module)."""
+    """The commands, and those of their own packages (`serve`; `calibrate`, `plan` and
+    `simulate` from pipeinfer/plan/), imported when asked for: they build on the helpers of
+    this module."""
+
+    PACKAGED = {"serve": "serve", "calibrate": "plan", "plan": "plan", "simulate": "plan"}
 
     def list_commands(self, ctx):
-        return sorted([*super().list_commands(ctx), "serve"])
+        return sorted([*super().list_commands(ctx), *self.PACKAGED])
 
     def get_command(self, ctx, name):
-        if name == "serve":
-            from .serve.command import serve
-            return serve
+        if name in self.PACKAGED:
+            import importlib
+            module = importlib.import_module(f".{self.PACKAGED[name]}.command", __package__)
+            return getattr(module, name, None)
         return super().get_command(ctx, name)
 
 
@@ -195,7 +199,9 @@ def _verbosity(verbose_help: str = "Also detail (debug messages).",
 @click.option("--layer-split", "split", default=None, callback=parse_run_split,
               help=SPLIT_HELP + " pipespec only: append /1 per draft model (-md, smallest "
               "first) to run it on a rank of its own after the target's ranks, e.g. "
-              "0,0.5,0.5/1/1 for 5 ranks (else the draft models run in the head process).")
+              "0,0.5,0.5/1/1 for 5 ranks (else the draft models run in the head process)."
+              + AUTO_SPLIT_HELP)
+@click.option("--profile", type=click.Path(dir_okay=False), default=None, help=PROFILE_HELP)
 @click.option("--strategy", default="iterative", type=click.Choice(list(STRATEGY_NAMES)),
               help=STRATEGY_HELP)
 @speculation_options
@@ -213,7 +219,7 @@ def _verbosity(verbose_help: str = "Also detail (debug messages).",
             "llama.cpp's log.", "Only notices and errors on stderr: no progress lines, no "
             "summary line (--json still has every result).")
 def run(model, draft, prompt, prompt_file, n_predict, n_ctx, n_batch, seed, temp, top_k, top_p,
-        threads, split, strategy, draft_max, p_accept, p_split, n_parallel, p_recovery, p_decay,
+        threads, split, profile, strategy, draft_max, p_accept, p_split, n_parallel, p_recovery, p_decay,
         p_floor, guard_accept, trace_path, draft_source, ngram_min, ngram_max,
         max_runs, partitions, kv_size, repack, exact, no_continuous, no_cancel, no_draft_thread,
         ignore_eos, chat, csv_path, as_json, label, verbose, quiet, tree_width, tree_k):
@@ -256,7 +262,7 @@ def run(model, draft, prompt, prompt_file, n_predict, n_ctx, n_batch, seed, temp
     source = _checked(resolve_draft_source, strategy, draft_source, bool(draft))
     cfg = RunConfig(model=model, prompt=prompt, n_predict=n_predict, n_ctx=n_ctx,
                     n_batch=n_batch, draft=(draft[0] if len(draft) == 1 else draft) or None,
-                    strategy=strategy, split=split[0], draft_ranks=split[1],
+                    strategy=strategy, split=split[0], draft_ranks=split[1], profile=profile,
                     threads=threads, sampling=SamplingParams(temp, top_k, top_p, seed),
                     spec=SpecOptions(draft_max, p_accept, p_split, n_parallel, p_recovery,
                                      p_decay, not no_continuous, not no_cancel, max_runs,

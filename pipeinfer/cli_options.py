@@ -20,6 +20,15 @@ SPLIT_HELP = ("Comma-separated fraction of the target's layers per rank, in rank
               "counted (so the last rank gets fewer layers); rank 0 gets none when it runs a "
               "draft model.")
 
+AUTO_SPLIT_HELP = (" auto: the split that minimises the strategy's bound (sum of stage times for "
+                   "iterative and speculative, slowest stage and the head's drafting for the "
+                   "pipelined strategies) within each node's memory, from the --profile of the "
+                   "job's ranks (measured first if there is none; see `pipeinfer calibrate`).")
+
+PROFILE_HELP = ("--layer-split auto: the calibration profile (JSON) to use, or to write if "
+                "absent. Default: the one cached for these hosts, threads and models, measured "
+                "again when a quick probe finds a rank's speed changed.")
+
 DRAFT_MODEL_HELP = ("Draft model (path or cached name), same vocabulary as the target; "
                     "needed by pipespec, optional for speculative, pipeinfer and specpipe "
                     "(see --draft-source). pipespec: repeat it for a model hierarchy, smallest "
@@ -150,9 +159,11 @@ def parse_split(ctx, param, value):
 
 
 def parse_run_split(ctx, param, value):
-    """`run`'s split: (target fractions, number of draft ranks)."""
+    """`run`'s split: (target fractions or "auto", number of draft ranks)."""
     if value is None:
         return None, 0
+    if value == "auto":
+        return "auto", 0
     try:
         fractions, draft_ranks = partition.parse_layer_split(value)
     except partition.PartitionError as err:

@@ -27,7 +27,9 @@ class RunConfig:
     n_batch: int = 512
     draft: str | tuple[str, ...] | None = None   # several (smallest first) for pipespec
     strategy: str = "iterative"
-    split: tuple[float, ...] | None = None   # the target's fractions, one per pipeline rank
+    split: tuple[float, ...] | str | None = None  # the target's fractions, one per pipeline
+                                                  # rank, or "auto" (plan/auto.py)
+    profile: str | None = None               # --layer-split auto: the calibration profile
     draft_ranks: int = 0                     # pipespec: ranks of their own for the drafts
     threads: tuple[int, ...] = (1,)
     sampling: SamplingParams = SamplingParams()

@@ -16,6 +16,7 @@ Progress (fetching, slicing) is logged at INFO by the modules doing it, tracebac
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 import os
@@ -90,6 +91,9 @@ class Job:
         try:
             if rank == 0 and check is not None:
                 check()
+            if cfg.split == "auto":  # collective: calibrate (or probe) and solve
+                from ..plan.auto import auto_split
+                cfg = dataclasses.replace(cfg, split=auto_split(link, cfg))
             ranges, model = plan(cfg, size)
             n_pipeline = cfg.n_pipeline(size)
             if rank >= n_pipeline:

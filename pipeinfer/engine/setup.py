@@ -46,6 +46,9 @@ def plan(cfg: RunConfig, size: int) -> tuple[list[StageRange], Path]:
     cfg.check_drafts()  # a draft model where the draft source needs one, n-gram sizes
     if len(cfg.threads) not in (1, size):
         raise ValueError(f"-t has {len(cfg.threads)} values for {size} ranks")
+    if cfg.split == "auto":
+        raise ValueError("--layer-split auto is resolved by the job's ranks together "
+                         "(Job.start), not by plan()")
     model = resolve_model(cfg.model)
     header = read_model(model)
     info = model_info(header, model)

@@ -10,8 +10,9 @@ import click
 
 from ..cli import Failure, RankedCommand, _checked, _verbosity, setup_logging
 from ..schedule.options import LANE_STRATEGIES
-from ..cli_options import (DRAFT_MODEL_HELP, SPLIT_HELP, STRATEGY_HELP, STRATEGY_NAMES,
-                           parse_run_split, parse_threads, speculation_options)
+from ..cli_options import (AUTO_SPLIT_HELP, DRAFT_MODEL_HELP, PROFILE_HELP, SPLIT_HELP,
+                           STRATEGY_HELP, STRATEGY_NAMES, parse_run_split, parse_threads,
+                           speculation_options)
 
 PARALLEL_HELP = ("Requests generated at once, sharing the pipeline (each in a llama.cpp "
                  "context of its own on every rank: N times the KV cache memory, -c tokens "
@@ -33,7 +34,8 @@ PARALLEL_HELP = ("Requests generated at once, sharing the pipeline (each in a ll
 @click.option("-t", "--threads", default="1", callback=parse_threads,
               help="Threads per rank: one number for all, or a comma list with one per rank.")
 @click.option("--layer-split", "split", default=None, callback=parse_run_split,
-              help=SPLIT_HELP)
+              help=SPLIT_HELP + AUTO_SPLIT_HELP)
+@click.option("--profile", type=click.Path(dir_okay=False), default=None, help=PROFILE_HELP)
 @click.option("--strategy", default="iterative", type=click.Choice(list(STRATEGY_NAMES)),
               help=STRATEGY_HELP)
 @speculation_options
@@ -55,7 +57,7 @@ PARALLEL_HELP = ("Requests generated at once, sharing the pipeline (each in a ll
                    "(401 otherwise). Also from $PIPEINFER_API_KEY.", show_default=False)
 @_verbosity("-v: progress of every rank, the head's scheduling and tracebacks; -vv: also "
             "llama.cpp's log.", "Only notices and errors on stderr.")
-def serve(model, draft, alias, n_ctx, n_batch, threads, split, strategy, temp, top_k, top_p,
+def serve(model, draft, alias, n_ctx, n_batch, threads, split, profile, strategy, temp, top_k, top_p,
           seed, host, port, queue_size, parallel, api_key, verbose, quiet, **speculation):
     """Serve the model over HTTP with an OpenAI-compatible API, as one MPI job: rank 0 runs
     the HTTP server (and is the head, as for `run`), ranks 1..N-1 evaluate their slices of the
@@ -82,7 +84,7 @@ def serve(model, draft, alias, n_ctx, n_batch, threads, split, strategy, temp, t
     defaults = SamplingParams(temp, top_k, top_p, seed)
     cfg = RunConfig(model=model, prompt=None, n_ctx=n_ctx, n_batch=n_batch,
                     draft=(draft[0] if len(draft) == 1 else draft) or None, strategy=strategy,
-                    split=split[0], threads=threads, sampling=defaults,
+                    split=split[0], profile=profile, threads=threads, sampling=defaults,
                     spec=_spec(speculation, source), repack=speculation["repack"],
                     exact=speculation["exact"], verbose=verbose, full_logits=True,
                     slots=parallel)

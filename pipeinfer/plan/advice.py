@@ -1,0 +1,71 @@
+"""`pipeinfer plan`'s content: per strategy the solver's split (nodes that would only slow the
+pipeline left out), the simulator's predicted speed, TTFT and ITL on it, and the exact command
+line that runs it."""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass
+
+from .inputs import Setup
+from .simulate import SimConfig, simulate
+from .solver import Split, solve
+
+
+@dataclass(frozen=True)
+class Advice:
+    strategy: str
+    split: Split
+    speed_tps: float
+    ttft_s: float
+    itl_s: float
+    command: str
+
+    def to_dict(self) -> dict:
+        return {"strategy": self.strategy, "layers": list(self.split.counts),
+                "nodes_used": [r for r, c in enumerate(self.split.counts) if c or r == 0],
+                "bound_ms": round(self.split.bound_ms, 3), "speed_tps": round(self.speed_tps, 3),
+                "ttft_s": round(self.ttft_s, 4), "itl_s": round(self.itl_s, 4),
+                "command": self.command}
+
+
+def advise(setup: Setup, strategy: str, accept_rate: float, n_predict: int,
+           run_args: list[str]) -> Advice:
+    split = solve(setup.pipeline(strategy), strategy, may_drop=True)
+    result = simulate(setup.pipeline(), list(split.counts),
+                      SimConfig(strategy, n_predict, accept_rate=accept_rate))
+    return Advice(strategy, split, result.speed_tps, result.ttft_s, result.itl_s,
+                  command_line(setup, split, strategy, run_args))
+
+
+def command_line(setup: Setup, split: Split, strategy: str, run_args: list[str]) -> str:
+    """The mpiexec command of the kept nodes (the head and every node with layers)."""
+    kept = [r for r, c in enumerate(split.counts) if c or r == 0]
+    n = sum(split.counts)
+    fractions = ",".join(f"{split.counts[r] / n:.10g}" for r in kept)
+    cmd = ["mpiexec", "-n", str(len(kept))]
+    if setup.hosts:
+        cmd += ["-hosts", ",".join(setup.hosts[r] for r in kept)]
+    cmd += ["pipeinfer", "run", "-m", str(setup.model)]
+    if setup.draft is not None and strategy != "iterative":
+        cmd += ["-md", str(setup.draft)]
+    cmd += ["--strategy", strategy, "--layer-split", fractions]
+    threads = {setup.threads[r] if len(setup.threads) > 1 else setup.threads[0] for r in kept}
+    if threads != {1}:
+        cmd += ["-t", ",".join(str(setup.threads[r] if len(setup.threads) > 1
+                                   else setup.threads[0]) for r in kept)]
+    return shlex.join(cmd + run_args)
+
+
+def table(advice: list[Advice], setup: Setup) -> str:
+    names = [n.name for n in setup.nodes]
+    rows = [f"{'strategy':12} {'layers per node':24} {'t/s':>7} {'TTFT ms':>8} {'ITL ms':>7}"]
+    for a in advice:
+        layers = ",".join(map(str, a.split.counts))
+        rows.append(f"{a.strategy:12} {layers:24} {a.speed_tps:7.2f} {1e3 * a.ttft_s:8.0f} "
+                    f"{1e3 * a.itl_s:7.0f}")
+        left = [names[r] for r in a.split.dropped]
+        if left:
+            rows.append(f"  left out (they would only slow it): {', '.join(left)}")
+        rows.append(f"  {a.command}")
+    return "\n".join(rows)

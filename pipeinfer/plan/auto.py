@@ -1,0 +1,107 @@
+"""`--layer-split auto`: the profile of the job's ranks (given, cached, or measured now), then
+the solver's split. Collective: every rank of the job calls `auto_split` at the same point."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from ..engine.mpi_transport import Link, hostname
+from ..model.models import resolve_model
+from ..model.slicing import model_info, read_model
+from . import calibrate as cal
+from .cost import Pipeline, draft_tokens
+from .profile import Profile, ProfileError, cache_path, load
+from .shape import model_shape
+from .solver import Split, solve
+
+log = logging.getLogger(__name__)
+
+
+def obtain_profile(link: Link, path: str | None, model: Path, draft: Path | None,
+                   threads: list[int], repack: bool = True) -> Profile:
+    """The job's profile on every rank: `path` if given and present (checked against the
+    model and hosts), else the cached one for these hosts if a quick probe finds every
+    rank's speed unchanged, else measured now (and saved to `path` and the cache)."""
+    header = read_model(model)
+    info = model_info(header, model)
+    hosts = link.bcast(link.gather(hostname()))
+    mid = cal.model_id(model, info.n_layer)
+    draft_id = cal.model_id(draft) if draft else None
+    cached = cache_path(hosts, threads, mid, draft_id)
+    verdict = None
+    if link.rank == 0:
+        verdict = _read(path, cached, mid, hosts)
+    verdict = link.bcast(verdict)
+    if isinstance(verdict, str):
+        raise ProfileError(verdict)
+    if verdict is not None and path is None:
+        changed = cal.probe_changed(link, verdict, model, info.n_layer, threads, repack)
+        if changed and link.rank == 0:
+            log.info("measuring again: %s", changed)
+        verdict = None if changed else verdict
+    if verdict is None:
+        verdict = cal.calibrate(link, model, info.n_layer, info.n_embd, threads, draft, repack)
+        if link.rank == 0:
+            for where in filter(None, (path, cached)):
+                verdict.save(where)
+        verdict = link.bcast(verdict)
+    return verdict
+
+
+def _read(path: str | None, cached: Path, mid, hosts) -> Profile | str | None:
+    """The profile to use (or an error sentence, or None: measure)."""
+    if path is not None and not Path(path).exists():
+        return None
+    try:
+        profile = load(path or cached) if path or cached.exists() else None
+        if profile is not None:
+            profile.check(mid, hosts, where=f"profile {path or cached}")
+        return profile
+    except ProfileError as err:
+        if path is None:
+            return None  # a stale cache entry: measure again
+        return str(err)
+
+
+def pipeline_for(profile: Profile, model: Path, strategy: str, draft: Path | None,
+                 kv_cells: int) -> Pipeline:
+    """The cost model of `profile`'s nodes running `model` with `strategy`."""
+    head_mb = draft.stat().st_size / 2 ** 20 if draft else 0.0
+    shape = model_shape(model, kv_cells, head_mb=head_mb)
+    return Pipeline(profile.costs(), shape, draft_tokens(strategy, draft is not None))
+
+
+def auto_split(link: Link, cfg) -> tuple[float, ...]:
+    """The solver's split for `cfg` (a RunConfig) on this job's ranks; logged on rank 0 with
+    what the nodes left out would give."""
+    model = resolve_model(cfg.model)
+    draft = resolve_model(cfg.drafts[0]) if cfg.uses_draft_model else None
+    threads = [cfg.threads_for(r) for r in range(link.size)]
+    profile = obtain_profile(link, cfg.profile, model, draft, threads, cfg.repack_target)
+    answer = None
+    if link.rank == 0:
+        try:
+            pipe = pipeline_for(profile, model, cfg.strategy, draft, cfg.kv_size)
+            split = solve(pipe, cfg.strategy, may_drop=False)
+            _report(split, solve(pipe, cfg.strategy, may_drop=True), profile)
+            answer = tuple(split.fractions)
+        except ValueError as err:
+            answer = str(err)
+    answer = link.bcast(answer)
+    if isinstance(answer, str):
+        raise ProfileError(answer)
+    return answer
+
+
+def _report(split: Split, free: Split, profile: Profile) -> None:
+    kind = "sum of stage times" if split.strategy in ("iterative", "speculative") \
+        else "slowest stage"
+    log.info("--layer-split auto: %s (layers %s; predicted %s %.1f ms per %d-token step)",
+             split.layer_split, ",".join(map(str, split.counts)), kind, split.bound_ms,
+             split.step)
+    if free.dropped and free.bound_ms < split.bound_ms:
+        names = ", ".join(f"rank {r} ({profile.nodes[r].host})" for r in free.dropped)
+        log.warning("%s would better hold no layers (%.1f ms instead of %.1f): every rank of a "
+                    "job holds at least one, so launch without it (`pipeinfer plan` prints "
+                    "the command)", names, free.bound_ms, split.bound_ms)

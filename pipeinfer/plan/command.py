@@ -1,0 +1,241 @@
+"""`pipeinfer calibrate`, `pipeinfer plan` and `pipeinfer simulate`: their options and output;
+the work is in this package's other modules."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import click
+
+from ..cli import Failure, RankedCommand, _verbosity, setup_logging
+from ..cli_options import DRAFT_MODEL_HELP, STRATEGY_NAMES, parse_threads
+
+
+@click.command(cls=RankedCommand, context_settings={"show_default": True})
+@click.option("-m", "--model", required=True, help="Target model: a GGUF path or cached name.")
+@click.option("-md", "--model-draft", "draft", default=None,
+              help="Draft model the head will run (its time per token is measured on rank 0).")
+@click.option("-t", "--threads", default="1", callback=parse_threads,
+              help="Threads per rank, as `run` will use them: one number, or one per rank.")
+@click.option("--profile", type=click.Path(dir_okay=False), default=None,
+              help="Also write the profile (JSON) here. It is always kept in the cache for "
+                   "these hosts, threads and models, where `run --layer-split auto` finds it.")
+@click.option("--repack/--no-repack", default=True,
+              help="Time the target's layers repacked (as run's default for iterative, "
+                   "speculative and pipeinfer) or in the plain layout (specpipe, pipespec).")
+@_verbosity()
+def calibrate(model, draft, threads, profile, repack, verbose, quiet):
+    """Measure every rank of the job (launch it like `run`: mpiexec -n N pipeinfer calibrate
+    ...): one target layer's and the output layer's time for steps of 1, 2, 4 and 8 tokens at
+    the rank's -t, the draft model's time per token on the head, free memory, and the round
+    trip and bandwidth of the link to the next rank (MPI ping-pong of a hidden state). Ranks
+    are timed one at a time. Rank 0 prints a table and the profile's path."""
+    from ..engine.mpi_transport import Link
+    from ..model.models import ModelError, resolve_model
+    from ..model.slicing import model_info, read_model
+    from .calibrate import calibrate as measure, model_id
+    from .profile import cache_path
+
+    link = Link()
+    setup_logging(verbose, quiet, rank=link.rank)
+    _handshake(link)
+    if len(threads) not in (1, link.size):
+        raise Failure(f"-t has {len(threads)} values for {link.size} ranks", 2)
+    per_rank = [threads[r] if len(threads) > 1 else threads[0] for r in range(link.size)]
+    try:
+        path = resolve_model(model)
+        draft_path = resolve_model(draft) if draft else None
+        info = model_info(read_model(path), path)
+        result = measure(link, path, info.n_layer, info.n_embd, per_rank, draft_path, repack)
+    except (ModelError, ValueError, RuntimeError, OSError) as err:
+        raise Failure(str(err))
+    if result is None:
+        return
+    cached = cache_path(result.hosts, per_rank, model_id(path, info.n_layer),
+                        model_id(draft_path) if draft_path else None)
+    for where in filter(None, (profile, cached)):
+        result.save(where)
+    click.echo(_profile_table(result))
+    click.echo(f"profile: {profile or cached}")
+
+
+def _handshake(link) -> None:
+    """The start-up handshake of `run` (runner.abandon_start's other side), so that a rank
+    that failed on its command line ends every rank."""
+    import os
+
+    from ..engine.job import first_failure
+    from ..engine.mpi_transport import hostname
+
+    statuses = link.gather((link.rank, hostname(), os.getpid(), None))
+    failure = link.bcast(first_failure(statuses) if link.rank == 0 else None)
+    if failure:
+        sys.exit(1)
+
+
+def _profile_table(profile) -> str:
+    sizes = sorted(profile.nodes[0].layer_ms)
+    head = ("rank host            thr  " + " ".join(f"layer@{b:<3}" for b in sizes)
+            + "  output@1  draft  free MB  rtt ms   MB/s")
+    rows = [head]
+    for n in profile.nodes:
+        rows.append(f"{n.rank:<4} {n.host[:15]:15} {n.threads:>3}  "
+                    + " ".join(f"{n.layer_ms[b]:9.3f}" for b in sizes)
+                    + f"  {n.output_ms[sizes[0]]:8.3f}  {n.draft_ms:5.1f}  {n.free_mb:7.0f}"
+                    + f"  {n.link_rtt_ms:6.3f}  {n.link_mb_s:5.0f}")
+    return "\n".join(rows)
+
+
+# --- simulate and plan: one process, no MPI -------------------------------------------------
+def _cluster_options(command):
+    """The options that describe the cluster and the model, shared by simulate and plan."""
+    options = [
+        click.option("-m", "--model", required=True,
+                     help="Target model: a GGUF path or cached name; a header-only GGUF "
+                          "(no weights) is costed per byte from --reference."),
+        click.option("-md", "--model-draft", "draft", default=None,
+                     help="Draft model on the head (speculative strategies)."),
+        click.option("--profile", type=click.Path(dir_okay=False), default=None,
+                     help="Calibration profile of the nodes (`pipeinfer calibrate`); else "
+                          "the nodes are this machine's core scaled by --cpu/--cpus."),
+        click.option("--nodes", type=click.IntRange(1, 1024), default=None,
+                     help="Number of nodes (with --cpu). [default: 4, or the profile's]"),
+        click.option("--cpu", type=click.FloatRange(0, 64, min_open=True), default=None,
+                     help="Each node has this share of one of this machine's cores (what a "
+                          "cgroup quota gives). [default: 1]"),
+        click.option("--cpus", default=None,
+                     help="Per-node shares of a core, comma-separated (a heterogeneous "
+                          "cluster; node 0 is the head), instead of --nodes/--cpu."),
+        click.option("--link", default="none",
+                     help="Links between nodes: none (loopback), gigabit (1 Gbit/s, 0.2 ms "
+                          "each way), slow (100 Mbit/s, 1 ms), or LAT,BW (one-way ms, "
+                          "Mbit/s)."),
+        click.option("--reference", default=None,
+                     help="A model with weights whose measured cost per byte scales a "
+                          "header-only -m. [default: qwen-coder-1.5b]"),
+        click.option("--accept-rate", type=click.FloatRange(0, 1), default=None,
+                     help="Share of draft tokens that match the target. [default: a probe of "
+                          "the draft against the target, 64 tokens of a coding prompt]"),
+        click.option("-n", "--n-predict", default=64, type=click.IntRange(2, None),
+                     help="Tokens to generate."),
+    ]
+    for option in reversed(options):
+        command = option(command)
+    return command
+
+
+def _setup(model, draft, profile, nodes, cpu, cpus, link, reference):
+    from .inputs import cluster
+
+    if cpus is not None and (nodes is not None or cpu is not None):
+        raise Failure("give either --cpus or --nodes/--cpu", 2)
+    shares = None
+    if cpus is not None:
+        try:
+            shares = [float(v) for v in cpus.split(",")]
+        except ValueError:
+            raise Failure(f"--cpus {cpus!r} is not a comma-separated list of numbers", 2)
+    elif profile is None:
+        shares = [cpu or 1.0] * (nodes or 4)
+    return cluster(model, draft, profile, nodes if profile else None, shares, link, reference)
+
+
+def _accept(setup, strategy: str, given: float | None) -> float:
+    from .acceptance import accept_rate
+    from .modelled import has_weights
+
+    if given is not None or strategy == "iterative":
+        return 1.0 if given is None else given
+    if setup.draft is None:
+        raise Failure(f"strategy {strategy} needs a draft model (-md)", 2)
+    if not has_weights(setup.model):
+        raise Failure(f"{setup.model.name} has no weights, so the draft cannot be probed "
+                      "against it: give --accept-rate", 2)
+    return accept_rate(setup.model, setup.draft)
+
+
+def _plan_errors():
+    from .cost import CostError
+    from .profile import ProfileError
+
+    return CostError, ProfileError, OSError
+
+
+@click.command(context_settings={"show_default": True})
+@_cluster_options
+@click.option("--strategy", default="pipeinfer",
+              type=click.Choice(["iterative", "speculative", "pipeinfer"]),
+              help="The schedule to simulate (the scheduler classes `run` uses).")
+@click.option("--layer-split", "split", default=None,
+              help="Fractions per node, or auto (the solver's split). [default: as `run`: "
+                   "stages of equal weight, the head without layers when it drafts]")
+@click.option("--seed", default=0, type=int, help="Seed of the draft's right and wrong guesses.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@_verbosity()
+def simulate(model, draft, profile, nodes, cpu, cpus, link, reference, accept_rate,
+             n_predict, strategy, split, seed, as_json, verbose, quiet):
+    """Predict a run's speed without running it: the scheduler core `run` uses, driven by a
+    discrete-event clock with modelled stage costs (from --profile, or this machine's measured
+    layer times scaled by each node's --cpu share; a header-only GGUF scaled per byte), link
+    latency and bandwidth, the draft's time per token and its acceptance. One process, no
+    MPI; beyond a one-time measurement on this machine and the acceptance probe it decodes
+    nothing."""
+    from .inputs import counts_for
+    from .simulate import SimConfig, simulate as run_sim
+
+    setup_logging(verbose, quiet)
+    if strategy != "iterative" and draft is None:
+        raise Failure(f"strategy {strategy} needs a draft model (-md)", 2)
+    try:
+        setup = _setup(model, draft, profile, nodes, cpu, cpus, link, reference)
+        counts = counts_for(setup, strategy, split)
+        rate = _accept(setup, strategy, accept_rate)
+        result = run_sim(setup.pipeline(), counts,
+                         SimConfig(strategy, n_predict, accept_rate=rate, seed=seed))
+    except _plan_errors() as err:
+        raise Failure(str(err))
+    out = {"strategy": strategy, "nodes": len(counts), "layers": counts,
+           "assumed_accept_rate": round(rate, 4), **result.to_dict()}
+    if as_json:
+        click.echo(json.dumps(out))
+    else:
+        click.echo(f"{strategy} on {len(counts)} nodes, layers {counts}: "
+                   f"{result.speed_tps:.2f} t/s, TTFT {1e3 * result.ttft_s:.0f} ms, "
+                   f"ITL {1e3 * result.itl_s:.0f} ms (draft acceptance {rate:.2f})")
+
+
+@click.command(context_settings={"show_default": True})
+@_cluster_options
+@click.option("--strategy", "strategies", default="iterative,speculative,pipeinfer",
+              help="Strategies to plan, comma-separated (the speculative ones need -md).")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object per strategy.")
+@_verbosity()
+def plan(model, draft, profile, nodes, cpu, cpus, link, reference, accept_rate, n_predict,
+         strategies, as_json, verbose, quiet):
+    """Plan a job: per strategy, the split that minimises its bound within each node's memory
+    (nodes that would only slow the pipeline are left out), the predicted speed, TTFT and ITL
+    (the simulator on that split), and the exact mpiexec command line that runs it. Nodes
+    from --profile (the hosts named in the command), or modelled by --cpu/--cpus."""
+    from .advice import advise, table
+
+    setup_logging(verbose, quiet)
+    chosen = [s for s in strategies.split(",") if s]
+    unknown = [s for s in chosen if s not in ("iterative", "speculative", "pipeinfer")]
+    if unknown or not chosen:
+        raise Failure(f"--strategy: plan knows iterative, speculative and pipeinfer, not "
+                      f"{','.join(unknown) or 'nothing'}", 2)
+    if draft is None:
+        chosen = [s for s in chosen if s == "iterative"] or chosen
+    args = ["-n", str(n_predict)]
+    try:
+        setup = _setup(model, draft, profile, nodes, cpu, cpus, link, reference)
+        rates = {s: _accept(setup, s, accept_rate) for s in chosen}
+        advice = [advise(setup, s, rates[s], n_predict, args) for s in chosen]
+    except _plan_errors() as err:
+        raise Failure(str(err))
+    if as_json:
+        for a in advice:
+            click.echo(json.dumps({**a.to_dict(), "assumed_accept_rate": rates[a.strategy]}))
+    else:
+        click.echo(table(advice, setup))

@@ -1,0 +1,139 @@
+"""The cost model of a pipeline: what one stage costs per step, and what bounds a strategy.
+
+A node (one MPI rank) is described by measured figures (calibrate.py): the time of one target
+layer for a step of b tokens (b = 1, 2, 4, 8; other sizes interpolated), the time of the output
+layer (norm, output matrix, argmax) for such a step, its free memory, the link to the next node
+(round trip, bandwidth) and, on the head, the draft model's time per drafted token. The model is
+described by its shape: layers, bytes per layer and of the output layer, the hidden state's
+bytes per token.
+
+A stage with k layers costs k x layer(b) (+ output(b) if it is the last stage) per step. The
+strategies differ in what bounds them (DESIGN.md section 11):
+- iterative (and synchronous speculative): one run in flight, so a token costs the sum of the
+  stage times and the hops between them ("sum");
+- pipelined speculation (pipeinfer, pipespec, specpipe): runs overlap, so the slowest stage
+  paces the pipeline, and the head must draft the tokens as fast ("max").
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass, field
+
+STEP_SIZES = (1, 2, 4, 8)
+
+# Per strategy: what bounds it, and the tokens of a typical run after the prompt (pipeinfer's
+# and speculative's runs are cut to 3 tokens under --exact with repacked weights; specpipe's
+# tree levels and pipespec's verifications are --draft/--tree-width wide, 4 by default).
+SHAPES = {"iterative": ("sum", 1), "speculative": ("sum", 3), "pipeinfer": ("max", 3),
+          "pipespec": ("max", 4), "specpipe": ("max", 4)}
+
+
+class CostError(ValueError):
+    """Figures the cost model cannot work with; the message says which and why."""
+
+
+def interpolate(table: dict[int, float], b: float) -> float:
+    """The figure of a b-token step from a table of measured step sizes: linear between the
+    two nearest, extended linearly past the ends (never below 0)."""
+    if not table:
+        raise CostError("no measured step sizes")
+    sizes = sorted(table)
+    if len(sizes) == 1:
+        return table[sizes[0]] * b / sizes[0]
+    i = min(max(bisect.bisect_left(sizes, b), 1), len(sizes) - 1)
+    lo, hi = sizes[i - 1], sizes[i]
+    slope = (table[hi] - table[lo]) / (hi - lo)
+    return max(0.0, table[lo] + slope * (b - lo))
+
+
+@dataclass(frozen=True)
+class NodeCost:
+    """One node's figures, milliseconds and megabytes. `link_*`: to the next node (the last
+    node's: back to the head). `memory_mb` None: not limited."""
+    name: str
+    layer_ms: dict[int, float]
+    output_ms: dict[int, float]
+    memory_mb: float | None = None
+    link_rtt_ms: float = 0.0
+    link_mb_s: float = float("inf")
+    draft_ms: float = 0.0            # head: the draft model's time per drafted token
+
+    def layers_ms(self, k: int, b: float) -> float:
+        return k * interpolate(self.layer_ms, b)
+
+    def output(self, b: float) -> float:
+        return interpolate(self.output_ms, b)
+
+    def send_ms(self, n_bytes: float) -> float:
+        """Time the link is occupied by a message (bandwidth only)."""
+        return n_bytes / (self.link_mb_s * 1e3) if self.link_mb_s > 0 else 0.0
+
+    def hop_ms(self, n_bytes: float) -> float:
+        """Latency of a message to the next node: half a round trip plus the transfer."""
+        return self.link_rtt_ms / 2 + self.send_ms(n_bytes)
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """What the cost model needs of the target model (model_shape() reads it from GGUF)."""
+    name: str
+    n_layer: int
+    layer_mb: float           # one layer's weights (+ its KV cache)
+    output_mb: float          # what only the last stage holds: output norm and matrix
+    hidden_bytes: int         # one token's activations between stages (n_embd x 4)
+    base_mb: float = 250.0    # what every rank holds besides layers (runtime, buffers)
+    head_mb: float = 0.0      # the head's extras: the draft model, token embeddings
+
+
+@dataclass(frozen=True)
+class Pipeline:
+    """A cluster and a model: the costs the solver and the simulator work from."""
+    nodes: tuple[NodeCost, ...]
+    model: ModelShape
+    draft_tokens: int = 0     # draft tokens the head drafts per run (0: no draft model)
+    notes: tuple[str, ...] = field(default=())
+
+    def stage_ms(self, rank: int, k: int, final: bool, b: float) -> float:
+        """Compute time of rank `rank` with k layers for a b-token step (the head's drafting
+        of the run's tokens counted on the head)."""
+        node = self.nodes[rank]
+        t = node.layers_ms(k, b) + (node.output(b) if final else 0.0)
+        if rank == 0:
+            t += self.draft_tokens * node.draft_ms
+        return t
+
+    def memory_cap(self, rank: int, final: bool) -> int:
+        """Most layers rank `rank` can hold (-1: not even the output layer fits)."""
+        node, m = self.nodes[rank], self.model
+        if node.memory_mb is None:
+            return m.n_layer
+        free = node.memory_mb - m.base_mb - (m.head_mb if rank == 0 else 0.0)
+        free -= m.output_mb if final else 0.0
+        if free < 0:
+            return -1
+        return min(m.n_layer, int(free // m.layer_mb)) if m.layer_mb > 0 else m.n_layer
+
+    def item(self, rank: int, k: int, final: bool, b: float, shape: str) -> float:
+        """Rank `rank`'s share of the strategy's bound: "sum" counts its compute and the hop
+        to the next stage (latency), "max" its compute and the time its link is busy."""
+        node = self.nodes[rank]
+        size = 4 * b if final else self.model.hidden_bytes * b  # argmaxes back to the head
+        link = node.hop_ms(size) if shape == "sum" else node.send_ms(size)
+        return self.stage_ms(rank, k, final, b) + link
+
+
+def draft_tokens(strategy: str, with_draft_model: bool) -> int:
+    """Tokens the head's draft model drafts per run: a pipelined run's micro-batch, a
+    synchronous tree's depth (its root is the pending token), none without a draft model."""
+    if not with_draft_model or strategy == "iterative":
+        return 0
+    shape, step = strategy_shape(strategy)
+    return step if shape == "max" else step - 1
+
+
+def strategy_shape(strategy: str) -> tuple[str, int]:
+    try:
+        return SHAPES[strategy]
+    except KeyError:
+        raise CostError(f"unknown strategy {strategy!r}; known: {', '.join(SHAPES)}") from None

@@ -1,0 +1,114 @@
+"""What `plan` and `simulate` work from: the cluster's nodes (a profile, or modelled nodes), the
+model's shape, the split to simulate, the draft's acceptance. Library code: raises CostError
+(or ProfileError) with a one-line message; the commands turn it into an error line."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from ..model.balance import balanced_split
+from ..model.gguf_header import HeaderError, read_header
+from ..model.models import ModelError, resolve_model
+from ..model.partition import PartitionError, parse_split, partition
+from ..model.slicing import SliceError, model_info
+from ..model.stage_cache import content_digest
+from . import modelled
+from .cost import CostError, ModelShape, NodeCost, Pipeline, draft_tokens
+from .profile import ModelId, load
+from .shape import model_shape
+from .solver import solve
+
+REFERENCE = "qwen-coder-1.5b"   # whose measured cost per byte scales a header-only model
+
+
+@dataclass(frozen=True)
+class Setup:
+    nodes: tuple[NodeCost, ...]
+    shape: ModelShape
+    model: Path
+    draft: Path | None
+    hosts: tuple[str, ...] | None = None   # from a profile: the hosts, rank order
+    threads: tuple[int, ...] = (1,)
+
+    def pipeline(self, strategy: str | None = None) -> Pipeline:
+        """The cost model; with a strategy, the head's drafting is counted on it (for the
+        solver); without, not (the simulator models the draft itself)."""
+        tokens = draft_tokens(strategy, self.draft is not None) if strategy else 0
+        return Pipeline(self.nodes, self.shape, tokens)
+
+
+def resolve(name: str, what: str) -> Path:
+    try:
+        path = resolve_model(name, fetch_missing=False)
+        read_header(path)
+        return path
+    except (ModelError, HeaderError, OSError, TypeError) as err:
+        raise CostError(f"{what} {name}: {err}") from None
+
+
+def cluster(model: str, draft: str | None, profile: str | None, n_nodes: int | None,
+            cpus: list[float] | None, link: str, reference: str | None = None,
+            kv_cells: int = 8192) -> Setup:
+    """The nodes from `profile`, else `cpus` (one share of a core per node; `n_nodes` x one
+    share), with `link`; the model's shape from its GGUF header."""
+    target = resolve(model, "model (-m)")
+    draft_path = resolve(draft, "draft model (-md)") if draft else None
+    head_mb = draft_path.stat().st_size / 2 ** 20 if draft_path else 0.0
+    try:
+        shape = model_shape(target, kv_cells, header=read_header(target), head_mb=head_mb)
+    except (SliceError, HeaderError) as err:
+        raise CostError(str(err)) from None
+    if profile is not None:
+        return _from_profile(profile, target, draft_path, shape, n_nodes)
+    if cpus is None:
+        raise CostError("give --profile, or the nodes: --nodes N --cpu F, or --cpus F0,F1,..")
+    layer, output = (modelled.local_layers(target) if modelled.has_weights(target) else
+                     modelled.scaled_layers(target, _reference(reference)))
+    draft_ms = modelled.local_draft_ms(draft_path) if draft_path else 0.0
+    nodes = modelled.nodes(cpus, layer, output, draft_ms, modelled.parse_link(link))
+    return Setup(nodes, replace(shape, base_mb=0.0), target, draft_path)
+
+
+def _reference(name: str | None) -> Path:
+    path = resolve(name or REFERENCE, "reference model (--reference)")
+    if not modelled.has_weights(path):
+        raise CostError(f"reference model {path.name} has no weights: give --reference a "
+                        "GGUF file with weights (its measured cost per byte scales the model)")
+    return path
+
+
+def _from_profile(path: str, target: Path, draft: Path | None, shape: ModelShape,
+                  n_nodes: int | None) -> Setup:
+    prof = load(path)
+    prof.check(ModelId(target.name, content_digest(target)[:32]), where=f"profile {path}")
+    if n_nodes is not None and n_nodes != len(prof.nodes):
+        raise CostError(f"profile {path} has {len(prof.nodes)} nodes, not --nodes {n_nodes}")
+    if draft is not None and prof.nodes[0].draft_ms <= 0:
+        raise CostError(f"profile {path} has no draft model time: calibrate with -md")
+    return Setup(prof.costs(), shape, target, draft, tuple(prof.hosts),
+                 tuple(n.threads for n in prof.nodes))
+
+
+def counts_for(setup: Setup, strategy: str, split: str | None) -> list[int]:
+    """Layers per node: `split` as fractions, "auto" (the solver, every node kept), or run's
+    default (stages of equal weight; the head holds none when it runs a draft model)."""
+    n, n_layer = len(setup.nodes), setup.shape.n_layer
+    try:
+        if split == "auto":
+            return list(solve(setup.pipeline(strategy), strategy, may_drop=False).counts)
+        if split is None:
+            header = read_header(setup.model)
+            head_layers = n == 1 or strategy == "iterative" or setup.draft is None
+            if (n if head_layers else n - 1) > n_layer:
+                raise CostError(f"{n} nodes but the model has only {n_layer} layers: every "
+                                "node after the head needs at least one")
+            fractions = balanced_split(header, model_info(header, setup.model).n_layer, n,
+                                       head_layers)
+        else:
+            fractions = parse_split(split)
+            if len(fractions) != n:
+                raise CostError(f"--layer-split has {len(fractions)} fractions for {n} nodes")
+        return [r.n_layer for r in partition(n_layer, fractions)]
+    except PartitionError as err:
+        raise CostError(str(err)) from None

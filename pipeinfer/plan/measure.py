@@ -1,0 +1,121 @@
+"""Timing llama.cpp on this rank for calibration: one target layer and the output layer per
+step size, the draft model per token, and free memory. No MPI here (calibrate.py gathers)."""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from pathlib import Path
+
+import numpy as np
+
+from ..model.balance import layer_bytes
+from ..model.gguf_header import read_header
+from ..model.partition import StageRange
+from ..model.stage import Stage, StageConfig
+from ..model.stage_cache import stage_file
+from .cost import STEP_SIZES
+
+CALIBRATION_MB = 256
+CONTEXT = 64        # positions already in the cache when a step is timed (as mid-generation)
+REPEATS = 5         # timed steps per size at least (the median is kept), more while they
+MIN_TOTAL_S = 0.15  # took less than this in all (fast steps are noisy), up to MAX_REPEATS
+MAX_REPEATS = 40
+PROBE_REPEATS = 3
+
+
+def calibration_ranges(model: Path, n_layer: int) -> tuple[StageRange, StageRange]:
+    """The slices timed: the first k layers (not final) for a layer's time, the last k with
+    the output layer for the output's time (the difference). k layers weigh at least
+    CALIBRATION_MB where the model allows (half its layers at most): a smaller slice fits the
+    CPU's cache better than a stage's does, and runs faster per layer (measured on Qwen2.5 1.5B
+    here: 2 layers 2.1 ms a layer, 7 layers 3.9, all 28 3.7)."""
+    per_layer, _ = layer_bytes(read_header(model), n_layer)
+    mean_mb = sum(per_layer) / n_layer / 2 ** 20
+    k = max(1, min(n_layer // 2, math.ceil(CALIBRATION_MB / max(mean_mb, 1e-3))))
+    return StageRange(1, 0, k, False), StageRange(1, n_layer - k, n_layer, True)
+
+
+def _config(threads: int, repack: bool) -> StageConfig:
+    return StageConfig(n_ctx=CONTEXT + 2 * max(STEP_SIZES) + 8, n_batch=CONTEXT,
+                       n_seq_max=1, n_threads=threads, repack=repack)
+
+
+def _step_ms(stage: Stage, b: int, repeats: int, tokens: bool = False) -> float:
+    """Median milliseconds of a b-token step at position CONTEXT (argmax of every row on a
+    final stage, as the last rank computes it under greedy sampling)."""
+    rng = np.random.default_rng(b)
+    positions, seqs = list(range(CONTEXT, CONTEXT + b)), [(0,)] * b
+    embd = None if tokens else (rng.standard_normal((b, stage.n_embd)) * 0.1).astype(np.float32)
+    ids = [100 + i for i in range(b)] if tokens else None
+    times: list[float] = []
+    while len(times) < repeats or (sum(times) < MIN_TOTAL_S and len(times) < MAX_REPEATS):
+        t0 = time.perf_counter()
+        out = stage.decode(positions, seqs, embd=embd, tokens=ids)
+        if stage.final:
+            np.argmax(out, axis=1)
+        times.append(time.perf_counter() - t0)
+        stage.seq_rm(0, CONTEXT, -1)
+    return 1e3 * statistics.median(times)
+
+
+def _fill_context(stage: Stage, tokens: bool = False) -> None:
+    positions, seqs = list(range(CONTEXT)), [(0,)] * CONTEXT
+    if tokens:
+        stage.decode(positions, seqs, tokens=[100 + i % 50 for i in range(CONTEXT)])
+    else:
+        stage.decode(positions, seqs, embd=np.full((CONTEXT, stage.n_embd), 0.01, np.float32))
+
+
+def measure_layers(model: Path, n_layer: int, threads: int, repack: bool = True,
+                   sizes=STEP_SIZES, repeats: int = REPEATS) -> tuple[dict, dict]:
+    """({b: ms of one layer}, {b: ms of the output layer}) for b-token steps."""
+    body, last = calibration_ranges(model, n_layer)
+    with Stage(stage_file(model, body), _config(threads, repack), final=False,
+               label="calibration layers") as stage:
+        _fill_context(stage)
+        layers = {b: _step_ms(stage, b, repeats) for b in sizes}
+    with Stage(stage_file(model, last), _config(threads, repack), final=True,
+               label="calibration output") as stage:
+        _fill_context(stage)
+        output = {b: max(0.0, _step_ms(stage, b, repeats) - layers[b]) for b in sizes}
+    return {b: ms / body.n_layer for b, ms in layers.items()}, output
+
+
+def probe_layer_ms(model: Path, n_layer: int, threads: int, repack: bool = True) -> float:
+    """A quick measure of one layer's 1-token step (to see whether a profile still holds)."""
+    body, _ = calibration_ranges(model, n_layer)
+    with Stage(stage_file(model, body), _config(threads, repack), final=False,
+               label="calibration probe") as stage:
+        _fill_context(stage)
+        return _step_ms(stage, 1, PROBE_REPEATS) / body.n_layer
+
+
+def measure_draft(draft: Path, threads: int) -> float:
+    """Milliseconds per drafted token (a 1-token step of the whole draft model, argmax)."""
+    with Stage(draft, _config(threads, True), final=True, label="calibration draft") as stage:
+        _fill_context(stage, tokens=True)
+        return _step_ms(stage, 1, REPEATS, tokens=True)
+
+
+def free_mb() -> float:
+    """Memory this rank may still use, in MB: the system's available memory, or what the
+    rank's cgroup (v2) allows beyond its current use, whichever is less."""
+    available = float("inf")
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                available = int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    try:
+        group = Path("/proc/self/cgroup").read_text().strip().split("::", 1)[1]
+        base = Path("/sys/fs/cgroup") / group.lstrip("/")
+        limit = (base / "memory.max").read_text().strip()
+        if limit != "max":
+            used = int((base / "memory.current").read_text())
+            available = min(available, (int(limit) - used) / 2 ** 20)
+    except (OSError, IndexError, ValueError):
+        pass
+    return round(available, 1) if available != float("inf") else 0.0

@@ -1,0 +1,308 @@
+"""The scheduler core (pipeinfer/schedule/) driven by a discrete-event clock with modelled costs.
+
+The very scheduler classes `run` uses make every decision (`Scheduler.step(event) ->
+actions`); this module only stands in for the driver, the stages, the links and the draft
+model, with times from a cost.Pipeline:
+- a stage evaluates the runs it receives one at a time, in order, k x layer(n) (+ the output
+  layer on the last stage) for a run of n tokens, then sends it on (half a round trip plus
+  the transfer at the link's bandwidth); the last stage returns argmaxes to the head;
+- cancellations travel backwards from the last stage; a stage skips a run whose cancellation
+  arrived before it started and aborts one it is computing when it arrives;
+- the head's own slice (if it holds layers) and its draft model share the head's CPU: each
+  drafted token takes draft_ms of it, one after the other;
+- the target's greedy continuation is a fixed token sequence; the draft guesses the token at
+  position p right with probability `accept_rate` (one draw per position, seeded, so a draft
+  asked twice at a position answers the same), and wrong after a wrong context.
+Nothing decodes and no clock is read: the same inputs give the same timeline.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import random
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..schedule import actions as A
+from ..schedule.events import DraftInterrupted, DraftReady, ResultArrived, Start, Tick
+from ..schedule.generation import Generation, Request
+from ..schedule.iterative import Iterative
+from ..schedule.options import EXACT_RUN_REPACKED, Limits, SpecOptions
+from ..schedule.partition_pool import PartitionPool
+from ..schedule.pipeinfer import PipeInfer
+from ..schedule.speculative import Speculative
+from ..schedule.transaction import RunResult
+from .cost import CostError, Pipeline
+
+SCHEDULERS = {"iterative": Iterative, "speculative": Speculative, "pipeinfer": PipeInfer}
+WRONG = 10 ** 6           # draft tokens from here on are never the target's
+FIRST_TOKEN = 1000        # the target's token at position p is FIRST_TOKEN + p
+MAX_TICKS = 16            # ticks per event at most (the driver ticks while idle)
+
+
+class SimulationError(CostError):
+    """Settings the simulator cannot run; the message says which."""
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    strategy: str
+    n_predict: int = 64
+    prompt_len: int = 32
+    accept_rate: float = 0.8
+    seed: int = 0
+    spec: SpecOptions = SpecOptions()
+    max_run: int = EXACT_RUN_REPACKED
+    n_ctx: int = 2048
+
+
+@dataclass
+class SimResult:
+    speed_tps: float
+    ttft_s: float
+    itl_s: float
+    n_generated: int
+    accept_rate: float | None
+    prefill_s: float
+    busy_s: list[float]
+    counters: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return {"speed_tps": round(self.speed_tps, 4), "ttft_s": round(self.ttft_s, 6),
+                "itl_s": round(self.itl_s, 6), "n_generated": self.n_generated,
+                "accept_rate": None if self.accept_rate is None else round(self.accept_rate, 4),
+                "prefill_s": round(self.prefill_s, 6),
+                "busy_s": [round(b, 6) for b in self.busy_s], **self.counters}
+
+
+def check(pipe: Pipeline, counts: list[int], cfg: SimConfig) -> None:
+    """SimulationError for settings that cannot give a result."""
+    if cfg.strategy not in SCHEDULERS:
+        raise SimulationError(f"simulate supports {', '.join(SCHEDULERS)}, not "
+                              f"{cfg.strategy!r}")
+    if len(counts) != len(pipe.nodes):
+        raise SimulationError(f"the split has {len(counts)} shares for {len(pipe.nodes)} nodes")
+    if sum(counts) != pipe.model.n_layer or any(c < 0 for c in counts):
+        raise SimulationError(f"the split places {sum(counts)} layers, the model has "
+                              f"{pipe.model.n_layer}")
+    if cfg.n_predict < 2:
+        raise SimulationError("-n must be at least 2 (speed counts the tokens after the first)")
+    if not 0 <= cfg.accept_rate <= 1:
+        raise SimulationError(f"--accept-rate {cfg.accept_rate} is not between 0 and 1")
+    if cfg.strategy != "iterative" and pipe.nodes[0].draft_ms <= 0:
+        raise SimulationError(f"strategy {cfg.strategy} needs the draft model's time per token "
+                              "on the head (a profile measured with -md, or -md)")
+    for rank, node in enumerate(pipe.nodes):
+        if counts[rank] and not any(ms > 0 for ms in node.layer_ms.values()):
+            raise SimulationError(f"node {rank} ({node.name}) has no positive layer time")
+    if pipe.draft_tokens:
+        raise SimulationError("simulate models the draft itself: give a Pipeline with "
+                              "draft_tokens=0")
+
+
+class Simulation:
+    """One generation of `cfg.strategy` on `pipe` with `counts` layers per rank."""
+
+    def __init__(self, pipe: Pipeline, counts: list[int], cfg: SimConfig):
+        check(pipe, counts, cfg)
+        self.pipe, self.counts, self.cfg = pipe, list(counts), cfg
+        self.chain = [r for r in range(1, len(counts)) if counts[r] > 0]
+        self.last = max(r for r, c in enumerate(counts) if c > 0)
+        rng = random.Random(cfg.seed)
+        self.agree = [rng.random() < cfg.accept_rate for _ in range(cfg.n_ctx + 64)]
+        self.now = 0.0
+        self._queue: list = []
+        self._seq = itertools.count()
+        self.stages = {r: _StageState() for r in self.chain}
+        self.head_free = 0.0       # the head's CPU: its slice and its draft model
+        self.busy = [0.0] * len(counts)
+        self.cancel_at: dict[tuple[int, int], float] = {}
+        self.dropped: set[int] = set()   # runs a stage skipped or aborted
+        self.job = None            # the draft job in progress: [DraftJob, drafted, stop]
+        self.marks: list[float] = []
+        self.gen = Generation(Request(tuple(FIRST_TOKEN + p for p in range(cfg.prompt_len)),
+                                      cfg.n_predict, cfg.n_ctx, ignore_eos=True),
+                              lambda t: False)
+        self.sched = self._scheduler()
+
+    def _scheduler(self):
+        cfg, spec = self.cfg, self.cfg.spec
+        n_stages = len(self.chain) + (1 if self.counts[0] else 0)
+        speculates = cfg.strategy != "iterative"
+        kv = (spec.kv_size or 4 * cfg.n_ctx) if speculates else cfg.n_ctx
+        limits = Limits(512, cfg.n_ctx, kv, n_stages, cfg.max_run)
+        pool = PartitionPool(spec.partitions, spec.n_parallel) if speculates else None
+        return SCHEDULERS[cfg.strategy](self.gen, None, limits, spec, pool)
+
+    # --- the event loop --------------------------------------------------------------------
+    def run(self) -> SimResult:
+        self._feed(Start())
+        while not self.sched.finished or self.sched.in_flight:
+            if not self._queue:
+                raise SimulationError("the simulated pipeline stalled (no event pending)")
+            self.now, _, kind, data = heapq.heappop(self._queue)
+            getattr(self, "_on_" + kind)(*data)
+        return self._result()
+
+    def _at(self, t: float, kind: str, *data) -> None:
+        heapq.heappush(self._queue, (t, next(self._seq), kind, data))
+
+    def _feed(self, event) -> None:
+        self._apply(self.sched.step(event))
+        for _ in range(MAX_TICKS):
+            if self.sched.finished or not self._apply(self.sched.step(Tick())):
+                break
+
+    def _apply(self, actions) -> bool:
+        """Carry out the scheduler's actions; whether any did something."""
+        acted = False
+        for action in actions:
+            if isinstance(action, A.StartRun):
+                self._start_run(action)
+            elif isinstance(action, A.CancelRuns):
+                self._cancel(action.run_ids)
+            elif isinstance(action, A.EmitTokens):
+                self.marks.extend([self.now] * len(action.tokens))
+            elif isinstance(action, A.StartDraft):
+                self._start_draft(action.job)
+            elif isinstance(action, A.StopDraft):
+                if self.job is not None and self.job[0].job_id == action.job_id:
+                    self.job[2] = True
+            else:
+                continue  # KV operations cost nothing here; warm-up, finish, policy notes
+            acted = True
+        return acted
+
+    # --- runs through the stages -----------------------------------------------------------
+    def _start_run(self, action: A.StartRun) -> None:
+        n = action.tx.n_tokens
+        t = self.now
+        if self.counts[0]:
+            t = self._head_compute(self.pipe.stage_ms(0, self.counts[0], self.last == 0, n))
+        if self.last == 0:
+            self._at(t, "result", action.tx)
+            return
+        self._at(t + self._hop(0, n), "arrive", self.chain[0], action.tx)
+
+    def _head_compute(self, ms: float) -> float:
+        start = max(self.now, self.head_free)
+        self.head_free = start + ms / 1e3
+        self.busy[0] += ms / 1e3
+        return self.head_free
+
+    def _hop(self, rank: int, n: int) -> float:
+        node = self.pipe.nodes[rank]
+        size = 4 * n if rank == self.last else self.pipe.model.hidden_bytes * n
+        return node.hop_ms(size) / 1e3
+
+    def _on_arrive(self, rank: int, tx) -> None:
+        stage = self.stages[rank]
+        stage.todo.append(tx)
+        if stage.current is None:
+            self._next_on(rank)
+
+    def _next_on(self, rank: int) -> None:
+        stage = self.stages[rank]
+        if not stage.todo:
+            stage.current = None
+            return
+        tx = stage.todo.pop(0)
+        skip = self.cancel_at.get((tx.run_id, rank), float("inf")) <= self.now
+        ms = 0.0 if skip else self.pipe.stage_ms(rank, self.counts[rank], rank == self.last,
+                                                 tx.n_tokens)
+        stage.current, stage.started, stage.version = tx, self.now, stage.version + 1
+        stage.skipped = skip
+        self._at(self.now + ms / 1e3, "done", rank, tx, stage.version)
+
+    def _on_done(self, rank: int, tx, version: int) -> None:
+        stage = self.stages[rank]
+        if version != stage.version:
+            return  # aborted meanwhile: an earlier "done" took its place
+        self.busy[rank] += self.now - stage.started
+        skipped = stage.skipped
+        self._next_on(rank)
+        if rank == self.last:
+            self._at(self.now + self._hop(rank, tx.n_tokens), "result", tx, skipped)
+        else:
+            nxt = self.chain[self.chain.index(rank) + 1]
+            n = 0 if skipped else tx.n_tokens
+            self._at(self.now + self._hop(rank, n), "arrive", nxt, tx)
+        if skipped:  # downstream stages skip it too (an empty message travels on)
+            self.dropped.add(tx.run_id)
+            for later in self.chain[self.chain.index(rank) + 1:]:
+                self.cancel_at[(tx.run_id, later)] = -1.0
+
+    def _on_result(self, tx, skipped: bool = False) -> None:
+        if skipped or tx.run_id in self.dropped:
+            result = RunResult(tx.run_id, None)
+        else:
+            rows = [FIRST_TOKEN + p + 1 for p, out in zip(tx.positions, tx.logit_rows) if out]
+            result = RunResult(tx.run_id, None, np.array(rows, dtype=np.int32))
+        self._feed(ResultArrived(tx.run_id, result))
+
+    def _cancel(self, run_ids) -> None:
+        """Cancellations from the head to the last stage, then backwards stage by stage."""
+        t = self.now
+        for rank in reversed(self.chain):
+            t += self.pipe.nodes[rank].link_rtt_ms / 2e3
+            for run_id in run_ids:
+                self.cancel_at[(run_id, rank)] = min(t, self.cancel_at.get((run_id, rank), t))
+                self._at(t, "cancel", rank, run_id)
+
+    def _on_cancel(self, rank: int, run_id: int) -> None:
+        stage = self.stages[rank]
+        if stage.current is not None and stage.current.run_id == run_id and not stage.skipped:
+            stage.skipped, stage.version = True, stage.version + 1
+            self._at(self.now, "done", rank, stage.current, stage.version)
+
+    # --- the draft model ------------------------------------------------------------------
+    def _start_draft(self, job: A.DraftJob) -> None:
+        self.job = [job, [], False]
+        self._draft_step()
+
+    def _draft_step(self) -> None:
+        end = self._head_compute(self.pipe.nodes[0].draft_ms)
+        self._at(end, "drafted", self.job[0].job_id)
+
+    def _on_drafted(self, job_id: int) -> None:
+        job, tokens, _ = self.job
+        context = job.context
+        p = len(context) + len(tokens)
+        right = all(t == FIRST_TOKEN + i for i, t in enumerate(list(context) + tokens))
+        tokens.append(FIRST_TOKEN + p if right and self.agree[p] else WRONG + p)
+        if len(tokens) < job.budget and not self.job[2]:
+            self._draft_step()
+            return
+        self.job = None
+        self._feed(DraftReady(job_id, (tuple(tokens),)))
+
+    # --- results ----------------------------------------------------------------------------
+    def _result(self) -> SimResult:
+        marks = self.marks
+        if len(marks) < 2:
+            raise SimulationError("the simulated generation produced fewer than 2 tokens")
+        prefill = marks[0]
+        gen_s = marks[-1] - prefill
+        n = len(marks) - 1
+        c = self.gen.counters
+        return SimResult(n / gen_s if gen_s > 0 else float("inf"), marks[1] - prefill,
+                         (marks[-1] - marks[0]) / n, len(marks), c.accept_rate, prefill,
+                         self.busy, {"n_drafted": c.n_drafted, "n_accepted": c.n_accepted,
+                                     "runs_started": c.runs_started,
+                                     "runs_cancelled": c.runs_cancelled_invalidated
+                                     + c.runs_cancelled_superfluous})
+
+
+@dataclass
+class _StageState:
+    todo: list = field(default_factory=list)
+    current: object = None
+    started: float = 0.0
+    version: int = 0
+    skipped: bool = False
+
+
+def simulate(pipe: Pipeline, counts: list[int], cfg: SimConfig) -> SimResult:
+    return Simulation(pipe, counts, cfg).run()

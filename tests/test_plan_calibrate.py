@@ -1,0 +1,64 @@
+"""Calibration and `--layer-split auto` under the real mpiexec on the tiny model: a 2-rank
+`pipeinfer calibrate` writes a well-formed profile; `run --layer-split auto` measures when it
+has no profile, reuses the one given, and refuses a profile of another model in one line."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from mpi_util import MPIEXEC, PIPEINFER, launch, run_pipeinfer
+from pipeinfer.plan.cost import STEP_SIZES
+from pipeinfer.plan.profile import load
+
+TIMEOUT = 120
+
+
+@pytest.fixture(scope="module")
+def profile2(tiny_model, tiny_draft_aligned, tmp_path_factory):
+    path = tmp_path_factory.mktemp("profiles") / "p2.json"
+    out = launch([MPIEXEC, "-n", "2", PIPEINFER, "calibrate", "-m", tiny_model,
+                  "-md", tiny_draft_aligned, "--profile", path], timeout=TIMEOUT)
+    assert out.rc == 0, out.describe()
+    return path, out
+
+
+def test_two_rank_calibration_writes_a_well_formed_profile(profile2, tiny_model):
+    path, out = profile2
+    data = json.loads(path.read_text())
+    assert [n["rank"] for n in data["nodes"]] == [0, 1]
+    assert data["model"]["name"] == tiny_model.name and data["model"]["n_layer"] == 4
+    for node in data["nodes"]:
+        assert sorted(int(b) for b in node["layer_ms"]) == list(STEP_SIZES)
+        assert all(ms > 0 for ms in node["layer_ms"].values())
+        assert all(ms >= 0 for ms in node["output_ms"].values())
+        assert node["free_mb"] > 0 and node["link_rtt_ms"] > 0 and node["link_mb_s"] > 0
+    assert data["nodes"][0]["draft_ms"] > 0 and data["nodes"][1]["draft_ms"] == 0
+    assert data["draft"]["name"].startswith("tiny-draft")
+    assert load(path).nodes[1].layer_ms[8] == data["nodes"][1]["layer_ms"]["8"]
+    assert f"profile: {path}" in out.stdout
+
+
+def test_auto_split_measures_then_reuses_the_profile(tiny_model, tmp_path):
+    path = tmp_path / "p3.json"
+    first = run_pipeinfer(3, tiny_model, "def main():", "--layer-split", "auto",
+                          "--profile", path, "--ignore-eos", n_predict=8, timeout=TIMEOUT)
+    assert first.rc == 0, first.describe()
+    assert "calibrated in" in first.stderr and "--layer-split auto:" in first.stderr
+    assert len(load(path).nodes) == 3 and len(first.json["tokens"]) == 8
+    again = run_pipeinfer(3, tiny_model, "def main():", "--layer-split", "auto",
+                          "--profile", path, "--ignore-eos", n_predict=8, timeout=TIMEOUT)
+    assert again.rc == 0, again.describe()
+    assert "calibrated in" not in again.stderr and "--layer-split auto:" in again.stderr
+    assert again.json["tokens"] == first.json["tokens"]
+
+
+def test_a_profile_of_another_model_is_refused(profile2, tmp_path):
+    from pipeinfer.model.tinymodel import write_tiny_llama
+    other = write_tiny_llama(tmp_path / "other.gguf", n_layer=4, seed=11)
+    out = run_pipeinfer(2, other, "x", "--layer-split", "auto", "--profile", profile2[0],
+                        n_predict=4, timeout=TIMEOUT)
+    assert out.rc != 0 and "Traceback" not in out.stderr
+    errors = [l for l in out.stderr.splitlines() if l.startswith("pipeinfer: error:")]
+    assert len(errors) == 1 and "was measured for the model" in errors[0], out.describe()

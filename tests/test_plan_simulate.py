@@ -1,0 +1,103 @@
+"""The simulator (pipeinfer/plan/simulate.py): the real scheduler classes under a modelled
+clock. Deterministic on fixed costs, and on an idealised pipeline (no links, flat step costs)
+it reproduces the closed forms: iterative runs at 1 / (sum of stage times); a fully accepted
+pipelined speculation is bounded by the slowest stage (a run of at most max_run tokens per
+slowest-stage time) and beats iterative by about the number of stages."""
+
+from __future__ import annotations
+
+import pytest
+
+from pipeinfer.plan.cost import ModelShape, NodeCost, Pipeline
+from pipeinfer.plan.simulate import SimConfig, SimulationError, simulate
+
+
+def node(ms: float, draft: float = 0.0, rtt: float = 0.0, output: float = 0.0) -> NodeCost:
+    return NodeCost("n", {1: ms, 8: ms}, {1: output, 8: output}, None, rtt, draft_ms=draft)
+
+
+MODEL = ModelShape("m", 12, 10.0, 10.0, hidden_bytes=0, base_mb=0.0)
+
+
+def pipe(*nodes) -> Pipeline:
+    return Pipeline(tuple(nodes), MODEL)
+
+
+def test_iterative_is_one_over_the_sum_of_stage_times():
+    # stages of 4 x 10, 4 x 20 and 4 x 5 ms + 30 ms output: 170 ms a token
+    p = pipe(node(1), node(10), node(20), node(5, output=30))
+    result = simulate(p, [0, 4, 4, 4], SimConfig("iterative", n_predict=32))
+    assert result.speed_tps == pytest.approx(1000 / 170)
+    assert result.itl_s == pytest.approx(0.170) and result.ttft_s == pytest.approx(0.170)
+
+
+def test_iterative_counts_the_hops():
+    # 2 ms round trips: each of the 3 hops (head -> 1 -> 2 -> head) adds 1 ms
+    p = pipe(node(1, rtt=2), node(10, rtt=2), node(10, rtt=2))
+    result = simulate(p, [0, 6, 6], SimConfig("iterative", n_predict=16))
+    assert result.speed_tps == pytest.approx(1000 / 123)
+
+
+def test_fully_accepted_speculation_is_bounded_by_the_slowest_stage():
+    # 3 stages of 40 ms (flat: any run size costs the same), instant drafts, every guess
+    # right: at most one run of max_run = 3 tokens per 40 ms leaves the slowest stage
+    p = pipe(node(10, draft=1e-6), node(10), node(10), node(10))
+    result = simulate(p, [0, 4, 4, 4], SimConfig("pipeinfer", n_predict=128, accept_rate=1.0))
+    bound = 3 / 0.040
+    iterative = 1 / 0.120
+    assert result.speed_tps <= bound * 1.001
+    assert result.speed_tps >= 0.8 * bound        # the pipeline stays full
+    assert result.speed_tps > 2.5 * iterative
+    # (guesses of runs still in flight when the 128th token came are never verified)
+    assert result.accept_rate > 0.85 and result.counters["runs_cancelled"] == 0
+
+
+def test_a_slower_stage_sets_the_bound():
+    p = pipe(node(10, draft=1e-6), node(10), node(20), node(10))
+    result = simulate(p, [0, 4, 4, 4], SimConfig("pipeinfer", n_predict=128, accept_rate=1.0))
+    assert 0.8 * 3 / 0.080 <= result.speed_tps <= 3 / 0.080 * 1.001
+
+
+def test_the_draft_supply_bounds_pipelined_speculation():
+    # drafting 30 ms a token: the pipeline (3 tokens per 40 ms) waits for the draft model
+    p = pipe(node(10, draft=30), node(10), node(10), node(10))
+    result = simulate(p, [0, 4, 4, 4], SimConfig("pipeinfer", n_predict=64, accept_rate=1.0))
+    assert result.speed_tps <= 1 / 0.030 * 1.05
+
+
+def test_deterministic_on_fixed_costs():
+    p = pipe(node(10, draft=7), node(12, rtt=0.5), node(9, rtt=0.5), node(11, rtt=0.5))
+    cfg = SimConfig("pipeinfer", n_predict=64, accept_rate=0.7, seed=3)
+    first, second = simulate(p, [0, 4, 4, 4], cfg), simulate(p, [0, 4, 4, 4], cfg)
+    assert first.to_dict() == second.to_dict()
+    assert first.counters["runs_cancelled"] > 0  # wrong guesses were cancelled in flight
+
+
+@pytest.mark.parametrize("strategy", ["iterative", "speculative", "pipeinfer"])
+def test_every_strategy_generates_what_was_asked(strategy):
+    p = pipe(node(10, draft=5), node(10), node(10))
+    result = simulate(p, [0, 6, 6], SimConfig(strategy, n_predict=40, accept_rate=0.8))
+    assert result.n_generated == 40 and result.speed_tps > 0
+
+
+def test_head_layers_share_the_head_with_the_draft():
+    p = pipe(node(10, draft=5), node(10), node(10))
+    result = simulate(p, [2, 5, 5], SimConfig("pipeinfer", n_predict=40, accept_rate=0.9))
+    assert result.busy_s[0] > 0 and result.n_generated == 40
+
+
+@pytest.mark.parametrize("counts, cfg, message", [
+    ([0, 6, 5], SimConfig("iterative"), "places 11 layers"),
+    ([0, 12], SimConfig("iterative"), "2 shares for 3 nodes"),
+    ([0, 6, 6], SimConfig("pipespec"), "simulate supports"),
+    ([0, 6, 6], SimConfig("iterative", n_predict=1), "at least 2"),
+    ([0, 6, 6], SimConfig("pipeinfer", accept_rate=1.5), "not between 0 and 1"),
+])
+def test_impossible_settings_are_refused(counts, cfg, message):
+    with pytest.raises(SimulationError, match=message):
+        simulate(pipe(node(10, draft=5), node(10), node(10)), counts, cfg)
+
+
+def test_no_draft_time_is_refused_for_speculation():
+    with pytest.raises(SimulationError, match="draft model's time"):
+        simulate(pipe(node(10), node(10), node(10)), [0, 6, 6], SimConfig("pipeinfer"))
