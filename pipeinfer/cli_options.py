@@ -50,7 +50,8 @@ DRAFT_SOURCE_HELP = (
     "tokens that occurred before is found at its latest place, and what followed it there is "
     "the draft (specpipe: every token that followed it is a candidate for the tree, the most "
     "frequent first); it costs nothing on the head and pays off where the output repeats the "
-    "prompt (editing code, rewriting a text). both: the n-gram draft where one matches, else "
+    "prompt (editing code, rewriting a text); pipeinfer's n-gram runs after a mismatch are "
+    "1, 2, then --draft tokens long. both: the n-gram draft where one matches, else "
     "the draft model. [default: both with -md, else ngram; pipespec takes the model only]")
 
 
@@ -98,9 +99,11 @@ SPECULATION_OPTIONS = (
                       "the cutoff."),
     click.option("--guard-accept", default=GUARD_THRESHOLD, type=click.FloatRange(0, 1),
                  help="speculative, pipeinfer: the never-slower guard. When fewer than this share "
-                      "of the last 16 drafted tokens were accepted, speculation pauses (plain "
-                      "decoding) for 8 tokens, then probes again; each failed probe doubles the "
-                      "pause (up to 256), a probe that pays resets it. 0 turns the guard off."),
+                      "of the last 16 drafted tokens were accepted (tokens of runs cancelled "
+                      "behind another run's wrong guess are not counted), speculation pauses "
+                      "(plain decoding) for 8 tokens, then probes again; each failed probe "
+                      "doubles the pause (up to 256), a probe that pays resets it. 0 turns the "
+                      "guard off."),
     click.option("--max-runs", default=6, type=click.IntRange(2, 64),
                  help="pipeinfer: most runs in flight in the target pipeline at once. specpipe: "
                       "tree levels in flight are the number of target stages + 1, at most this."),
