@@ -4,8 +4,6 @@ costed from a reference model, and one clear error line for impossible settings.
 
 from __future__ import annotations
 
-import json
-import subprocess
 
 import pytest
 

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..schedule import actions as A
-from ..schedule.events import DraftInterrupted, DraftReady, ResultArrived, Start, Tick
+from ..schedule.events import DraftReady, ResultArrived, Start, Tick
 from ..schedule.generation import Generation, Request
 from ..schedule.iterative import Iterative
 from ..schedule.options import EXACT_RUN_REPACKED, Limits, SpecOptions

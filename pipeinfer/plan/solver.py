@@ -60,12 +60,15 @@ class Split:
 
 
 def solve(pipe: Pipeline, strategy: str, may_drop: bool = True,
-          head_layers: bool = True, tolerance: float = TOLERANCE) -> Split:
+          head_layers: bool = True, tolerance: float = TOLERANCE,
+          keep_worker: bool = False) -> Split:
     """The best split of `pipe.model`'s layers over `pipe.nodes` for `strategy`. `may_drop`:
     worker ranks may get no layers (else every rank after the head gets at least one);
-    `head_layers`: the head may hold layers."""
+    `head_layers`: the head may hold layers; `keep_worker`: at least one worker holds layers
+    (a launched job: its pipeline has a stage after the head)."""
     shape, step = strategy_shape(strategy)
     search = _Search(pipe, shape, step, may_drop, head_layers)
+    search.keep_worker = keep_worker and len(pipe.nodes) > 1
     best = search.best(primary=True, limit=math.inf)
     if best is None:
         raise NoSplit(search.why_not())
@@ -83,6 +86,7 @@ class _Search:
         self.pipe, self.shape, self.step = pipe, shape, step
         self.may_drop, self.head_layers = may_drop, head_layers
         self.n, self.L = len(pipe.nodes), pipe.model.n_layer
+        self.keep_worker = False
 
     def item_of(self, rank: int, k: int, counts) -> float:
         if k == 0 and rank > 0:
@@ -96,6 +100,8 @@ class _Search:
         high = left if (rank > 0 or self.head_layers) else 0
         for k in range(low, high + 1):
             final = k == left and k > 0
+            if final and rank == 0 and self.keep_worker:
+                continue
             if k > 0 and k > self.pipe.memory_cap(rank, final):
                 continue
             if final or rank + 1 < self.n:
