@@ -8,9 +8,10 @@ strategies and their maximum for "max" ones; both are searched exactly by dynami
 over (rank, layers left), which is tiny (ranks x layers^2).
 
 Measured figures are noisy: among the splits whose bound is within `tolerance` of the best, the
-solver takes the one with the lightest other measure (the heaviest stage for "sum", the total
-for "max"), so equal nodes get even shares instead of all layers going to the one measured a
-hair faster.
+solver takes the one with the lightest other measure: for "sum" the heaviest stage, for "max"
+the heaviest worker stage (the head's drafting may set the bound, and then any split below it
+would do: the stages are still balanced, for latency), so equal nodes get even shares instead
+of all layers going to the one measured a hair faster.
 """
 
 from __future__ import annotations
@@ -113,12 +114,13 @@ class _Search:
         if primary:
             return self._dp(add=self.shape == "sum", cap=math.inf)
         if self.shape == "max":
-            return self._dp(add=True, cap=limit)
+            return self._dp(add=False, cap=limit, workers_only=True)
         return self._sum_within(limit)
 
-    def _dp(self, add: bool, cap: float):
+    def _dp(self, add: bool, cap: float, workers_only: bool = False):
         """(value, counts) of the split with the lowest sum (`add`) or maximum of the ranks'
-        items, none of them over `cap`; None if no split qualifies."""
+        items (`workers_only`: of the ranks after the head), none of them over `cap`; None if
+        no split qualifies."""
         combine = (lambda a, b: a + b) if add else max
 
         @lru_cache(maxsize=None)
@@ -134,7 +136,8 @@ class _Search:
                     if (k > 0 or rank == 0) else 0.0
                 tail = rest(rank + 1, left - k) if own <= cap + 1e-12 else None
                 if tail is not None:
-                    options.append((combine(own, tail[0]), (k, *tail[1])))
+                    value = 0.0 if workers_only and rank == 0 else own
+                    options.append((combine(value, tail[0]), (k, *tail[1])))
             return min(options, default=None)
         return rest(0, self.L)
 
