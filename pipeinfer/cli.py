@@ -252,6 +252,9 @@ def run(model, draft, prompt, prompt_file, n_predict, n_ctx, n_batch, seed, temp
                       f"{n_batch}): a tree level is evaluated in one batch", 2)
     if (prompt is None) == (prompt_file is None):
         raise Failure("give the prompt with exactly one of -p or -f", 2)
+    if profile is not None and split[0] != "auto":
+        raise Failure("--profile is read by --layer-split auto only; add it, or drop --profile",
+                      2)
     if prompt_file is not None:
         prompt = ""  # only the head (rank 0) uses the prompt: workers' hosts need no copy
         if not supervisor.launcher_rank():

@@ -62,3 +62,31 @@ def test_a_profile_of_another_model_is_refused(profile2, tmp_path):
     assert out.rc != 0 and "Traceback" not in out.stderr
     errors = [l for l in out.stderr.splitlines() if l.startswith("pipeinfer: error:")]
     assert len(errors) == 1 and "was measured for the model" in errors[0], out.describe()
+
+
+def _profile_with_a_slow_rank(path, model, slow: int, n: int = 3):
+    """A hand-made profile of this host's `n` ranks in which rank `slow` takes 100x longer a
+    layer: the solver leaves it out."""
+    import socket
+
+    from pipeinfer.model.stage_cache import content_digest
+    from pipeinfer.plan.profile import ModelId, NodeFigures, Profile
+
+    nodes = tuple(NodeFigures(r, socket.gethostname(), 1,
+                              {1: 100.0 if r == slow else 1.0, 8: 800.0 if r == slow else 8.0},
+                              {1: 1.0, 8: 8.0}, 10000.0, 0.1, 1000.0) for r in range(n))
+    Profile(ModelId(model.name, content_digest(model)[:32], 4), None, nodes).save(path)
+
+
+@pytest.mark.parametrize("slow, layers", [(2, [2, 2, 0]), (1, [2, 0, 2])])
+def test_a_rank_left_out_of_the_chain(tiny_model, tmp_path, slow, layers):
+    path = tmp_path / f"slow{slow}.json"
+    _profile_with_a_slow_rank(path, tiny_model, slow)
+    even = run_pipeinfer(3, tiny_model, "def main():", "--layer-split", "0.5,0.25,0.25",
+                         "--ignore-eos", n_predict=8, timeout=TIMEOUT)
+    auto = run_pipeinfer(3, tiny_model, "def main():", "--layer-split", "auto", "--profile",
+                         path, "--ignore-eos", n_predict=8, timeout=TIMEOUT)
+    assert auto.rc == 0, auto.describe()
+    assert [b - a for a, b in auto.json["layer_split"]] == layers
+    assert f"rank {slow} (" in auto.stderr and "out of the chain" in auto.stderr
+    assert auto.json["tokens"] == even.json["tokens"]

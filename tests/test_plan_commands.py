@@ -4,8 +4,6 @@ costed from a reference model, and one clear error line for impossible settings.
 
 from __future__ import annotations
 
-import json
-import subprocess
 
 import pytest
 
@@ -92,3 +90,10 @@ def test_a_profile_of_another_model_is_refused(tiny_model, tmp_path):
     out = pipeinfer("plan", "--profile", profile, "-m", tiny_model, "--strategy", "iterative")
     errors = [l for l in out.stderr.splitlines() if l.startswith("pipeinfer: error:")]
     assert out.rc != 0 and len(errors) == 1 and "measured for the model other.gguf" in errors[0]
+
+
+def test_a_profile_without_auto_is_refused(tiny_model, tmp_path):
+    out = launch([PIPEINFER, "run", "-m", tiny_model, "-p", "x", "--profile",
+                  tmp_path / "p.json"], timeout=60)
+    errors = [l for l in out.stderr.splitlines() if l.startswith("pipeinfer: error:")]
+    assert out.rc == 2 and len(errors) == 1 and "--layer-split auto only" in errors[0]

@@ -101,3 +101,15 @@ def test_impossible_settings_are_refused(counts, cfg, message):
 def test_no_draft_time_is_refused_for_speculation():
     with pytest.raises(SimulationError, match="draft model's time"):
         simulate(pipe(node(10), node(10), node(10)), [0, 6, 6], SimConfig("pipeinfer"))
+
+
+def test_messages_never_overtake_on_a_slow_link():
+    # a skipped run's empty message is smaller than the run before it: on a link of 1 MB/s
+    # it would arrive first if messages could overtake (the core then sees results out of
+    # order and refuses them)
+    slow = NodeCost("n", {1: 10.0, 8: 10.0}, {1: 0.0, 8: 0.0}, None, 2.0, 1.0)
+    model = ModelShape("m", 12, 10.0, 10.0, hidden_bytes=6144, base_mb=0.0)
+    p = Pipeline((node(10, draft=3, rtt=2), slow, slow, slow), model)
+    for seed in range(4):
+        cfg = SimConfig("pipeinfer", n_predict=48, accept_rate=0.6, seed=seed)
+        assert simulate(p, [0, 4, 4, 4], cfg).n_generated == 48

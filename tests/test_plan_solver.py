@@ -126,3 +126,12 @@ def test_fractions_reproduce_the_counts_through_partition():
     split = solve(pipe([node(10)] * 3 + [node(30)], 10), "pipeinfer")
     ranges = partition(10, parse_split(split.layer_split))
     assert tuple(r.n_layer for r in ranges) == split.counts
+
+
+def test_a_launched_job_keeps_a_worker():
+    # the head is as fast as anyone and every hop costs: all layers on it would be best,
+    # but a job launched with workers keeps at least one stage after the head
+    nodes = [node(10, rtt=20)] * 3
+    assert solve(pipe(nodes, 4), "iterative").counts == (4, 0, 0)
+    kept = solve(pipe(nodes, 4), "iterative", keep_worker=True)
+    assert kept.last >= 1 and sum(1 for c in kept.counts[1:] if c) == 1

@@ -30,6 +30,8 @@ class RunConfig:
     split: tuple[float, ...] | str | None = None  # the target's fractions, one per pipeline
                                                   # rank, or "auto" (plan/auto.py)
     profile: str | None = None               # --layer-split auto: the calibration profile
+    leave_empty: bool = False                # ranks after the head may hold no layers (the
+                                             # auto split leaves them out of the chain)
     draft_ranks: int = 0                     # pipespec: ranks of their own for the drafts
     threads: tuple[int, ...] = (1,)
     sampling: SamplingParams = SamplingParams()

@@ -30,7 +30,8 @@ from ..model.sampling import Sampler, SamplingParams
 from ..schedule.generation import Generation, Request
 from ..schedule.transaction import seq_clear
 from ..strategies import STRATEGIES
-from .worker import Worker
+from ..model.partition import chain
+from .worker import Idle, Worker
 from .config import RunConfig
 from .generate import driver_for
 from .setup import SETUP_ERRORS, HeadSetup, head_setup, load_draft_rank_stage, load_stage, plan
@@ -67,9 +68,11 @@ def first_failure(statuses) -> str | None:
 class Job:
     """One rank's part of a job started on COMM_WORLD."""
 
-    def __init__(self, cfg: RunConfig, link: Link, stage, head: "Head | None", statuses):
+    def __init__(self, cfg: RunConfig, link: Link, stage, head: "Head | None", statuses,
+                 ranges=None):
         self.cfg, self.link, self.stage, self.head, self.statuses = (cfg, link, stage, head,
                                                                      statuses)
+        self.ranges = ranges
 
     @property
     def rank(self) -> int:
@@ -93,7 +96,7 @@ class Job:
                 check()
             if cfg.split == "auto":  # collective: calibrate (or probe) and solve
                 from ..plan.auto import auto_split
-                cfg = dataclasses.replace(cfg, split=auto_split(link, cfg))
+                cfg = dataclasses.replace(cfg, split=auto_split(link, cfg), leave_empty=True)
             ranges, model = plan(cfg, size)
             n_pipeline = cfg.n_pipeline(size)
             if rank >= n_pipeline:
@@ -101,7 +104,7 @@ class Job:
             else:
                 stage = load_stage(cfg, model, ranges[rank], n_pipeline)
             if rank == 0:
-                setup = head_setup(cfg, model, stage, size)
+                setup = head_setup(cfg, model, stage, size, chain(ranges[:n_pipeline]))
         except SETUP_ERRORS as err:
             error = str(err)
         except Exception as err:  # a bug: still take part in the gather, or the others hang
@@ -112,7 +115,7 @@ class Job:
             raise StartFailed(failure)
         offsets = link.clock_offsets()
         head = Head(cfg, setup, ranges, size, offsets or {}) if rank == 0 else None
-        return cls(cfg, link, stage, head, statuses)
+        return cls(cfg, link, stage, head, statuses, ranges)
 
     def serve(self) -> int:
         """A worker or draft rank's role until the head shuts the job down: 0 when it ended
@@ -124,8 +127,14 @@ class Job:
             role = DraftRank(link, Level(self.stage, self.cfg.n_batch), self.rank - n_pipeline,
                              range(n_pipeline, size), self.cfg.spec.draft)
         else:
-            link = WorkerLink(n_ranks=self.cfg.n_pipeline(size))
-            role = Worker(link, self.stage, argmax_only=self.cfg.argmax_only)
+            n_pipeline = self.cfg.n_pipeline(size)
+            ranks = chain(self.ranges[:n_pipeline]) if self.ranges else list(range(n_pipeline))
+            if self.rank in ranks:
+                link = WorkerLink(n_ranks=n_pipeline, chain=ranks)
+                role = Worker(link, self.stage, argmax_only=self.cfg.argmax_only)
+            else:  # no layers: out of the chain, it waits for the end of the job
+                link = WorkerLink(n_ranks=n_pipeline, chain=[0, self.rank])
+                role = Idle(link)
         try:
             role.run()
             return 0

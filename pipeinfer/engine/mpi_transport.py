@@ -215,11 +215,15 @@ class Link:
 class HeadTransport(Link):
     """The head's side of the pipeline (implements the scheduler's Transport protocol)."""
 
-    def __init__(self, n_vocab: int, comm: Any = None, n_ranks: int | None = None):
+    def __init__(self, n_vocab: int, comm: Any = None, n_ranks: int | None = None,
+                 chain: list[int] | None = None):
         super().__init__(comm)
         self.n_vocab = n_vocab
         self.n_ranks = n_ranks or self.size  # the pipeline's ranks (draft ranks follow them)
-        self.first, self.last = 1, self.n_ranks - 1
+        chain = chain or list(range(self.n_ranks))
+        self.stages = chain[1:]              # the ranks activations pass through, in order
+        self.idle = [r for r in range(1, self.n_ranks) if r not in chain]  # left out
+        self.first, self.last = self.stages[0], self.stages[-1]
 
     def send_decode(self, tx: DecodeTx, activations: np.ndarray) -> None:
         meta = tx.encode_meta()
@@ -264,6 +268,8 @@ class HeadTransport(Link):
         """Stop every worker and collect their statistics (rank order)."""
         self.isend(make_header(TxType.SHUTDOWN), self.first, Tag.BEGIN)
         self.isend(np.array([CANCEL_END], dtype=np.int64), self.last, Tag.CANCEL)
+        for rank in self.idle:
+            self.isend(make_header(TxType.SHUTDOWN), rank, Tag.BEGIN)
         stats = []
         for rank in range(1, self.n_ranks):
             backoff = Backoff()
@@ -279,11 +285,14 @@ class WorkerLink(Link):
     """A worker's side: begin/payload from the previous rank, forward to the next, results to
     the head, cancellations from the next rank (or the head, for the last rank) upstream."""
 
-    def __init__(self, comm: Any = None, n_ranks: int | None = None):
+    def __init__(self, comm: Any = None, n_ranks: int | None = None,
+                 chain: list[int] | None = None):
         super().__init__(comm)
         n_ranks = n_ranks or self.size  # the pipeline's ranks (draft ranks follow them)
-        self.prev = self.rank - 1
-        self.next = self.rank + 1 if self.rank + 1 < n_ranks else None
+        chain = chain or list(range(n_ranks))  # the ranks activations pass through
+        i = chain.index(self.rank)
+        self.prev = chain[i - 1]
+        self.next = chain[i + 1] if i + 1 < len(chain) else None
         self.cancel_source = self.next if self.next is not None else HEAD
 
     def poll_begin(self) -> np.ndarray | None:

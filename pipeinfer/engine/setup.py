@@ -58,7 +58,7 @@ def plan(cfg: RunConfig, size: int) -> tuple[list[StageRange], Path]:
     elif len(fractions) != size:
         raise PartitionError(f"--layer-split has {len(fractions)} fractions but the job has "
                              f"{size} ranks; give one fraction per rank")
-    return partition(info.n_layer, fractions), model
+    return partition(info.n_layer, fractions, allow_empty=cfg.leave_empty), model
 
 
 def default_split(cfg: RunConfig, header, n_layer: int, size: int) -> list[float]:
@@ -110,7 +110,8 @@ def load_stage(cfg: RunConfig, model: Path, rng: StageRange, size: int) -> Stage
     return Stage(stage_file(model, rng), config, final=rng.final, label=label)
 
 
-def head_setup(cfg: RunConfig, model: Path, stage: Stage | None, size: int) -> HeadSetup:
+def head_setup(cfg: RunConfig, model: Path, stage: Stage | None, size: int,
+               chain: list[int] | None = None) -> HeadSetup:
     tokenizer = Tokenizer(model)
     prompt = [] if cfg.prompt is None else _prompt_tokens(cfg, tokenizer)
     n_pipeline = cfg.n_pipeline(size)
@@ -120,11 +121,13 @@ def head_setup(cfg: RunConfig, model: Path, stage: Stage | None, size: int) -> H
                                   limit=min(cfg.n_ctx, len(prompt) + cfg.n_predict))
     else:
         drafter = _load_drafters(cfg, tokenizer) if cfg.uses_draft_model else None
-    transport = HeadTransport(tokenizer.n_vocab, n_ranks=n_pipeline) if n_pipeline > 1 else None
-    embed = None if n_pipeline == 1 else Embedder(model)
-    return HeadSetup(tokenizer, prompt,
-                     Pipeline(embed, stage, transport, whole_model=n_pipeline == 1), drafter,
-                     cfg.pool())
+    chain = chain or list(range(n_pipeline))
+    transport = HeadTransport(tokenizer.n_vocab, n_ranks=n_pipeline, chain=chain) \
+        if len(chain) > 1 else None
+    whole = n_pipeline == 1
+    embed = None if whole else Embedder(model)
+    return HeadSetup(tokenizer, prompt, Pipeline(embed, stage, transport, whole_model=whole),
+                     drafter, cfg.pool())
 
 
 def _prompt_tokens(cfg: RunConfig, tokenizer: Tokenizer) -> list[int]:

@@ -143,3 +143,28 @@ class Worker:
             return True
         finally:
             self._cancel_lock.release()
+
+
+class Idle:
+    """A rank without layers (the auto split left it out of the chain): it waits, politely,
+    for the head's SHUTDOWN and reports its (empty) statistics."""
+
+    def __init__(self, link: WorkerLink):
+        self.link = link  # its `prev` is the head
+
+    def run(self) -> dict:
+        started = time.monotonic()
+        backoff = IdleBackoff()
+        while True:
+            header = self.link.poll_begin()
+            if header is not None and TxType(int(header[0])) == TxType.SHUTDOWN:
+                break
+            if header is not None:
+                raise RuntimeError(f"rank {self.link.rank} holds no layers but got a "
+                                   f"{TxType(int(header[0])).name} transaction")
+            backoff.wait()
+        stats = {"rank": self.link.rank, "busy_s": 0.0, "idle": True,
+                 "wall_s": time.monotonic() - started, "peak_rss_mb": peak_rss_mb()}
+        self.link.send_stats(stats)
+        self.link.flush()
+        return stats

@@ -68,8 +68,12 @@ def parse_layer_split(text: str) -> tuple[list[float], int]:
     return parse_split(target), len(drafts)
 
 
-def partition(n_layer: int, fractions: list[float]) -> list[StageRange]:
-    """Turn per-rank fractions into per-rank layer ranges (see the module docstring)."""
+def partition(n_layer: int, fractions: list[float], allow_empty: bool = False
+              ) -> list[StageRange]:
+    """Turn per-rank fractions into per-rank layer ranges (see the module docstring).
+    `allow_empty`: ranks after the head may get no layers too (`--layer-split auto` leaves
+    nodes that would only slow the pipeline out of the chain); the last rank with layers is
+    then the final one."""
     if not fractions:
         raise PartitionError("layer split is empty")
     if any(f < 0 for f in fractions):
@@ -77,7 +81,8 @@ def partition(n_layer: int, fractions: list[float]) -> list[StageRange]:
     total = sum(fractions)
     if abs(total - 1.0) > SUM_TOLERANCE:
         raise PartitionError(f"layer split fractions sum to {total:.9g}, not 1")
-    if len(fractions) > n_layer + 1 or (len(fractions) > n_layer and fractions[0] > 0):
+    if not allow_empty and (len(fractions) > n_layer + 1
+                            or (len(fractions) > n_layer and fractions[0] > 0)):
         raise PartitionError(
             f"{len(fractions)} ranks but the model has only {n_layer} layers: "
             "every rank after the head needs at least one layer")
@@ -87,14 +92,20 @@ def partition(n_layer: int, fractions: list[float]) -> list[StageRange]:
     # halves round up also when float error puts a decimal half (0.55 * 10) just below .5
     bounds = [math.floor(n_layer * c / total + 0.5 + 1e-9) for c in cumulative]
     bounds[-1] = n_layer
-    ranges = [StageRange(r, bounds[r], bounds[r + 1], r == len(fractions) - 1)
+    last = max(r for r in range(len(fractions)) if bounds[r + 1] > bounds[r])
+    ranges = [StageRange(r, bounds[r], bounds[r + 1], r == last)
               for r in range(len(fractions))]
-    for stage in ranges[1:]:
+    for stage in ranges[1:] if not allow_empty else ():
         if stage.n_layer == 0:
             raise PartitionError(
                 f"layer split {format_split(fractions)} gives rank {stage.rank} no layers of "
                 f"{n_layer}; only rank 0 (the head) may hold none")
     return ranges
+
+
+def chain(ranges: list[StageRange]) -> list[int]:
+    """The ranks activations pass through, in order: the head and every rank with layers."""
+    return [0] + [r.rank for r in ranges[1:] if r.n_layer > 0]
 
 
 def format_split(fractions: list[float]) -> str:

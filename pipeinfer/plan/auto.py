@@ -83,8 +83,8 @@ def auto_split(link: Link, cfg) -> tuple[float, ...]:
     if link.rank == 0:
         try:
             pipe = pipeline_for(profile, model, cfg.strategy, draft, cfg.kv_size)
-            split = solve(pipe, cfg.strategy, may_drop=False)
-            _report(split, solve(pipe, cfg.strategy, may_drop=True), profile)
+            split = solve(pipe, cfg.strategy, may_drop=True, keep_worker=True)
+            _report(split, profile)
             answer = tuple(split.fractions)
         except ValueError as err:
             answer = str(err)
@@ -94,14 +94,13 @@ def auto_split(link: Link, cfg) -> tuple[float, ...]:
     return answer
 
 
-def _report(split: Split, free: Split, profile: Profile) -> None:
+def _report(split: Split, profile: Profile) -> None:
     kind = "sum of stage times" if split.strategy in ("iterative", "speculative") \
         else "slowest stage"
     log.info("--layer-split auto: %s (layers %s; predicted %s %.1f ms per %d-token step)",
              split.layer_split, ",".join(map(str, split.counts)), kind, split.bound_ms,
              split.step)
-    if free.dropped and free.bound_ms < split.bound_ms:
-        names = ", ".join(f"rank {r} ({profile.nodes[r].host})" for r in free.dropped)
-        log.warning("%s would better hold no layers (%.1f ms instead of %.1f): every rank of a "
-                    "job holds at least one, so launch without it (`pipeinfer plan` prints "
-                    "the command)", names, free.bound_ms, split.bound_ms)
+    if split.dropped:
+        names = ", ".join(f"rank {r} ({profile.nodes[r].host})" for r in split.dropped)
+        log.warning("%s would only slow the pipeline: no layers, out of the chain (rank %d "
+                    "is the last stage)", names, split.last)

@@ -9,7 +9,7 @@ import sys
 import click
 
 from ..cli import Failure, RankedCommand, _verbosity, setup_logging
-from ..cli_options import DRAFT_MODEL_HELP, STRATEGY_NAMES, parse_threads
+from ..cli_options import parse_threads
 
 
 @click.command(cls=RankedCommand, context_settings={"show_default": True})

@@ -109,6 +109,7 @@ def counts_for(setup: Setup, strategy: str, split: str | None) -> list[int]:
             fractions = parse_split(split)
             if len(fractions) != n:
                 raise CostError(f"--layer-split has {len(fractions)} fractions for {n} nodes")
-        return [r.n_layer for r in partition(n_layer, fractions)]
+        # (a worker without layers is out of the chain, as `run --layer-split auto` leaves it)
+        return [r.n_layer for r in partition(n_layer, fractions, allow_empty=True)]
     except PartitionError as err:
         raise CostError(str(err)) from None

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..schedule import actions as A
-from ..schedule.events import DraftInterrupted, DraftReady, ResultArrived, Start, Tick
+from ..schedule.events import DraftReady, ResultArrived, Start, Tick
 from ..schedule.generation import Generation, Request
 from ..schedule.iterative import Iterative
 from ..schedule.options import EXACT_RUN_REPACKED, Limits, SpecOptions
@@ -120,6 +120,7 @@ class Simulation:
         self.busy = [0.0] * len(counts)
         self.cancel_at: dict[tuple[int, int], float] = {}
         self.dropped: set[int] = set()   # runs a stage skipped or aborted
+        self.link_free: dict[int, float] = {}  # per sender: its last message's arrival
         self.job = None            # the draft job in progress: [DraftJob, drafted, stop]
         self.marks: list[float] = []
         self.gen = Generation(Request(tuple(FIRST_TOKEN + p for p in range(cfg.prompt_len)),
@@ -184,7 +185,14 @@ class Simulation:
         if self.last == 0:
             self._at(t, "result", action.tx)
             return
-        self._at(t + self._hop(0, n), "arrive", self.chain[0], action.tx)
+        self._send(0, t, n, "arrive", self.chain[0], action.tx)
+
+    def _send(self, rank: int, t: float, n: int, kind: str, *data) -> None:
+        """A message from `rank` leaving at `t`: it arrives a hop later, never before one
+        it sent earlier (MPI messages between two ranks do not overtake)."""
+        arrival = max(t + self._hop(rank, n), self.link_free.get(rank, 0.0))
+        self.link_free[rank] = arrival
+        self._at(arrival, kind, *data)
 
     def _head_compute(self, ms: float) -> float:
         start = max(self.now, self.head_free)
@@ -224,11 +232,10 @@ class Simulation:
         skipped = stage.skipped
         self._next_on(rank)
         if rank == self.last:
-            self._at(self.now + self._hop(rank, tx.n_tokens), "result", tx, skipped)
+            self._send(rank, self.now, tx.n_tokens, "result", tx, skipped)
         else:
             nxt = self.chain[self.chain.index(rank) + 1]
-            n = 0 if skipped else tx.n_tokens
-            self._at(self.now + self._hop(rank, n), "arrive", nxt, tx)
+            self._send(rank, self.now, 0 if skipped else tx.n_tokens, "arrive", nxt, tx)
         if skipped:  # downstream stages skip it too (an empty message travels on)
             self.dropped.add(tx.run_id)
             for later in self.chain[self.chain.index(rank) + 1:]:

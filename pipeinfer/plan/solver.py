@@ -8,9 +8,10 @@ strategies and their maximum for "max" ones; both are searched exactly by dynami
 over (rank, layers left), which is tiny (ranks x layers^2).
 
 Measured figures are noisy: among the splits whose bound is within `tolerance` of the best, the
-solver takes the one with the lightest other measure (the heaviest stage for "sum", the total
-for "max"), so equal nodes get even shares instead of all layers going to the one measured a
-hair faster.
+solver takes the one with the lightest other measure: for "sum" the heaviest stage, for "max"
+the heaviest worker stage (the head's drafting may set the bound, and then any split below it
+would do: the stages are still balanced, for latency), so equal nodes get even shares instead
+of all layers going to the one measured a hair faster.
 """
 
 from __future__ import annotations
@@ -60,12 +61,15 @@ class Split:
 
 
 def solve(pipe: Pipeline, strategy: str, may_drop: bool = True,
-          head_layers: bool = True, tolerance: float = TOLERANCE) -> Split:
+          head_layers: bool = True, tolerance: float = TOLERANCE,
+          keep_worker: bool = False) -> Split:
     """The best split of `pipe.model`'s layers over `pipe.nodes` for `strategy`. `may_drop`:
     worker ranks may get no layers (else every rank after the head gets at least one);
-    `head_layers`: the head may hold layers."""
+    `head_layers`: the head may hold layers; `keep_worker`: at least one worker holds layers
+    (a launched job: its pipeline has a stage after the head)."""
     shape, step = strategy_shape(strategy)
     search = _Search(pipe, shape, step, may_drop, head_layers)
+    search.keep_worker = keep_worker and len(pipe.nodes) > 1
     best = search.best(primary=True, limit=math.inf)
     if best is None:
         raise NoSplit(search.why_not())
@@ -83,6 +87,7 @@ class _Search:
         self.pipe, self.shape, self.step = pipe, shape, step
         self.may_drop, self.head_layers = may_drop, head_layers
         self.n, self.L = len(pipe.nodes), pipe.model.n_layer
+        self.keep_worker = False
 
     def item_of(self, rank: int, k: int, counts) -> float:
         if k == 0 and rank > 0:
@@ -96,6 +101,8 @@ class _Search:
         high = left if (rank > 0 or self.head_layers) else 0
         for k in range(low, high + 1):
             final = k == left and k > 0
+            if final and rank == 0 and self.keep_worker:
+                continue
             if k > 0 and k > self.pipe.memory_cap(rank, final):
                 continue
             if final or rank + 1 < self.n:
@@ -107,12 +114,13 @@ class _Search:
         if primary:
             return self._dp(add=self.shape == "sum", cap=math.inf)
         if self.shape == "max":
-            return self._dp(add=True, cap=limit)
+            return self._dp(add=False, cap=limit, workers_only=True)
         return self._sum_within(limit)
 
-    def _dp(self, add: bool, cap: float):
+    def _dp(self, add: bool, cap: float, workers_only: bool = False):
         """(value, counts) of the split with the lowest sum (`add`) or maximum of the ranks'
-        items, none of them over `cap`; None if no split qualifies."""
+        items (`workers_only`: of the ranks after the head), none of them over `cap`; None if
+        no split qualifies."""
         combine = (lambda a, b: a + b) if add else max
 
         @lru_cache(maxsize=None)
@@ -128,7 +136,8 @@ class _Search:
                     if (k > 0 or rank == 0) else 0.0
                 tail = rest(rank + 1, left - k) if own <= cap + 1e-12 else None
                 if tail is not None:
-                    options.append((combine(own, tail[0]), (k, *tail[1])))
+                    value = 0.0 if workers_only and rank == 0 else own
+                    options.append((combine(value, tail[0]), (k, *tail[1])))
             return min(options, default=None)
         return rest(0, self.L)
 

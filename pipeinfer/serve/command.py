@@ -79,6 +79,9 @@ def serve(model, draft, alias, n_ctx, n_batch, threads, split, profile, strategy
     setup_logging(verbose, quiet, rank=world()[0])
     signal.signal(signal.SIGTERM, signal.getsignal(signal.SIGINT))  # SIGTERM ends as Ctrl-C
     _refuse(parallel, split, strategy, speculation, n_batch)
+    if profile is not None and split[0] != "auto":
+        raise Failure("--profile is read by --layer-split auto only; add it, or drop --profile",
+                      2)
     source = _checked(resolve_draft_source, strategy, speculation.pop("draft_source"),
                       bool(draft))
     defaults = SamplingParams(temp, top_k, top_p, seed)
