@@ -41,10 +41,9 @@ class Driver:
         """The generation, yielding its tokens as they are accepted. A consumer that stops
         early cancels it (the runs in flight are drained all the same); after an error
         nothing is drained (a rank may be gone)."""
-        self.gen.timeline.start = time.perf_counter()
         seen = 0
         try:
-            self.feed(Start())
+            self.begin()
             backoff = IdleBackoff()
             while not self.sched.finished:
                 if self.turn():
@@ -60,6 +59,11 @@ class Driver:
             if self.drafts is not None:
                 self.drafts.close()
         self._drain()
+
+    def begin(self) -> None:
+        """The generation's clock starts and its scheduler gets Start (the prefill goes out)."""
+        self.gen.timeline.start = time.perf_counter()
+        self.feed(Start())
 
     def turn(self) -> bool:
         """One poll of everything; False when nothing happened."""

@@ -22,7 +22,6 @@ before the slot takes another request.
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, replace
 from typing import Any, Callable
 
@@ -31,7 +30,7 @@ from .driver import Driver
 from .generate import driver_for
 from .head import Pipeline
 from ..model.sampling import Sampler, SamplingParams
-from ..schedule.events import Cancel, ResultArrived, Start
+from ..schedule.events import Cancel, ResultArrived
 from ..schedule.generation import Generation, Request
 from ..schedule.options import LANE_STRATEGIES
 from ..schedule.transaction import DecodeTx, KvOp, seq_clear
@@ -78,9 +77,12 @@ class PipelineShare:
 @dataclass
 class Lane:
     slot: int
-    gen: Generation
-    driver: Driver
+    driver: Driver          # its pipe is the lane's SlotPipeline
     owner: Any              # the caller's object for this request (serve: its completion)
+
+    @property
+    def gen(self) -> Generation:
+        return self.driver.gen
 
     @property
     def finished(self) -> bool:
@@ -122,10 +124,9 @@ class Lanes:
         driver = driver_for(self.cfg.strategy, pipe, gen, Sampler(sampling), self.cfg,
                             self._drafters[slot], self.cfg.pool(), head.trace)
         driver.sched.share = self._share
-        lane = pipe.lane = Lane(slot, gen, driver, owner)
+        lane = pipe.lane = Lane(slot, driver, owner)
         self.active.append(lane)
-        gen.timeline.start = time.perf_counter()
-        driver.feed(Start())
+        driver.begin()
         return lane
 
     def cancel(self, lane: Lane) -> None:
@@ -155,7 +156,7 @@ class Lanes:
             self.active.remove(lane)
             if lane.driver.drafts is not None:
                 lane.driver.drafts.close()
-            self.pipe.kv([replace(seq_clear(), slot=lane.slot)])
+            lane.driver.pipe.kv([seq_clear()])   # (the lane's SlotPipeline: its slot)
             drafter = self._drafters[lane.slot]
             if isinstance(drafter, Drafter):
                 drafter.reset()
