@@ -23,6 +23,8 @@ import sys
 import time
 from pathlib import Path
 
+from cpu_quota import host_cpu
+
 HERE = Path(__file__).resolve().parent
 BIN = Path(sys.executable).parent
 PROMPT = ("Write a Python function that parses a CSV file of transactions (date, amount, "
@@ -138,9 +140,7 @@ def main() -> None:
     args = parser.parse_args()
     outdir = Path(args.out)
     outdir.mkdir(parents=True, exist_ok=True)
-    cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo")
-                if l.startswith("model name")), "?")
-    print(f"# host {platform.node()}: {cpu}; {time.strftime('%Y-%m-%d %H:%M')}", flush=True)
+    print(f"# host {platform.node()}: {host_cpu()}; {time.strftime('%Y-%m-%d %H:%M')}", flush=True)
     rows = []
     for name in args.settings.split(","):
         rows += bench(name, args, args.strategies.split(","), outdir)

@@ -43,8 +43,8 @@ ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(ROOT))
 
-from cpu_quota import PERIOD_US, CpuQuotas  # noqa: E402
-from peers import PeerCluster, last_line, peak_rss_mb  # noqa: E402
+from cpu_quota import PERIOD_US, CpuQuotas, host_cpu  # noqa: E402
+from peers import PeerCluster, last_line  # noqa: E402
 
 PROMPTS = (
     "Write a Python function that parses a CSV file of transactions (date, amount, category) "
@@ -201,13 +201,10 @@ class LlamaServer:
                    "-dev", ",".join(f"RPC{i}" for i in range(workers)), "-ngl", "99",
                    "-ts", ",".join("1" for _ in range(workers)), "-fit", "off"]
         with open(self.log, "w") as out:
-            self.proc = self.cluster._popen(0, command, stdout=out, stderr=subprocess.STDOUT)
+            self.proc = self.cluster.start_main(command, stdout=out, stderr=subprocess.STDOUT)
         url = f"http://127.0.0.1:{port}"
         wait_healthy(url, self.proc, self.log)
         return url
-
-    def peak_rss(self) -> list[float]:
-        return [round(peak_rss_mb(p.pid) or 0.0) for p in [self.proc, *self.cluster.servers]]
 
     def __exit__(self, *exc) -> None:
         if self.proc.poll() is None:
@@ -319,9 +316,7 @@ def main(argv: list[str] | None = None) -> int:
     if "llama-server" in systems:
         import build_peers
         bin_dir = build_peers.build(os.cpu_count() or 2) / "bin"
-    cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo")
-                if line.startswith("model name")), "?")
-    print(f"host: {cpu}; {args.nodes} nodes x {args.cpu:g} core, {args.model} + {args.draft}, "
+    print(f"host: {host_cpu()}; {args.nodes} nodes x {args.cpu:g} core, {args.model} + {args.draft}, "
           f"{args.n} tokens a request, {args.clients} clients", flush=True)
     results: dict[str, list[dict]] = {s: [] for s in systems}
     for rep in range(args.k):

@@ -124,11 +124,15 @@ class PeerCluster:
         for log in self.logs:
             log.unlink(missing_ok=True)
 
+    def start_main(self, command: list[str], **kwargs) -> subprocess.Popen:
+        """Start the main-host program on node 0 (a server: llama-server), in its quota."""
+        return self._popen(0, command, **kwargs)
+
     def run(self, command: list[str], timeout: float) -> PeerRun:
         """Run the main-host program on node 0, with the peak RSS of it and of every rpc-server
         (a server's peak covers its whole life: use one PeerCluster per run)."""
-        proc = self._popen(0, command, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                           text=True)
+        proc = self.start_main(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True)
         peak: float | None = None
         deadline = time.monotonic() + timeout
         out = err = ""
