@@ -135,6 +135,7 @@ def wait_healthy(url: str, proc: subprocess.Popen, log: Path) -> None:
 
 # pipeinfer's systems: their strategy flags (the rest as for every pipeinfer system)
 PIPEINFER_SYSTEMS = {"pipeinfer": ["--strategy", "pipeinfer", "-md", "{draft}"],
+                     "pipeinfer-speculative": ["--strategy", "speculative", "-md", "{draft}"],
                      "pipeinfer-iterative": ["--strategy", "iterative"]}
 
 
