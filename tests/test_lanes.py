@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from pipeinfer.engine.lanes import PipelineShare, SlotPipeline
+from pipeinfer.engine.lanes import Lanes, PipelineShare, SlotPipeline
 from pipeinfer.schedule.transaction import DecodeTx, seq_clear, seq_cp
 
 
@@ -61,3 +61,18 @@ def test_with_others_under_way_speculation_only_fills_idle_stages():
     share = PipelineShare(lanes_with(4, in_flight=4))
     assert share.load() >= share.limit(6)
     assert PipelineShare(lanes_with(2)).limit(2) == 2   # --max-runs below the stages: kept
+
+
+def test_a_request_starting_while_others_run_takes_the_busy_strategy():
+    """--busy-strategy applies to a generation that starts while another is under way (a
+    finished one does not count); alone, or with no busy strategy set, --strategy."""
+    cfg = SimpleNamespace(strategy="pipeinfer", busy_strategy="speculative")
+    assert Lanes.strategy_now(SimpleNamespace(cfg=cfg, active=[])) == "pipeinfer"
+    lanes = lanes_with(0, n_finished=2)
+    lanes.cfg = cfg
+    assert Lanes.strategy_now(lanes) == "pipeinfer"
+    lanes = lanes_with(1)
+    lanes.cfg = cfg
+    assert Lanes.strategy_now(lanes) == "speculative"
+    lanes.cfg = SimpleNamespace(strategy="pipeinfer", busy_strategy=None)
+    assert Lanes.strategy_now(lanes) == "pipeinfer"

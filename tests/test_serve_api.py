@@ -144,7 +144,7 @@ class FakeLanes:
                                next_at=time.monotonic() + self.delay, finished=False,
                                gen=SimpleNamespace(counters=Counters(n_drafted=4, n_accepted=3),
                                                    stop_reason=""))
-        lane.slot = len(self.active)
+        lane.slot, lane.strategy = len(self.active), "scripted"
         self.active.append(lane)
         self.most_active = max(self.most_active, len(self.active))
         return lane
@@ -354,3 +354,26 @@ def test_parallel_refused_for_pipespec():
                          timeout=60)
     assert res.returncode == 2 and "Traceback" not in res.stderr
     assert "--parallel 2: strategy pipespec generates one request at a time" in res.stderr
+
+
+def test_busy_strategy_needs_a_draft_model():
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    exe = Path(sys.executable).parent / "pipeinfer"
+    res = subprocess.run([str(exe), "serve", "-m", "any.gguf", "--strategy", "iterative",
+                          "--parallel", "2", "--busy-strategy", "speculative"],
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode == 2 and "Traceback" not in res.stderr
+    assert "--busy-strategy speculative needs a draft model" in res.stderr
+
+
+def test_busy_strategy_resolution():
+    from pipeinfer.serve.command import _busy
+
+    assert _busy("auto", "pipeinfer", 4) == "speculative"   # drafts ride in own runs
+    assert _busy("auto", "iterative", 4) is None            # nothing to draft: as --strategy
+    assert _busy("auto", "pipeinfer", 1) is None            # one at a time: never busy
+    assert _busy("same", "pipeinfer", 4) is None
+    assert _busy("iterative", "pipeinfer", 4) == "iterative"

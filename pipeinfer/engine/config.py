@@ -48,6 +48,8 @@ class RunConfig:
     full_logits: bool = False  # the last rank returns logits even under greedy sampling
                                # (serve: each request chooses its sampling)
     slots: int = 1          # llama.cpp contexts per stage: generations at once (serve)
+    busy_strategy: str | None = None  # serve: the strategy of a generation started while
+                                      # others are under way (None: `strategy`)
 
     @property
     def argmax_only(self) -> bool:

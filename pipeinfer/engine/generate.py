@@ -24,9 +24,12 @@ SCHEDULERS = {"iterative": Iterative, "speculative": Speculative, "pipeinfer": P
 
 
 def driver_for(strategy: str, pipe: Pipeline, gen: Generation, sampler, cfg, drafter=None,
-               pool=None, trace: Trace | None = None) -> Driver:
+               pool=None, trace: Trace | None = None, threaded_drafts: bool = False) -> Driver:
     """The driver of `gen` with `strategy` (a key of SCHEDULERS) and its draft executor;
-    `cfg` gives n_batch, n_ctx, kv_size and the SpecOptions (`cfg.spec`)."""
+    `cfg` gives n_batch, n_ctx, kv_size and the SpecOptions (`cfg.spec`). The draft model
+    drafts on a thread of its own for pipeinfer (unless --no-draft-thread), and for every
+    strategy with `threaded_drafts` (lanes: the head's loop keeps serving the other
+    generations meanwhile)."""
     max_run = getattr(cfg, "max_run", EXACT_RUN_PLAIN)
     limits = Limits(cfg.n_batch, cfg.n_ctx, cfg.kv_size, pipe.n_stages, max_run)
     scheduler = SCHEDULERS[strategy](gen, sampler, limits, cfg.spec, pool)
@@ -36,11 +39,12 @@ def driver_for(strategy: str, pipe: Pipeline, gen: Generation, sampler, cfg, dra
     elif strategy == "specpipe":
         driver.drafts = tree_executor(cfg.spec, drafter)
     elif strategy != "iterative":
-        driver.drafts = draft_executor(strategy, cfg.spec, drafter, driver.should_stop_draft)
+        driver.drafts = draft_executor(strategy, cfg.spec, drafter, driver.should_stop_draft,
+                                       threaded_drafts)
     return driver
 
 
-def draft_executor(strategy: str, opts, drafter, should_stop):
+def draft_executor(strategy: str, opts, drafter, should_stop, threaded: bool = False):
     """Where speculative's and pipeinfer's draft jobs run, by `opts.draft_source`: the draft
     model (inline, or for pipeinfer on a thread of its own), the n-gram lookup, or both (the
     lookup first, the model for the jobs it cannot answer). None with no draft model."""
@@ -48,7 +52,7 @@ def draft_executor(strategy: str, opts, drafter, should_stop):
     if drafter is not None and opts.draft_source != "ngram":
         # (a job's depth is its own budget, which the scheduler sets: not params.max_tokens)
         params = DraftParams(opts.draft, opts.p_split, opts.n_parallel)
-        threaded = strategy == "pipeinfer" and opts.draft_thread
+        threaded = (threaded or strategy == "pipeinfer") and opts.draft_thread
         model = (ThreadedDrafts(drafter, params) if threaded else
                  InlineDrafts(drafter, params, should_stop))
     if opts.draft_source == "model":

@@ -79,6 +79,7 @@ class Lane:
     slot: int
     driver: Driver          # its pipe is the lane's SlotPipeline
     owner: Any              # the caller's object for this request (serve: its completion)
+    strategy: str           # its scheduler's (Lanes.strategy_now when it started)
 
     @property
     def gen(self) -> Generation:
@@ -98,8 +99,9 @@ class Lanes:
 
     def __init__(self, head):
         cfg, setup = head.cfg, head.setup
-        if cfg.strategy not in LANE_STRATEGIES and cfg.slots > 1:
-            raise ValueError(f"strategy {cfg.strategy} generates one request at a time")
+        for strategy in (cfg.strategy, cfg.busy_strategy):
+            if strategy not in (*LANE_STRATEGIES, None) and cfg.slots > 1:
+                raise ValueError(f"strategy {strategy} generates one request at a time")
         self.head, self.cfg, self.pipe = head, cfg, setup.pipeline
         drafter = setup.drafter
         self._drafters = ([Drafter(drafter.stage.slot(k), drafter.n_batch)
@@ -121,13 +123,22 @@ class Lanes:
         head = self.head
         gen = Generation(request, head.tokenizer.is_eog, on_token, run_ids=head.run_ids)
         pipe = SlotPipeline(self.pipe, slot, self._owners)
-        driver = driver_for(self.cfg.strategy, pipe, gen, Sampler(sampling), self.cfg,
-                            self._drafters[slot], self.cfg.pool(), head.trace)
+        strategy = self.strategy_now()
+        driver = driver_for(strategy, pipe, gen, Sampler(sampling), self.cfg,
+                            self._drafters[slot], self.cfg.pool(), head.trace,
+                            threaded_drafts=True)
         driver.sched.share = self._share
-        lane = pipe.lane = Lane(slot, driver, owner)
+        lane = pipe.lane = Lane(slot, driver, owner, strategy)
         self.active.append(lane)
         driver.begin()
         return lane
+
+    def strategy_now(self) -> str:
+        """The strategy of a generation starting now: --busy-strategy while another is under
+        way (the pipeline is then full of the requests' own runs, so drafts ride in the
+        request's runs instead of runs of their own), else --strategy."""
+        busy = any(not lane.finished for lane in self.active)
+        return self.cfg.busy_strategy if busy and self.cfg.busy_strategy else self.cfg.strategy
 
     def cancel(self, lane: Lane) -> None:
         """End `lane`'s generation now (its runs in flight are drained all the same)."""

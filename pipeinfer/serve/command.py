@@ -9,6 +9,7 @@ from pathlib import Path
 import click
 
 from ..cli import Failure, RankedCommand, _checked, _verbosity, setup_logging
+from ..engine.config import NEEDS_DRAFT
 from ..schedule.options import LANE_STRATEGIES
 from ..cli_options import (AUTO_SPLIT_HELP, DRAFT_MODEL_HELP, PROFILE_HELP, SPLIT_HELP,
                            STRATEGY_HELP, STRATEGY_NAMES, parse_run_split, parse_threads,
@@ -18,6 +19,14 @@ PARALLEL_HELP = ("Requests generated at once, sharing the pipeline (each in a ll
                  "context of its own on every rank: N times the KV cache memory, -c tokens "
                  "each, and exact alone or together); more wait in the queue, in arrival "
                  "order. Not with --strategy pipespec.")
+
+BUSY_HELP = ("The strategy of a request that starts while others are generating (--parallel "
+             "> 1). auto: speculative under --strategy pipeinfer (the requests' own runs then "
+             "keep the stages busy, so its drafts ride in its own runs, verified with its "
+             "next token, instead of runs of their own that would wait behind the others'), "
+             "--strategy otherwise. same: --strategy. A request keeps its strategy to the end; "
+             "one that starts alone uses --strategy. Exact either way.")
+BUSY_CHOICES = ("auto", "same", "speculative", "iterative")
 
 
 @click.command(cls=RankedCommand, context_settings={"show_default": True})
@@ -52,13 +61,16 @@ PARALLEL_HELP = ("Requests generated at once, sharing the pipeline (each in a ll
 @click.option("--queue", "queue_size", default=16, type=click.IntRange(1, None),
               help="Requests that may wait for the pipeline; the server answers 503 beyond.")
 @click.option("--parallel", default=1, type=click.IntRange(1, None), help=PARALLEL_HELP)
+@click.option("--busy-strategy", default="auto", type=click.Choice(BUSY_CHOICES),
+              help=BUSY_HELP)
 @click.option("--api-key", default=None, envvar="PIPEINFER_API_KEY",
               help="Require `Authorization: Bearer KEY` on every endpoint but /health "
                    "(401 otherwise). Also from $PIPEINFER_API_KEY.", show_default=False)
 @_verbosity("-v: progress of every rank, the head's scheduling and tracebacks; -vv: also "
             "llama.cpp's log.", "Only notices and errors on stderr.")
 def serve(model, draft, alias, n_ctx, n_batch, threads, split, profile, strategy, temp, top_k, top_p,
-          seed, host, port, queue_size, parallel, api_key, verbose, quiet, **speculation):
+          seed, host, port, queue_size, parallel, busy_strategy, api_key, verbose, quiet,
+          **speculation):
     """Serve the model over HTTP with an OpenAI-compatible API, as one MPI job: rank 0 runs
     the HTTP server (and is the head, as for `run`), ranks 1..N-1 evaluate their slices of the
     target's layers. E.g.
@@ -90,7 +102,7 @@ def serve(model, draft, alias, n_ctx, n_batch, threads, split, profile, strategy
                     split=split[0], profile=profile, threads=threads, sampling=defaults,
                     spec=_spec(speculation, source), repack=speculation["repack"],
                     exact=speculation["exact"], verbose=verbose, full_logits=True,
-                    slots=parallel)
+                    slots=parallel, busy_strategy=_busy(busy_strategy, strategy, parallel))
     _checked(cfg.check_drafts)
     options = ServeOptions(host, port, queue_size, api_key, alias or _name(model), defaults)
     sys.exit(serve_main(cfg, options))
@@ -109,6 +121,19 @@ def _refuse(parallel: int, split, strategy: str, speculation: dict, n_batch: int
     if strategy == "specpipe" and speculation["tree_width"] > n_batch:
         raise Failure(f"--tree-width ({speculation['tree_width']}) must be at most the batch "
                       f"size (-b {n_batch}): a tree level is evaluated in one batch", 2)
+
+
+def _busy(given: str, strategy: str, parallel: int) -> str | None:
+    """--busy-strategy as the strategy name RunConfig takes (None: --strategy's)."""
+    if parallel == 1 or given == "same" or given == strategy:
+        return None
+    if given == "auto":
+        return "speculative" if strategy == "pipeinfer" else None
+    if given == "speculative" and strategy not in NEEDS_DRAFT:
+        raise Failure(f"--busy-strategy speculative needs a draft model, which --strategy "
+                      f"{strategy} does not load (use --strategy pipeinfer or speculative "
+                      f"with -md)", 2)
+    return given
 
 
 def _spec(o: dict, source: str):

@@ -157,8 +157,8 @@ def _start(lanes: Lanes, head: Head, bridge: Bridge, metrics: ServeMetrics,
     bridge.running.add(ticket)  # until it is done: a failure answers it too
     request = head.request(ticket.prompt, ticket.n_predict, ignore_eos=False)
     lane = lanes.start(request, ticket.sampling, completion, completion.on_token)
-    log.info("request %d: %d prompt tokens, slot %d (%d under way)", ticket.number,
-             len(ticket.prompt), lane.slot, len(lanes.active))
+    log.info("request %d: %d prompt tokens, slot %d, %s (%d under way)", ticket.number,
+             len(ticket.prompt), lane.slot, lane.strategy, len(lanes.active))
 
 
 def _end(lane: Lane, bridge: Bridge) -> None:
