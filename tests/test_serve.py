@@ -140,6 +140,10 @@ def test_completion_is_exact(server, client, smollm2, tokenizer):
     assert answer.choices[0].text == text and answer.choices[0].finish_reason == reason
     assert answer.usage.completion_tokens == n
     assert answer.usage.prompt_tokens == len(tokenizer.tokenize(prompt))
+    ids = tokenizer.tokenize(prompt)   # the same prompt as token ids (OpenAI's array form)
+    by_ids = client.completions.create(model="smollm2", prompt=ids, max_tokens=32,
+                                       temperature=0)
+    assert by_ids.choices[0].text == text and by_ids.usage.prompt_tokens == len(ids)
 
 
 def test_chat_is_exact(server, client, smollm2, tokenizer):
@@ -307,6 +311,8 @@ def test_errors(server):
     status, message = post(completions, json={"prompt": "hello " * N_CTX, "max_tokens": 4})
     assert status == 400 and "context" in message
     assert post(completions, json={"prompt": ""})[0] == 400
+    status, message = post(completions, json={"prompt": [1, 10 ** 9]})
+    assert status == 400 and "outside the vocabulary" in message
     assert post(chat, json={"messages": []})[0] == 400
     assert post(completions, json={"prompt": "x", "n": 2})[0] == 400
     assert post(completions, json={"prompt": "x", "model": "gpt-4"})[0] == 404

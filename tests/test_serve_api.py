@@ -37,7 +37,10 @@ def test_completion_fields_are_checked():
     assert (ask.prompt, ask.max_tokens, ask.stop, ask.stream) == ("hi", 5, ("\n",), True)
     assert ask.sampling.temp == 0.0 and ask.sampling.seed == 3
     assert api.parse_completion({"prompt": ["one"]}, DEFAULTS).prompt == "one"
-    bad = [{}, {"prompt": ""}, {"prompt": 3}, {"prompt": ["a", "b"]},
+    assert api.parse_completion({"prompt": [5, 6]}, DEFAULTS).prompt == (5, 6)  # token ids
+    assert api.parse_completion({"prompt": [[5, 6]]}, DEFAULTS).prompt == (5, 6)
+    bad = [{}, {"prompt": ""}, {"prompt": 3}, {"prompt": ["a", "b"]}, {"prompt": []},
+           {"prompt": [[1], [2]]}, {"prompt": [1, "a"]}, {"prompt": [True]}, {"prompt": [[]]},
            {"prompt": "x", "max_tokens": 0}, {"prompt": "x", "max_tokens": "5"},
            {"prompt": "x", "max_tokens": True}, {"prompt": "x", "temperature": "hot"},
            {"prompt": "x", "temperature": 3}, {"prompt": "x", "n": 2},

@@ -46,7 +46,7 @@ class Ask:
     """One checked completion request. `prompt` (completions) or `messages` ((role, content)
     pairs, chat) is set; `max_tokens` None means up to the context's end."""
     chat: bool
-    prompt: str | None
+    prompt: str | tuple[int, ...] | None   # text, or token ids as given
     messages: tuple[tuple[str, str], ...] | None
     max_tokens: int | None
     sampling: SamplingParams
@@ -54,6 +54,10 @@ class Ask:
     stream: bool = False
     include_usage: bool = False
     model: str | None = None
+
+
+def _is_token(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def parse_body(raw: bytes) -> dict:
@@ -72,14 +76,17 @@ def parse_body(raw: bytes) -> dict:
 
 
 def parse_completion(body: dict, defaults: SamplingParams) -> Ask:
-    """POST /v1/completions: `prompt` is a non-empty string (or a list of exactly one)."""
+    """POST /v1/completions: `prompt` is a non-empty string or array of token ids (or a list
+    of exactly one of those)."""
     prompt = body.get("prompt")
-    if isinstance(prompt, list) and len(prompt) == 1:
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
         prompt = prompt[0]
-    if isinstance(prompt, list):
-        raise ApiError(400, "'prompt' must be one string: this server takes one prompt per "
-                            "request", param="prompt")
-    if not isinstance(prompt, str):
+    if isinstance(prompt, list) and prompt and all(_is_token(t) for t in prompt):
+        prompt = tuple(prompt)
+    elif isinstance(prompt, list):
+        raise ApiError(400, "'prompt' must be one string or one array of token ids: this "
+                            "server takes one prompt per request", param="prompt")
+    if not isinstance(prompt, (str, tuple)):
         raise ApiError(400, "'prompt' is required and must be a string", param="prompt")
     if not prompt:
         raise ApiError(400, "'prompt' is empty", param="prompt")

@@ -135,6 +135,12 @@ async def _read_body(request: Request) -> bytes:
 
 def _prompt_tokens(service: Service, ask: Ask) -> list[int]:
     tokenizer = service.head.tokenizer
+    if isinstance(ask.prompt, tuple):
+        bad = [t for t in ask.prompt if not 0 <= t < tokenizer.n_vocab]
+        if bad:
+            raise ApiError(400, f"'prompt' has token id {bad[0]}, outside the vocabulary "
+                                f"(0..{tokenizer.n_vocab - 1})", param="prompt")
+        return list(ask.prompt)
     try:
         text = tokenizer.apply_chat_template(list(ask.messages)) if ask.chat else ask.prompt
     except LlamaError as err:
