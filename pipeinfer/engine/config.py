@@ -48,6 +48,7 @@ class RunConfig:
     full_logits: bool = False  # the last rank returns logits even under greedy sampling
                                # (serve: each request chooses its sampling)
     slots: int = 1          # llama.cpp contexts per stage: generations at once (serve)
+    compact_draft: bool = True  # load draft models as their Q4_0 copies (model/draft_cache.py)
 
     @property
     def argmax_only(self) -> bool:
