@@ -77,7 +77,12 @@ def _cached_copy(path: Path, progress: Progress) -> Path:
     if dst.exists():  # files only reach their final name complete (compact_copy)
         return dst
     with open(out / f"{key}.lock", "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            _say(progress, f"draft model {path.name}: waiting for another process making its "
+                           "compact copy")
+            fcntl.flock(lock, fcntl.LOCK_EX)
         if not dst.exists():
             _say(progress, f"draft model {path.name}: making its compact copy (once, some "
                            f"seconds) in {out}")
