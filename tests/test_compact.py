@@ -9,6 +9,7 @@ single-node llama.cpp's tokens (the draft's numbers only change what is guessed)
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import gguf
@@ -17,7 +18,7 @@ import pytest
 from gguf import GGMLQuantizationType as Q
 
 import mpi_util
-from pipeinfer.model import compact, models, tinymodel
+from pipeinfer.model import compact, draft_cache, models, tinymodel
 from pipeinfer.model.compact import compact_copy, converts
 from pipeinfer.model.gguf_header import read_header
 from pipeinfer.model.models import ModelError, resolve_model
@@ -277,3 +278,69 @@ def test_compact_draft_keeps_the_output_exact(qwen) -> None:
                        if a != b), None)
     assert first_diff is None and len(result["tokens"]) == N, (
         f"pipeinfer with the compact draft departs from llama.cpp at token {first_diff}")
+
+
+# --- the compact draft by default (draft_cache.compact_draft) -----------------------------
+
+def test_compact_draft_is_made_once(empty_cache: Path, mixed: Path, compacted: Path) -> None:
+    """A draft with matrices to convert: a compact copy in <cache>/compact/, keyed by its
+    content digest, the same bytes as compact_copy's; a second call reuses it untouched."""
+    messages: list[str] = []
+    path = draft_cache.compact_draft(mixed, messages.append)
+    assert path.parent == empty_cache / "compact" and path.suffix == ".gguf"
+    assert path.read_bytes() == compacted.read_bytes()
+    assert messages[0].startswith("draft model mixed.gguf: making its compact copy (once")
+    mtime = path.stat().st_mtime_ns
+    messages.clear()
+    assert draft_cache.compact_draft(mixed, messages.append) == path
+    assert path.stat().st_mtime_ns == mtime and messages == []
+    assert sorted(p.suffix for p in path.parent.iterdir()) == [".gguf", ".lock"]
+
+
+def test_compact_draft_keeps_a_file_with_nothing_to_convert(empty_cache: Path, compacted: Path,
+                                                           tiny_draft_aligned: Path) -> None:
+    """Nothing to convert (Q4_0/F16/Q8_0 embeddings; f32): the file itself, nothing written
+    (the header alone decides, so it is not even hashed)."""
+    assert draft_cache.compact_draft(compacted) == compacted
+    assert draft_cache.compact_draft(tiny_draft_aligned) == tiny_draft_aligned
+    assert not empty_cache.exists()
+
+
+def test_compact_draft_of_a_registry_model_is_its_derived_entry(empty_cache: Path,
+                                                                 mixed: Path) -> None:
+    """The cached qwen-coder-0.5b file (a padded tiny model stands in) maps to the registry's
+    qwen-coder-0.5b-q4_0, made by fetch: no second copy under compact/."""
+    spec, base = models.MODELS["qwen-coder-0.5b-q4_0"], models.MODELS["qwen-coder-0.5b"]
+    base.path.parent.mkdir(parents=True)
+    base.path.write_bytes(mixed.read_bytes())
+    with open(base.path, "r+b") as fh:
+        fh.truncate(base.size)
+    assert draft_cache.derived_entry(base.path) == spec
+    assert draft_cache.compact_draft(base.path) == spec.path
+    assert spec.path.is_file() and not (empty_cache / "compact").exists()
+
+
+def test_compact_draft_unwritable_cache_falls_back(tmp_path: Path, mixed: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """A cache that cannot be written (here: a file where the directory should be; as root,
+    permissions would not stop it) costs the speed-up, not the run."""
+    (tmp_path / "cache").write_text("not a directory")
+    monkeypatch.setenv("PIPEINFER_CACHE", str(tmp_path / "cache"))
+    warnings: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: warnings.append(record.getMessage())
+    draft_cache.log.addHandler(handler)
+    try:
+        assert draft_cache.compact_draft(mixed) == mixed
+    finally:
+        draft_cache.log.removeHandler(handler)
+    assert len(warnings) == 1 and "cannot write its compact copy" in warnings[0], warnings
+
+
+def test_compact_draft_of_a_broken_file(tmp_path: Path, compacted: Path) -> None:
+    (tmp_path / "text.gguf").write_text("nonsense")
+    (tmp_path / "cut.gguf").write_bytes(compacted.read_bytes()[:100])
+    with pytest.raises(ModelError, match="not a GGUF file"):
+        draft_cache.compact_draft(tmp_path / "text.gguf")
+    with pytest.raises(ModelError, match="truncated"):
+        draft_cache.compact_draft(tmp_path / "cut.gguf")

@@ -51,6 +51,7 @@ def test_default_flags_are_exact(qwen, oracle, strategy):
     assert launch.rc == 0 and not launch.timed_out, launch.describe()
     result = launch.json
     assert result["prompt_tokens"] == prompt
+    assert result["compact_draft"] is True  # the draft loaded: qwen-coder-0.5b-q4_0
     assert result["exact"] is True and result["repack"] is (strategy in ("speculative",
                                                                          "pipeinfer"))
     reference = llama_greedy(target, prompt, N, repack=result["repack"])

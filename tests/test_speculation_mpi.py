@@ -98,6 +98,19 @@ def test_greedy_exact(tiny, reference, strategy, split, draft):
     # result is always waiting; on more ranks how much it speculates depends on timing)
 
 
+@pytest.mark.parametrize("flag", ["--no-compact-draft", "--compact-draft"])
+def test_compact_draft_exact(tiny, reference, session_cache, flag):
+    """The Q8_0 target as its own draft: by default it is loaded as its Q4_0 copy (made once
+    in the cache's compact/), which guesses differently but cannot change the output."""
+    result = run(2, tiny.target, "-md", tiny.target, "--strategy", "speculative",
+                 "--layer-split", "0,1", *([flag] if flag.startswith("--no") else []))
+    check_run(result, reference[:N_TINY], 1)
+    assert result["compact_draft"] is (flag == "--compact-draft")
+    assert result["n_accepted"] > 0
+    if result["compact_draft"]:
+        assert list((session_cache / "compact").glob("*.gguf"))
+
+
 def test_pipeinfer_speculates_and_accepts(tiny, reference):
     result = run(3, tiny.target, "-md", tiny.aligned, "--strategy", "pipeinfer",
                  "--layer-split", "0,0.5,0.5", n_predict=200)

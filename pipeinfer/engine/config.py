@@ -50,6 +50,7 @@ class RunConfig:
     slots: int = 1          # llama.cpp contexts per stage: generations at once (serve)
     busy_strategy: str | None = None  # serve: the strategy of a generation started while
                                       # others are under way (None: `strategy`)
+    compact_draft: bool = True  # load draft models as their Q4_0 copies (model/draft_cache.py)
 
     @property
     def argmax_only(self) -> bool:

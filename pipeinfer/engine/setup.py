@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .drafter import Drafter
+from ..model.draft_cache import compact_draft
 from ..model.embedding import Embedder
 from .head import Pipeline
 from .hierarchy_remote import RemoteHierarchy
@@ -159,6 +160,8 @@ def _load_drafter(cfg: RunConfig, tokenizer: Tokenizer, draft: str,
     try:
         path = resolve_model(draft)
         check_gguf(path)
+        if cfg.compact_draft:
+            path = compact_draft(path)
     except ModelError as err:
         raise ModelError(f"draft model (-md): {err}") from None
     config = StageConfig(n_ctx=cfg.kv_size, n_batch=cfg.n_batch,

@@ -41,6 +41,7 @@ SOURCE_TYPES = frozenset({Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.Q6_K})
 KEEP = frozenset({"token_embd.weight"})
 _BLOCK, _BLOCK_BYTES = GGML_QUANT_SIZES[TARGET]
 _CHUNK_ROWS = 4096
+COMPACT_VERSION = 1  # bump when the compact file's contents change (draft_cache keys on it)
 
 
 def _say(progress: Progress, message: str) -> None:

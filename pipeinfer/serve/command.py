@@ -12,8 +12,8 @@ from ..cli import Failure, RankedCommand, _checked, _verbosity, setup_logging
 from ..engine.config import NEEDS_DRAFT
 from ..schedule.options import LANE_STRATEGIES
 from ..cli_options import (AUTO_SPLIT_HELP, DRAFT_MODEL_HELP, PROFILE_HELP, SPLIT_HELP,
-                           STRATEGY_HELP, STRATEGY_NAMES, parse_run_split, parse_threads,
-                           speculation_options)
+                           STRATEGY_HELP, STRATEGY_NAMES, compact_draft_option, parse_run_split,
+                           parse_threads, speculation_options)
 
 PARALLEL_HELP = ("Requests generated at once, sharing the pipeline (each in a llama.cpp "
                  "context of its own on every rank: N times the KV cache memory, -c tokens "
@@ -33,6 +33,7 @@ BUSY_CHOICES = ("auto", "same", "speculative", "iterative")
 @click.option("-m", "--model", required=True,
               help="Target model: a GGUF path, or a name of `pipeinfer models list`.")
 @click.option("-md", "--model-draft", "draft", multiple=True, help=DRAFT_MODEL_HELP)
+@compact_draft_option
 @click.option("--alias", default=None,
               help="The model's name in the API (/v1/models, the requests' `model`). "
                    "[default: the -m name without .gguf]", show_default=False)
@@ -68,8 +69,9 @@ BUSY_CHOICES = ("auto", "same", "speculative", "iterative")
                    "(401 otherwise). Also from $PIPEINFER_API_KEY.", show_default=False)
 @_verbosity("-v: progress of every rank, the head's scheduling and tracebacks; -vv: also "
             "llama.cpp's log.", "Only notices and errors on stderr.")
-def serve(model, draft, alias, n_ctx, n_batch, threads, split, profile, strategy, temp, top_k, top_p,
-          seed, host, port, queue_size, parallel, busy_strategy, api_key, verbose, quiet,
+def serve(model, draft, compact_draft, alias, n_ctx, n_batch, threads, split, profile, strategy,
+          temp, top_k, top_p, seed, host, port, queue_size, parallel, busy_strategy, api_key,
+          verbose, quiet,
           **speculation):
     """Serve the model over HTTP with an OpenAI-compatible API, as one MPI job: rank 0 runs
     the HTTP server (and is the head, as for `run`), ranks 1..N-1 evaluate their slices of the
@@ -102,7 +104,8 @@ def serve(model, draft, alias, n_ctx, n_batch, threads, split, profile, strategy
                     split=split[0], profile=profile, threads=threads, sampling=defaults,
                     spec=_spec(speculation, source), repack=speculation["repack"],
                     exact=speculation["exact"], verbose=verbose, full_logits=True,
-                    slots=parallel, busy_strategy=_busy(busy_strategy, strategy, parallel))
+                    slots=parallel, busy_strategy=_busy(busy_strategy, strategy, parallel),
+                    compact_draft=compact_draft)
     _checked(cfg.check_drafts)
     options = ServeOptions(host, port, queue_size, api_key, alias or _name(model), defaults)
     sys.exit(serve_main(cfg, options))
