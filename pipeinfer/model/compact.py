@@ -20,7 +20,6 @@ cache makes it at fetch time (``pipeinfer models fetch qwen-coder-0.5b-q4_0``).
 
 from __future__ import annotations
 
-import logging
 import os
 import time
 from collections.abc import Sequence
@@ -30,9 +29,8 @@ import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFEndian, GGUFReader, GGUFWriter, \
     GGUFValueType, Keys, quants
 
-from .models import ModelError, Progress, check_gguf
+from .models import ModelError, Progress, check_gguf, say
 
-log = logging.getLogger(__name__)
 
 Q = GGMLQuantizationType
 TARGET = Q.Q4_0
@@ -42,12 +40,6 @@ KEEP = frozenset({"token_embd.weight"})
 _BLOCK, _BLOCK_BYTES = GGML_QUANT_SIZES[TARGET]
 _CHUNK_ROWS = 4096
 COMPACT_VERSION = 1  # bump when the compact file's contents change (draft_cache keys on it)
-
-
-def _say(progress: Progress, message: str) -> None:
-    log.info("%s", message)
-    if progress is not None:
-        progress(message)
 
 
 def converts(name: str, qtype: GGMLQuantizationType, shape: Sequence[int]) -> bool:
@@ -76,7 +68,7 @@ def compact_copy(src: str | os.PathLike[str], dst: str | os.PathLike[str],
     """
     src, dst = Path(src), Path(dst)
     if _is_complete(dst):
-        _say(progress, f"{dst.name}: already compacted")
+        say(progress, f"{dst.name}: already compacted")
         return dst
     check_gguf(src)
     reader = GGUFReader(src)
@@ -84,7 +76,7 @@ def compact_copy(src: str | os.PathLike[str], dst: str | os.PathLike[str],
         raise ModelError(f"{src} is a big-endian GGUF file; only little-endian ones are compacted")
     plan = [(t, converts(t.name, t.tensor_type, t.shape)) for t in reader.tensors]
     n = sum(conv for _, conv in plan)
-    _say(progress, f"requantizing {n} of {len(plan)} tensors of {src.name} to Q4_0")
+    say(progress, f"requantizing {n} of {len(plan)} tensors of {src.name} to Q4_0")
     start = time.monotonic()
     tmp = dst.with_name(f"{dst.name}.{os.getpid()}.partial")  # the umask's mode, unlike mkstemp
     try:
@@ -93,7 +85,7 @@ def compact_copy(src: str | os.PathLike[str], dst: str | os.PathLike[str],
         os.replace(tmp, dst)
     finally:
         tmp.unlink(missing_ok=True)
-    _say(progress, f"wrote {dst.name} in {time.monotonic() - start:.0f} s "
+    say(progress, f"wrote {dst.name} in {time.monotonic() - start:.0f} s "
                    f"({src.stat().st_size / 1e6:.0f} MB -> {dst.stat().st_size / 1e6:.0f} MB)")
     return dst
 
@@ -128,7 +120,7 @@ def _write(reader: GGUFReader, plan: list, path: Path, progress: Progress) -> No
             done += t.n_elements
             if done * 4 // total > reported:
                 reported = done * 4 // total
-                _say(progress, f"  {25 * reported}% of the matrices requantized")
+                say(progress, f"  {25 * reported}% of the matrices requantized")
     writer.close()
 
 

@@ -13,14 +13,13 @@ costs the speed-up: the original file is used, with a warning.
 
 from __future__ import annotations
 
-import fcntl
 import logging
 import os
 from pathlib import Path
 
 from .compact import COMPACT_VERSION, compact_copy, converts
 from .gguf_header import HeaderError, read_header
-from .models import MODELS, ModelError, ModelSpec, Progress, cache_dir, fetch
+from .models import MODELS, ModelError, ModelSpec, Progress, cache_dir, fetch, locked, say
 
 log = logging.getLogger(__name__)
 
@@ -76,24 +75,13 @@ def _cached_copy(path: Path, progress: Progress) -> Path:
     dst = out / f"{key}.gguf"
     if dst.exists():  # files only reach their final name complete (compact_copy)
         return dst
-    with open(out / f"{key}.lock", "a") as lock:
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            _say(progress, f"draft model {path.name}: waiting for another process making its "
-                           "compact copy")
-            fcntl.flock(lock, fcntl.LOCK_EX)
+    waiting = f"draft model {path.name}: waiting for another process making its compact copy"
+    with locked(out / f"{key}.lock", progress, waiting):
         if not dst.exists():
-            _say(progress, f"draft model {path.name}: making its compact copy (once, some "
+            say(progress, f"draft model {path.name}: making its compact copy (once, some "
                            f"seconds) in {out}")
             try:
                 compact_copy(path, dst, progress)
             except (ValueError, KeyError, IndexError) as err:  # gguf.GGUFReader's complaints
                 raise ModelError(f"{path} cannot be read as a GGUF file: {err}") from None
     return dst
-
-
-def _say(progress: Progress, message: str) -> None:
-    log.info("%s", message)
-    if progress is not None:
-        progress(message)

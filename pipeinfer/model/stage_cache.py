@@ -8,16 +8,14 @@ logged (INFO), the one slow step of a first run.
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import json
 import logging
 import os
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable
 
-from .models import ModelError, cache_dir
+from .models import ModelError, cache_dir, locked
 from .partition import StageRange
 from .slicing import model_info, open_model, write_stage
 
@@ -28,16 +26,6 @@ log = logging.getLogger(__name__)
 
 def stages_dir() -> Path:
     return cache_dir() / "stages"
-
-
-@contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    with open(path, "a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def content_digest(model: str | os.PathLike) -> str:
@@ -74,7 +62,7 @@ def stage_file(model: str | os.PathLike, stage: StageRange,
         dst = out / f"{key}.gguf"
         if dst.exists():
             return dst
-        with _locked(out / f"{key}.lock"):
+        with locked(out / f"{key}.lock"):
             if not dst.exists():
                 message = f"slicing {Path(model).name}: layers [{stage.first}, {stage.last})"
                 log.info("%s", message)
