@@ -147,7 +147,7 @@ class FakeLanes:
                                next_at=time.monotonic() + self.delay, finished=False,
                                gen=SimpleNamespace(counters=Counters(n_drafted=4, n_accepted=3),
                                                    stop_reason=""))
-        lane.slot, lane.strategy = len(self.active), "scripted"
+        lane.slot, lane.strategy, lane.rooted_runs = len(self.active), "scripted", 0
         self.active.append(lane)
         self.most_active = max(self.most_active, len(self.active))
         return lane
@@ -373,9 +373,11 @@ def test_busy_strategy_needs_a_draft_model():
 
 
 def test_busy_strategy_resolution():
+    from pipeinfer.schedule.options import ADAPTIVE
     from pipeinfer.serve.command import _busy
 
-    assert _busy("auto", "pipeinfer", 4) == "speculative"   # drafts ride in own runs
+    assert _busy("auto", "pipeinfer", 4) == ADAPTIVE   # drafts ride in own runs when shared
+    assert _busy("speculative", "pipeinfer", 4) == "speculative"
     assert _busy("auto", "iterative", 4) is None            # nothing to draft: as --strategy
     assert _busy("auto", "pipeinfer", 1) is None            # one at a time: never busy
     assert _busy("same", "pipeinfer", 4) is None

@@ -6,7 +6,8 @@ from .drafter import DraftParams
 from .head import Pipeline
 from ..schedule.generation import Generation
 from ..schedule.iterative import Iterative
-from ..schedule.options import EXACT_RUN_PLAIN, Limits
+from ..schedule.options import ADAPTIVE, EXACT_RUN_PLAIN, Limits
+from ..schedule.adaptive import AdaptivePipeInfer
 from ..schedule.pipeinfer import PipeInfer
 from ..schedule.pipespec import PipeSpec
 from ..schedule.specpipe import SpecPipe
@@ -20,7 +21,8 @@ from .trace import Trace
 from .tree_drafts import TreeDrafts
 
 SCHEDULERS = {"iterative": Iterative, "speculative": Speculative, "pipeinfer": PipeInfer,
-              "pipespec": PipeSpec, "specpipe": SpecPipe}
+              "pipespec": PipeSpec, "specpipe": SpecPipe,
+              ADAPTIVE: AdaptivePipeInfer}   # (serve's lanes: --busy-strategy auto)
 
 
 def driver_for(strategy: str, pipe: Pipeline, gen: Generation, sampler, cfg, drafter=None,

@@ -15,7 +15,9 @@ events and ticks in turn. Speculative runs fill the stages the requests leave id
 (PipelineShare): alone, a generation speculates up to --max-runs runs in flight, as in `run`;
 with others under way, only while fewer runs than stages are in flight, since then the
 requests' own runs keep the stages busy and a speculative run only delays them (and the
-head's one draft model is shared by every lane). A lane whose generation ended is drained (its runs in flight come back and are
+head's one draft model is shared by every lane). Under --busy-strategy auto a pipeinfer lane
+goes further while others are under way: its drafts ride behind its pending token in that
+token's own run (schedule/adaptive.py). A lane whose generation ended is drained (its runs in flight come back and are
 discarded), then its slot's KV cells are cleared on every rank and its draft context reset,
 before the slot takes another request.
 """
@@ -32,7 +34,7 @@ from .head import Pipeline
 from ..model.sampling import Sampler, SamplingParams
 from ..schedule.events import Cancel, ResultArrived
 from ..schedule.generation import Generation, Request
-from ..schedule.options import LANE_STRATEGIES
+from ..schedule.options import ADAPTIVE, LANE_STRATEGIES
 from ..schedule.transaction import DecodeTx, KvOp, seq_clear
 
 
@@ -68,10 +70,13 @@ class PipelineShare:
         """Runs in flight, of every lane."""
         return self.lanes.pipe.in_flight
 
+    def shared(self) -> bool:
+        """Whether more than one generation is under way."""
+        return sum(not lane.finished for lane in self.lanes.active) > 1
+
     def limit(self, max_runs: int) -> int:
         """Most runs in flight under which a lane may start a speculative run."""
-        others = sum(not lane.finished for lane in self.lanes.active) > 1
-        return min(max_runs, self.lanes.pipe.n_stages) if others else max_runs
+        return min(max_runs, self.lanes.pipe.n_stages) if self.shared() else max_runs
 
 
 @dataclass
@@ -90,6 +95,12 @@ class Lane:
         return self.driver.sched.finished
 
     @property
+    def rooted_runs(self) -> int:
+        """Its runs that carried its drafts behind its pending token while it shared the
+        pipeline (schedule/adaptive.py)."""
+        return getattr(self.driver.sched, "rooted_runs", 0)
+
+    @property
     def drained(self) -> bool:
         return self.finished and self.driver.sched.in_flight == 0
 
@@ -100,7 +111,7 @@ class Lanes:
     def __init__(self, head):
         cfg, setup = head.cfg, head.setup
         for strategy in (cfg.strategy, cfg.busy_strategy):
-            if strategy not in (*LANE_STRATEGIES, None) and cfg.slots > 1:
+            if strategy not in (*LANE_STRATEGIES, ADAPTIVE, None) and cfg.slots > 1:
                 raise ValueError(f"strategy {strategy} generates one request at a time")
         self.head, self.cfg, self.pipe = head, cfg, setup.pipeline
         drafter = setup.drafter
@@ -136,7 +147,10 @@ class Lanes:
     def strategy_now(self) -> str:
         """The strategy of a generation starting now: --busy-strategy while another is under
         way (the pipeline is then full of the requests' own runs, so drafts ride in the
-        request's runs instead of runs of their own), else --strategy."""
+        request's runs instead of runs of their own), else --strategy. The adaptive
+        pipeinfer (schedule/adaptive.py) switches by itself: every generation gets it."""
+        if self.cfg.busy_strategy == ADAPTIVE:
+            return ADAPTIVE
         busy = any(not lane.finished for lane in self.active)
         return self.cfg.busy_strategy if busy and self.cfg.busy_strategy else self.cfg.strategy
 

@@ -16,6 +16,9 @@ DRAFT_SOURCES = ("model", "ngram", "both")
 # Strategies whose generations may share the pipeline (serve --parallel; engine/lanes.py):
 # pipespec's draft hierarchy keeps one generation's state per level.
 LANE_STRATEGIES = ("iterative", "speculative", "pipeinfer", "specpipe")
+# The lanes' pipeinfer that verifies its drafts in its own runs while others are under way
+# (adaptive.py; serve --busy-strategy auto under --strategy pipeinfer).
+ADAPTIVE = "pipeinfer-adaptive"
 
 # Most tokens of a run after the prompt when the output must be exact. A speculative tree is
 # verified as one batch, and llama.cpp gives every token of a batch the logits one-token

@@ -10,7 +10,7 @@ import click
 
 from ..cli import Failure, RankedCommand, _checked, _verbosity, setup_logging
 from ..engine.config import NEEDS_DRAFT
-from ..schedule.options import LANE_STRATEGIES
+from ..schedule.options import ADAPTIVE, LANE_STRATEGIES
 from ..cli_options import (AUTO_SPLIT_HELP, DRAFT_MODEL_HELP, PROFILE_HELP, SPLIT_HELP,
                            STRATEGY_HELP, STRATEGY_NAMES, compact_draft_option, parse_run_split,
                            parse_threads, speculation_options)
@@ -20,12 +20,14 @@ PARALLEL_HELP = ("Requests generated at once, sharing the pipeline (each in a ll
                  "each, and exact alone or together); more wait in the queue, in arrival "
                  "order. Not with --strategy pipespec.")
 
-BUSY_HELP = ("The strategy of a request that starts while others are generating (--parallel "
-             "> 1). auto: speculative under --strategy pipeinfer (the requests' own runs then "
-             "keep the stages busy, so its drafts ride in its own runs, verified with its "
-             "next token, instead of runs of their own that would wait behind the others'), "
-             "--strategy otherwise. same: --strategy. A request keeps its strategy to the end; "
-             "one that starts alone uses --strategy. Exact either way.")
+BUSY_HELP = ("What a request does while others are generating (--parallel > 1). auto, "
+             "under --strategy pipeinfer: every request runs pipeinfer alone and, while "
+             "others are under way, verifies its drafts in the run of its own next token "
+             "(the requests' own runs then keep the stages busy, so runs of drafts alone "
+             "would wait behind them), switching back and forth at run boundaries; under "
+             "other strategies auto is same. same: --strategy throughout. speculative, "
+             "iterative: a request that starts while others run uses this strategy to its "
+             "end; one that starts alone uses --strategy. Exact either way.")
 BUSY_CHOICES = ("auto", "same", "speculative", "iterative")
 
 
@@ -131,7 +133,7 @@ def _busy(given: str, strategy: str, parallel: int) -> str | None:
     if parallel == 1 or given == "same" or given == strategy:
         return None
     if given == "auto":
-        return "speculative" if strategy == "pipeinfer" else None
+        return ADAPTIVE if strategy == "pipeinfer" else None
     if given == "speculative" and strategy not in NEEDS_DRAFT:
         raise Failure(f"--busy-strategy speculative needs a draft model, which --strategy "
                       f"{strategy} does not load (use --strategy pipeinfer or speculative "

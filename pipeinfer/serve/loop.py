@@ -163,5 +163,8 @@ def _start(lanes: Lanes, head: Head, bridge: Bridge, metrics: ServeMetrics,
 
 def _end(lane: Lane, bridge: Bridge) -> None:
     completion: Completion = lane.owner
+    if lane.rooted_runs:
+        log.info("request %d: %d of its runs carried its drafts behind its next token "
+                 "(others under way)", completion.ticket.number, lane.rooted_runs)
     completion.finish(lane.gen)
     bridge.running.discard(completion.ticket)
