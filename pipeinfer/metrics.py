@@ -141,6 +141,7 @@ class CsvRow:
     n_accepted_ngram: int = 0            # of n_accepted: ... of those
     peak_rss_mb: str = ""                # per rank (node), rank 0 first, comma-separated
     error: str = ""                      # experiments: why a run has no figures
+    compact_draft: bool | None = None    # the draft loaded as its Q4_0 copy (None: no draft)
 
 
 def append_csv(path: str | os.PathLike, row: CsvRow) -> None:

@@ -30,7 +30,7 @@ def result_json(cfg, gen, setup, ranges, stats, wall: float) -> dict:
         "strategy": cfg.strategy,
         "target": Path(cfg.model).name,
         "draft": ",".join(Path(d).name for d in cfg.drafts),
-        "compact_draft": cfg.compact_draft,
+        "compact_draft": cfg.compact_draft if cfg.drafts else None,   # (None: no draft)
         "n_ranks": len(ranges) + cfg.draft_ranks,
         "ranks": len(ranges) + cfg.draft_ranks,
         "draft_ranks": cfg.draft_ranks,

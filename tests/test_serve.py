@@ -9,6 +9,7 @@ Then every error case, and SIGTERM ending every rank; a worker killed outright e
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -349,19 +350,41 @@ def test_sigterm_ends_every_rank(server):
     assert "Traceback" not in server.stderr, server.stderr
 
 
-def test_a_killed_worker_ends_the_job(tiny_model, tmp_path):
-    srv = Server(tmp_path, 3, "-m", str(tiny_model))
+def test_a_killed_worker_ends_the_job(smollm2, tmp_path):
+    """A worker SIGKILLed while two requests are under way: the launcher ends the job; the
+    head first answers both with 503 saying why (the streamed one as its last event), and
+    its supervisor names the rank; nothing is left running."""
+    srv = Server(tmp_path, 3, "-m", str(smollm2), "-c", str(N_CTX), "--parallel", "2")
+    answers = {}
     try:
         srv.wait_ready(60)
         ready = next(line for line in srv.stderr.splitlines() if "ready: rank 0" in line)
         pid = int(ready.split("rank 2 pid ")[1].split()[0])
-        os.kill(pid, signal.SIGKILL)
+        body = {"prompt": "Count: one, two,", "max_tokens": 400, "temperature": 0}
+
+        def whole() -> None:
+            answers["whole"] = httpx.post(srv.url + "/v1/completions", json=body, timeout=60)
+
+        asking = threading.Thread(target=whole)
+        asking.start()
+        with httpx.stream("POST", srv.url + "/v1/completions", json={**body, "stream": True},
+                          timeout=60) as r:
+            lines = []
+            for line in r.iter_lines():
+                lines += [line] if line else []
+                if len(lines) == 4 and line:
+                    os.kill(pid, signal.SIGKILL)
+            last = json.loads(lines[-1].removeprefix("data: "))
+        asking.join(60)
         srv.proc.wait(30)
         deadline = time.monotonic() + 5
         while srv.processes() and time.monotonic() < deadline:
             time.sleep(0.1)
         assert srv.processes() == []
         assert "rank 2" in srv.stderr and "SIGKILL" in srv.stderr, srv.stderr
+        assert last["error"]["code"] == 503 and "launcher" in last["error"]["message"], last
+        whole = answers["whole"]
+        assert whole.status_code == 503 and "another rank" in whole.json()["error"]["message"]
         with pytest.raises(httpx.TransportError):
             httpx.get(srv.url + "/health", timeout=2)
     finally:

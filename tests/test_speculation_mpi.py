@@ -9,6 +9,7 @@ really save stage computations.
 
 from __future__ import annotations
 
+import csv
 from pathlib import Path
 
 import pytest
@@ -99,13 +100,18 @@ def test_greedy_exact(tiny, reference, strategy, split, draft):
 
 
 @pytest.mark.parametrize("flag", ["--no-compact-draft", "--compact-draft"])
-def test_compact_draft_exact(tiny, reference, session_cache, flag):
+def test_compact_draft_exact(tiny, reference, session_cache, flag, tmp_path):
     """The Q8_0 target as its own draft: by default it is loaded as its Q4_0 copy (made once
-    in the cache's compact/), which guesses differently but cannot change the output."""
+    in the cache's compact/), which guesses differently but cannot change the output. The
+    CSV row says which draft ran."""
+    csv_path = tmp_path / "runs.csv"
     result = run(2, tiny.target, "-md", tiny.target, "--strategy", "speculative",
-                 "--layer-split", "0,1", *([flag] if flag.startswith("--no") else []))
+                 "--layer-split", "0,1", "--csv", str(csv_path),
+                 *([flag] if flag.startswith("--no") else []))
     check_run(result, reference[:N_TINY], 1)
     assert result["compact_draft"] is (flag == "--compact-draft")
+    row = next(csv.DictReader(csv_path.open()))
+    assert row["compact_draft"] == str(flag == "--compact-draft")
     assert result["n_accepted"] > 0
     if result["compact_draft"]:
         assert list((session_cache / "compact").glob("*.gguf"))

@@ -9,7 +9,7 @@ forks as the very first thing it does, before MPI starts:
 - the child is the rank: it goes on with the command (MPI, the model, the `ready:` line with
   its own pid) in a process group of its own, and gets SIGKILL (PR_SET_PDEATHSIG) if the
   supervisor dies, e.g. when the launcher kills the job: the launcher only knows the
-  supervisor;
+  supervisor (the head of `serve` gets JOB_LOST instead, answers its clients, then ends);
 - the parent, the supervisor, only waits for the child (no CPU, no MPI, it never touches the
   PMI socket it inherited) and passes on the signals it gets (SIGINT, SIGTERM, SIGHUP, ...):
   the child gets each exactly once, whether the launcher or a terminal signalled one process
@@ -57,6 +57,10 @@ FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signa
              signal.SIGTSTP, signal.SIGCONT)
 
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+# What the head of `pipeinfer serve` gets instead of SIGKILL when its supervisor dies (the
+# launcher ends the job after another rank died): it answers the requests under way with 503
+# before it ends (serve/service.py), so clients learn why instead of losing the connection.
+JOB_LOST = signal.SIGUSR2
 
 # Signals whose default action ends a process without a core dump.
 TERMINATING = frozenset(getattr(signal, name) for name in (
@@ -108,18 +112,19 @@ def supervise() -> None:
         signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
         return
     if child == 0:
-        _become_rank(prctl, parent)
+        serving_head = sys.argv[1:2] == ["serve"] and rank == 0
+        _become_rank(prctl, parent, JOB_LOST if serving_head else signal.SIGKILL)
         signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
         return
     _supervise(child, rank, old_mask)
 
 
-def _become_rank(prctl, parent: int) -> None:
+def _become_rank(prctl, parent: int, death_signal: int) -> None:
     try:
         os.setpgid(0, 0)
     except OSError:
         pass
-    prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    prctl(PR_SET_PDEATHSIG, death_signal, 0, 0, 0)
     if os.getppid() != parent:  # the supervisor was killed before prctl: too late for it
         os.kill(os.getpid(), signal.SIGKILL)
 

@@ -11,13 +11,17 @@ workers down (they ignore the signals once started, to end in this order), withi
 seconds; if that takes over STOP_LIMIT_S, SIGALRM ends the head and the launcher the job. A
 rank that fails
 ends the requests with 503 naming it, and the whole job. A rank killed outright (SIGKILL) is
-named by its supervisor, and the launcher ends the job, the head with it.
+named by its supervisor, and the launcher ends the job: the head's supervisor dies, the head
+gets JOB_LOST (engine/supervisor.py), answers the requests under way and waiting with 503
+(the job ended; the launcher's output names the rank, which the head cannot know) and ends.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import signal
+import threading
 import time
 from dataclasses import dataclass
 
@@ -25,6 +29,7 @@ from ..engine.config import RunConfig
 from ..engine.backoff import IdleBackoff
 from ..engine.job import Job, StartFailed, describe
 from ..engine.mpi_transport import Link, abort_job
+from ..engine.supervisor import JOB_LOST
 from ..model.sampling import SamplingParams
 from .app import Service, build_app, ready
 from .bridge import Bridge, State
@@ -54,6 +59,9 @@ def main(cfg: RunConfig, options: ServeOptions) -> int:
     service = Service(Bridge(options.queue), ServeMetrics(), options.model_name, cfg.n_ctx,
                       options.defaults, options.api_key)
     http: list[HttpThread] = []
+    if rank == 0:
+        signal.signal(JOB_LOST, lambda signum, frame: threading.Thread(
+            target=_job_lost, args=(service,), daemon=True).start())
 
     def listen() -> None:
         http.append(HttpThread(build_app(service), options.host, options.port))
@@ -95,6 +103,18 @@ def _head(cfg: RunConfig, job: Job, service: Service, http: HttpThread) -> int:
             abort_job(1)  # workers may wait on a rank that is gone: end them all
         return 1
     return 0
+
+
+def _job_lost(service: Service) -> None:
+    """The launcher is ending the job (another rank died): every request under way or
+    waiting gets 503 saying so, then the head ends without touching MPI (its peers are gone).
+    On a thread of its own: the signal may land while the main thread holds the bridge."""
+    message = ("the job ended: its launcher stopped this server because another rank failed "
+               "or was killed (the launcher's output names it)")
+    log.error("%s", message)
+    service.bridge.fail(State.FAILED, message)
+    time.sleep(FLUSH_S)
+    os._exit(1)
 
 
 def _http_alive(http: HttpThread) -> bool:
