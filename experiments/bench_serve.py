@@ -144,7 +144,7 @@ class PipeinferServer:
     extra: dict = {}
 
     def __init__(self, args, name: str = "pipeinfer"):
-        split = ",".join(["0"] + [repr(1 / (args.nodes - 1))] * (args.nodes - 1))
+        split = args.split or ",".join(["0"] + [repr(1 / (args.nodes - 1))] * (args.nodes - 1))
         flags = [f.format(draft=args.draft) for f in PIPEINFER_SYSTEMS[name]]
         serve = [str(Path(sys.executable).parent / "pipeinfer"), "serve", "-m", args.model,
                  *flags, "--layer-split", split, "--parallel", str(args.clients), "--port", "0",
@@ -200,7 +200,7 @@ class LlamaServer:
                    "-c", str(1024 * a.clients), "-np", str(a.clients), "--host", "127.0.0.1",
                    "--port", str(port), "--rpc", self.cluster.endpoints(),
                    "-dev", ",".join(f"RPC{i}" for i in range(workers)), "-ngl", "99",
-                   "-ts", ",".join("1" for _ in range(workers)), "-fit", "off"]
+                   "-ts", tensor_split(a.split, workers), "-fit", "off"]
         with open(self.log, "w") as out:
             self.proc = self.cluster.start_main(command, stdout=out, stderr=subprocess.STDOUT)
         url = f"http://127.0.0.1:{port}"
@@ -218,6 +218,17 @@ class LlamaServer:
         self.cluster.__exit__(None, None, None)
         self.quotas.remove()
         self.log.unlink(missing_ok=True)
+
+
+def tensor_split(split: str | None, workers: int) -> str:
+    """llama-server's -ts for pipeinfer's --layer-split (the head's share must be 0: the
+    main host holds no layers there): the workers' shares; even without a split."""
+    if split is None:
+        return ",".join("1" for _ in range(workers))
+    shares = split.split(",")
+    if len(shares) != workers + 1 or float(shares[0]) != 0:
+        raise SystemExit(f"bench_serve: --split needs {workers + 1} shares, the first 0")
+    return ",".join(shares[1:])
 
 
 def free_port() -> int:
@@ -302,6 +313,9 @@ def parse_args(argv):
     p.add_argument("-md", "--draft", default="qwen-coder-0.5b")
     p.add_argument("--systems", default="pipeinfer,llama-server",
                    help="comma list of: llama-server, " + ", ".join(PIPEINFER_SYSTEMS))
+    p.add_argument("--split", default=None,
+                   help="pipeinfer's --layer-split, and llama-server's -ts of its workers' "
+                        "shares (default: the head none, the rest even)")
     p.add_argument("--csv", default=None)
     return p.parse_args(argv)
 
