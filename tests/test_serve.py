@@ -354,7 +354,7 @@ def test_a_killed_worker_ends_the_job(smollm2, tmp_path):
     """A worker SIGKILLed while two requests are under way: the launcher ends the job; the
     head first answers both with 503 saying why (the streamed one as its last event), and
     its supervisor names the rank; nothing is left running."""
-    srv = Server(tmp_path, 3, "-m", str(smollm2), "-c", str(N_CTX), "--parallel", "2")
+    srv = Server(tmp_path, 3, "-m", str(smollm2), "-c", str(N_CTX))   # --parallel: 4
     answers = {}
     try:
         srv.wait_ready(60)
@@ -377,6 +377,7 @@ def test_a_killed_worker_ends_the_job(smollm2, tmp_path):
             last = json.loads(lines[-1].removeprefix("data: "))
         asking.join(60)
         srv.proc.wait(30)
+        assert "(2 under way)" in srv.stderr   # both were generating (the default --parallel)
         deadline = time.monotonic() + 5
         while srv.processes() and time.monotonic() < deadline:
             time.sleep(0.1)

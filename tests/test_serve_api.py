@@ -372,6 +372,14 @@ def test_busy_strategy_needs_a_draft_model():
     assert "--busy-strategy speculative needs a draft model" in res.stderr
 
 
+def test_parallel_defaults_to_four_where_requests_can_share_the_pipeline():
+    from pipeinfer.serve.command import _parallel
+
+    assert _parallel(None, "pipeinfer") == 4 and _parallel(None, "iterative") == 4
+    assert _parallel(None, "pipespec") == 1        # one request at a time
+    assert _parallel(2, "pipeinfer") == 2 and _parallel(1, "pipespec") == 1
+
+
 def test_busy_strategy_resolution():
     from pipeinfer.schedule.options import ADAPTIVE
     from pipeinfer.serve.command import _busy
