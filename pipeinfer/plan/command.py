@@ -9,7 +9,7 @@ import sys
 import click
 
 from ..cli import Failure, RankedCommand, _verbosity, setup_logging
-from ..cli_options import parse_threads
+from ..cli_options import compact_draft_option, parse_threads
 
 
 @click.command(cls=RankedCommand, context_settings={"show_default": True})
@@ -24,8 +24,9 @@ from ..cli_options import parse_threads
 @click.option("--repack/--no-repack", default=True,
               help="Time the target's layers repacked (as run's default for iterative, "
                    "speculative and pipeinfer) or in the plain layout (specpipe, pipespec).")
+@compact_draft_option
 @_verbosity()
-def calibrate(model, draft, threads, profile, repack, verbose, quiet):
+def calibrate(model, draft, threads, profile, repack, compact_draft, verbose, quiet):
     """Measure every rank of the job (launch it like `run`: mpiexec -n N pipeinfer calibrate
     ...): one target layer's and the output layer's time for steps of 1, 2, 4 and 8 tokens at
     the rank's -t, the draft model's time per token on the head, free memory, and the round
@@ -34,6 +35,7 @@ def calibrate(model, draft, threads, profile, repack, verbose, quiet):
     from ..engine.mpi_transport import Link
     from ..model.models import ModelError, resolve_model
     from ..model.slicing import model_info, read_model
+    from .auto import draft_file
     from .calibrate import calibrate as measure, model_id
     from .profile import cache_path
 
@@ -45,7 +47,7 @@ def calibrate(model, draft, threads, profile, repack, verbose, quiet):
     per_rank = [threads[r] if len(threads) > 1 else threads[0] for r in range(link.size)]
     try:
         path = resolve_model(model)
-        draft_path = resolve_model(draft) if draft else None
+        draft_path = draft_file(link, draft, compact_draft) if draft else None
         info = model_info(read_model(path), path)
         result = measure(link, path, info.n_layer, info.n_embd, per_rank, draft_path, repack)
     except (ModelError, ValueError, RuntimeError, OSError) as err:

@@ -8,6 +8,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ..model.balance import balanced_split
+from ..model.draft_cache import compact_draft
 from ..model.gguf_header import HeaderError, read_header
 from ..model.models import ModelError, resolve_model
 from ..model.partition import PartitionError, parse_split, partition
@@ -53,7 +54,7 @@ def cluster(model: str, draft: str | None, profile: str | None, n_nodes: int | N
     """The nodes from `profile`, else `cpus` (one share of a core per node; `n_nodes` x one
     share), with `link`; the model's shape from its GGUF header."""
     target = resolve(model, "model (-m)")
-    draft_path = resolve(draft, "draft model (-md)") if draft else None
+    draft_path = _draft(draft) if draft else None
     head_mb = draft_path.stat().st_size / 2 ** 20 if draft_path else 0.0
     try:
         shape = model_shape(target, kv_cells, header=read_header(target), head_mb=head_mb)
@@ -68,6 +69,16 @@ def cluster(model: str, draft: str | None, profile: str | None, n_nodes: int | N
     draft_ms = modelled.local_draft_ms(draft_path) if draft_path else 0.0
     nodes = modelled.nodes(cpus, layer, output, draft_ms, modelled.parse_link(link))
     return Setup(nodes, replace(shape, base_mb=0.0), target, draft_path)
+
+
+def _draft(name: str) -> Path:
+    """The draft file `run` loads by default: the compact copy (model/draft_cache.py), whose
+    time per token and agreement are what the head will see."""
+    path = resolve(name, "draft model (-md)")
+    try:
+        return compact_draft(path) if modelled.has_weights(path) else path
+    except ModelError as err:
+        raise CostError(f"draft model (-md) {name}: {err}") from None
 
 
 def _reference(name: str | None) -> Path:
