@@ -110,7 +110,12 @@ def bench(name: str, args, strategies: list[str], outdir: Path) -> list[dict]:
                      "speeds": speeds, "median": statistics.median(speeds),
                      "predicted": pred["speed_tps"], "pred_layers": pred["layers"],
                      "accept_measured": statistics.median(r["accept_rate"] or 0 for r in rs),
-                     "accept_assumed": pred["assumed_accept_rate"]})
+                     "accept_assumed": pred["assumed_accept_rate"],
+                     "runs": [{k: r.get(k) for k in ("speed_tps", "itl_s", "ttft_s",
+                                                     "accept_rate", "busy_fraction",
+                                                     "runs_started", "mean_microbatch")}
+                              for r in rs],
+                     "sim": pred})
     return rows
 
 
