@@ -202,8 +202,9 @@ class _Search:
                     f"not enough for one layer of {m.name} ({m.layer_mb:.0f} MB + "
                     f"{m.base_mb:.0f} MB of runtime): give it more memory or launch without it")
         if not any(pipe.memory_cap(r, True) >= 1 for r in range(self.n)):
-            return (f"no node has room for the output layer of {m.name} ({m.output_mb:.0f} MB "
-                    "with one layer): add memory or nodes")
+            return (f"no node has room for the output layer of {m.name} with one layer "
+                    f"({m.output_mb + m.layer_mb:.0f} MB + {m.base_mb:.0f} MB of runtime): "
+                    "add memory or nodes")
         return (f"the nodes hold at most {sum(caps)} of the {m.n_layer} layers of {m.name} "
                 f"({m.layer_mb:.0f} MB each, output layer {m.output_mb:.0f} MB): add nodes or "
                 "memory, or use a smaller model")
