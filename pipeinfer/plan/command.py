@@ -98,6 +98,9 @@ def _cluster_options(command):
                           "(no weights) is costed per byte from --reference."),
         click.option("-md", "--model-draft", "draft", default=None,
                      help="Draft model on the head (speculative strategies)."),
+        click.option("--compact-draft/--no-compact-draft", default=True,
+                     help="Time and probe the draft as `run` loads it by default, its compact "
+                          "Q4_0 copy (made once and cached), or the file as it is."),
         click.option("--profile", type=click.Path(dir_okay=False), default=None,
                      help="Calibration profile of the nodes (`pipeinfer calibrate`); else "
                           "the nodes are this machine's core scaled by --cpu/--cpus."),
@@ -135,7 +138,7 @@ def _cluster_options(command):
 
 
 def _setup(model, draft, profile, nodes, cpu, cpus, link, reference, hostfile=None,
-           memory=None):
+           memory=None, compact=True):
     from .hosts import parse_memory, read_hostfile
     from .inputs import cluster
 
@@ -160,7 +163,7 @@ def _setup(model, draft, profile, nodes, cpu, cpus, link, reference, hostfile=No
         shares = [cpu or 1.0] * (len(hosts) if hosts else nodes or 4)
     mem = parse_memory(memory, len(shares)) if memory and shares else None
     return cluster(model, draft, profile, nodes if profile else None, shares, link, reference,
-                   hosts=hosts, memory=mem)
+                   hosts=hosts, memory=mem, compact=compact)
 
 
 def _accept(setup, strategy: str, given: float | None) -> float:
@@ -195,8 +198,9 @@ def _plan_errors():
 @click.option("--seed", default=0, type=int, help="Seed of the draft's right and wrong guesses.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @_verbosity()
-def simulate(model, draft, profile, nodes, cpu, cpus, hostfile, memory, link, reference,
-             accept_rate, n_predict, strategy, split, seed, as_json, verbose, quiet):
+def simulate(model, draft, compact_draft, profile, nodes, cpu, cpus, hostfile, memory, link,
+             reference, accept_rate, n_predict, strategy, split, seed, as_json, verbose,
+             quiet):
     """Predict a run's speed without running it: the scheduler core `run` uses, driven by a
     discrete-event clock with modelled stage costs (from --profile, or this machine's measured
     layer times scaled by each node's --cpu share; a header-only GGUF scaled per byte), link
@@ -211,7 +215,7 @@ def simulate(model, draft, profile, nodes, cpu, cpus, hostfile, memory, link, re
         raise Failure(f"strategy {strategy} needs a draft model (-md)", 2)
     try:
         setup = _setup(model, draft, profile, nodes, cpu, cpus, link, reference,
-                       hostfile, memory)
+                       hostfile, memory, compact_draft)
         counts = counts_for(setup, strategy, split)
         rate = _accept(setup, strategy, accept_rate)
         result = run_sim(setup.pipeline(), counts,
@@ -234,8 +238,8 @@ def simulate(model, draft, profile, nodes, cpu, cpus, hostfile, memory, link, re
               help="Strategies to plan, comma-separated (the speculative ones need -md).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object per strategy.")
 @_verbosity()
-def plan(model, draft, profile, nodes, cpu, cpus, hostfile, memory, link, reference,
-         accept_rate, n_predict, strategies, as_json, verbose, quiet):
+def plan(model, draft, compact_draft, profile, nodes, cpu, cpus, hostfile, memory, link,
+         reference, accept_rate, n_predict, strategies, as_json, verbose, quiet):
     """Plan a job: per strategy, the split that minimises its bound within each node's memory
     (nodes that would only slow the pipeline are left out), the predicted speed, TTFT and ITL
     (the simulator on that split), and the exact mpiexec command line that runs it. Nodes
@@ -254,7 +258,7 @@ def plan(model, draft, profile, nodes, cpu, cpus, hostfile, memory, link, refere
     args = ["-n", str(n_predict)]
     try:
         setup = _setup(model, draft, profile, nodes, cpu, cpus, link, reference,
-                       hostfile, memory)
+                       hostfile, memory, compact_draft)
         rates = {s: _accept(setup, s, accept_rate) for s in chosen}
         advice = [advise(setup, s, rates[s], n_predict, args) for s in chosen]
     except _plan_errors() as err:

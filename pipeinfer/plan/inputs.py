@@ -51,12 +51,13 @@ def resolve(name: str, what: str) -> Path:
 def cluster(model: str, draft: str | None, profile: str | None, n_nodes: int | None,
             cpus: list[float] | None, link: str, reference: str | None = None,
             kv_cells: int = 8192, hosts: list[str] | None = None,
-            memory: list[float] | None = None) -> Setup:
+            memory: list[float] | None = None, compact: bool = True) -> Setup:
     """The nodes from `profile`, else `cpus` (one share of a core per node; `n_nodes` x one
     share), with `link`; the model's shape from its GGUF header. Modelled nodes: `hosts` name
-    them (a hostfile's), `memory` is each one's free MB (else not limited)."""
+    them (a hostfile's), `memory` is each one's free MB (else not limited). `compact`: the
+    draft as `run` loads it by default (its compact copy), else the file as it is."""
     target = resolve(model, "model (-m)")
-    draft_path = _draft(draft) if draft else None
+    draft_path = _draft(draft, compact) if draft else None
     head_mb = draft_path.stat().st_size / 2 ** 20 if draft_path else 0.0
     try:
         shape = model_shape(target, kv_cells, header=read_header(target), head_mb=head_mb)
@@ -79,12 +80,12 @@ def cluster(model: str, draft: str | None, profile: str | None, n_nodes: int | N
     return Setup(nodes, shape, target, draft_path, tuple(hosts) if hosts else None)
 
 
-def _draft(name: str) -> Path:
+def _draft(name: str, compact: bool) -> Path:
     """The draft file `run` loads by default: the compact copy (model/draft_cache.py), whose
     time per token and agreement are what the head will see."""
     path = resolve(name, "draft model (-md)")
     try:
-        return compact_draft(path) if modelled.has_weights(path) else path
+        return compact_draft(path) if compact and modelled.has_weights(path) else path
     except ModelError as err:
         raise CostError(f"draft model (-md) {name}: {err}") from None
 
