@@ -119,6 +119,13 @@ def bench(name: str, args, strategies: list[str], outdir: Path) -> list[dict]:
     return rows
 
 
+def resimulate(row: dict, args, outdir: Path) -> dict:
+    layers = row["pred_layers"]
+    exact = ",".join(f"{c / sum(layers):.12g}" for c in layers)
+    pred = simulate(args, row["strategy"], exact, outdir / f"profile-{row['setting']}.json")
+    return {**row, "predicted": pred["speed_tps"], "sim": pred}
+
+
 def report(rows: list[dict]) -> None:
     print(f"\n{'setting':7} {'strategy':10} {'split':18} {'t/s (each repeat)':26} {'median':>7} "
           f"{'sim':>6} {'error':>6} {'auto/even':>9}")
@@ -146,6 +153,9 @@ def main() -> None:
     parser.add_argument("-k", type=int, default=3, help="repeats (interleaved)")
     parser.add_argument("--timeout", type=float, default=1800)
     parser.add_argument("--out", default="bench-plan", help="directory for profiles and JSON")
+    parser.add_argument("--resimulate", action="store_true",
+                        help="run nothing: predict the rows in --out again (a changed "
+                             "simulator) from their profiles, and report")
     parser.add_argument("--reuse-profile", action="store_true",
                         help="use the setting's profile in --out if there is one (strategies "
                              "benchmarked in separate runs share one calibration); the rows "
@@ -155,6 +165,11 @@ def main() -> None:
     outdir.mkdir(parents=True, exist_ok=True)
     print(f"# host {platform.node()}: {host_cpu()}; {time.strftime('%Y-%m-%d %H:%M')}", flush=True)
     saved = outdir / "rows.json"
+    if args.resimulate:
+        rows = [resimulate(row, args, outdir) for row in json.loads(saved.read_text())]
+        saved.write_text(json.dumps(rows, indent=1))
+        report(rows)
+        return
     rows = json.loads(saved.read_text()) if args.reuse_profile and saved.exists() else []
     for name in args.settings.split(","):
         new = bench(name, args, args.strategies.split(","), outdir)

@@ -80,7 +80,8 @@ def local_layers(path: Path) -> tuple[dict[int, float], dict[int, float]]:
 
 
 def local_draft_ms(path: Path) -> float:
-    return float(_cached("draft", path, lambda: {"ms": measure.measure_draft(path, 1)})["ms"])
+    return float(_cached("draft-picked", path,
+                         lambda: {"ms": measure.measure_draft(path, 1)})["ms"])
 
 
 def scaled_layers(target: Path, reference: Path) -> tuple[dict, dict]:
