@@ -10,6 +10,7 @@ the measured t/s (every repeat and the median), the predicted t/s and its error,
 median of the per-repeat ratios auto / even.
 
     python experiments/bench_plan.py --settings het,4n -k 3 -n 64
+    python experiments/bench_plan.py --settings 8n --strategies speculative --reuse-profile
 """
 
 from __future__ import annotations
@@ -79,9 +80,12 @@ def bench(name: str, args, strategies: list[str], outdir: Path) -> list[dict]:
     setting = SETTINGS[name]
     profile = outdir / f"profile-{name}.json"
     t0 = time.time()
-    out = cluster(setting, args, str(BIN / "pipeinfer"), "calibrate", "-m", args.model,
-                  "-md", args.draft, "--profile", str(profile))
-    print(f"# {name}: calibrated in {time.time() - t0:.0f} s\n{out.stdout}", flush=True)
+    if args.reuse_profile and profile.exists():
+        print(f"# {name}: profile {profile} reused", flush=True)
+    else:
+        out = cluster(setting, args, str(BIN / "pipeinfer"), "calibrate", "-m", args.model,
+                      "-md", args.draft, "--profile", str(profile))
+        print(f"# {name}: calibrated in {time.time() - t0:.0f} s\n{out.stdout}", flush=True)
     runs: dict[tuple[str, str], list[dict]] = {}
     for rep in range(args.k):
         for strategy in strategies:
@@ -106,8 +110,20 @@ def bench(name: str, args, strategies: list[str], outdir: Path) -> list[dict]:
                      "speeds": speeds, "median": statistics.median(speeds),
                      "predicted": pred["speed_tps"], "pred_layers": pred["layers"],
                      "accept_measured": statistics.median(r["accept_rate"] or 0 for r in rs),
-                     "accept_assumed": pred["assumed_accept_rate"]})
+                     "accept_assumed": pred["assumed_accept_rate"],
+                     "runs": [{k: r.get(k) for k in ("speed_tps", "itl_s", "ttft_s",
+                                                     "accept_rate", "busy_fraction",
+                                                     "runs_started", "mean_microbatch")}
+                              for r in rs],
+                     "sim": pred})
     return rows
+
+
+def resimulate(row: dict, args, outdir: Path) -> dict:
+    layers = row["pred_layers"]
+    exact = ",".join(f"{c / sum(layers):.12g}" for c in layers)
+    pred = simulate(args, row["strategy"], exact, outdir / f"profile-{row['setting']}.json")
+    return {**row, "predicted": pred["speed_tps"], "sim": pred}
 
 
 def report(rows: list[dict]) -> None:
@@ -137,14 +153,29 @@ def main() -> None:
     parser.add_argument("-k", type=int, default=3, help="repeats (interleaved)")
     parser.add_argument("--timeout", type=float, default=1800)
     parser.add_argument("--out", default="bench-plan", help="directory for profiles and JSON")
+    parser.add_argument("--resimulate", action="store_true",
+                        help="run nothing: predict the rows in --out again (a changed "
+                             "simulator) from their profiles, and report")
+    parser.add_argument("--reuse-profile", action="store_true",
+                        help="use the setting's profile in --out if there is one (strategies "
+                             "benchmarked in separate runs share one calibration); the rows "
+                             "of earlier runs in --out are kept and reported too")
     args = parser.parse_args()
     outdir = Path(args.out)
     outdir.mkdir(parents=True, exist_ok=True)
     print(f"# host {platform.node()}: {host_cpu()}; {time.strftime('%Y-%m-%d %H:%M')}", flush=True)
-    rows = []
+    saved = outdir / "rows.json"
+    if args.resimulate:
+        rows = [resimulate(row, args, outdir) for row in json.loads(saved.read_text())]
+        saved.write_text(json.dumps(rows, indent=1))
+        report(rows)
+        return
+    rows = json.loads(saved.read_text()) if args.reuse_profile and saved.exists() else []
     for name in args.settings.split(","):
-        rows += bench(name, args, args.strategies.split(","), outdir)
-        (outdir / "rows.json").write_text(json.dumps(rows, indent=1))
+        new = bench(name, args, args.strategies.split(","), outdir)
+        keys = {(r["setting"], r["strategy"], r["split"]) for r in new}
+        rows = [r for r in rows if (r["setting"], r["strategy"], r["split"]) not in keys] + new
+        saved.write_text(json.dumps(rows, indent=1))
     report(rows)
 
 

@@ -63,14 +63,16 @@ def counts(split: str, n_layer: int) -> list[int]:
 
 
 def validate(args) -> list[tuple]:
-    one = cluster(args.model, args.draft, None, None, [1.0], "none")
+    one = cluster(args.model, args.draft, None, None, [1.0], "none",
+                  compact=args.compact_draft)
     rate = accept_rate(one.model, one.draft)
     rows = []
     for (setting, strategy, split, n_gen), speeds in sorted(groups(args.csv, args.prompt)
                                                              .items()):
         layers = counts(split, 28)
         setup = cluster(args.model, args.draft if strategy != "iterative" else None, None,
-                        None, shares(setting, len(layers)), link_of(setting))
+                        None, shares(setting, len(layers)), link_of(setting),
+                        compact=args.compact_draft)
         cfg = SimConfig(strategy, n_gen, accept_rate=rate)
         pred = simulate(setup.pipeline(), layers, cfg).speed_tps
         measured = statistics.mean(speeds)
@@ -148,6 +150,9 @@ def main() -> None:
     parser.add_argument("--prompt", default="code")
     parser.add_argument("--model", default="qwen-coder-1.5b")
     parser.add_argument("--draft", default="qwen-coder-0.5b")
+    parser.add_argument("--compact-draft", action="store_true",
+                        help="the runs loaded the compact draft (run's default since issue 19; "
+                             "the reference CSV of 2026-11-23 predates it)")
     parser.add_argument("--sweep", action="store_true")
     parser.add_argument("--sweep-accept", type=float, default=0.8)
     parser.add_argument("--chart", default=None)

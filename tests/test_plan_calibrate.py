@@ -90,3 +90,36 @@ def test_a_rank_left_out_of_the_chain(tiny_model, tmp_path, slow, layers):
     assert [b - a for a, b in auto.json["layer_split"]] == layers
     assert f"rank {slow} (" in auto.stderr and "out of the chain" in auto.stderr
     assert auto.json["tokens"] == even.json["tokens"]
+
+
+@pytest.fixture(scope="module")
+def convertible_draft(tmp_path_factory):
+    """A tiny draft with Q8_0/Q5 matrices: `run` loads its compact (Q4_0) copy by default."""
+    from test_compact import _copy_with, _mixed_type
+    import gguf
+    import numpy as np
+    from pipeinfer.model.tinymodel import write_tiny_llama
+    d = tmp_path_factory.mktemp("convertible")
+    f32 = write_tiny_llama(d / "f32.gguf", n_layer=2, seed=5)
+
+    def requant(t):
+        q = _mixed_type(t.name)
+        return None if q == gguf.GGMLQuantizationType.F32 else \
+            gguf.quants.quantize(np.array(t.data), q)
+    return _copy_with(f32, d / "mixed-draft.gguf", requant)
+
+
+@pytest.mark.parametrize("flag,compacted", [([], True), (["--no-compact-draft"], False)])
+def test_calibration_times_the_draft_run_will_load(tiny_model, convertible_draft, tmp_path,
+                                                   flag, compacted):
+    """The profile's draft is the file `run` loads: its compact copy unless
+    --no-compact-draft (timing the original overstated the head's drafting 1.5x)."""
+    path = tmp_path / "p.json"
+    out = launch([MPIEXEC, "-n", "2", PIPEINFER, "calibrate", "-m", tiny_model, "-md",
+                  convertible_draft, "--profile", path, *flag], timeout=TIMEOUT,
+                 env={"PIPEINFER_CACHE": str(tmp_path / "cache")})
+    assert out.rc == 0, out.describe()
+    name = json.loads(path.read_text())["draft"]["name"]
+    assert (name != convertible_draft.name) == compacted
+    if compacted:
+        assert (tmp_path / "cache" / "compact" / name).exists()

@@ -97,3 +97,45 @@ def test_a_profile_without_auto_is_refused(tiny_model, tmp_path):
                   tmp_path / "p.json"], timeout=60)
     errors = [l for l in out.stderr.splitlines() if l.startswith("pipeinfer: error:")]
     assert out.rc == 2 and len(errors) == 1 and "--layer-split auto only" in errors[0]
+
+
+def test_plan_from_a_hostfile(tiny_model, tmp_path):
+    hostfile = tmp_path / "hosts.txt"
+    hostfile.write_text("# the cluster\nalpha:2\nbeta slots=1\n\ngamma  # the last\n")
+    out = pipeinfer("plan", "--hostfile", hostfile, "--cpu", 0.5, "-m", tiny_model,
+                    "--strategy", "iterative", "--json")
+    assert out.rc == 0, out.describe()
+    assert len(out.json["layers"]) == 4  # one node per slot: alpha, alpha, beta, gamma
+    kept = [["alpha", "alpha", "beta", "gamma"][r] for r in out.json["nodes_used"]]
+    assert f"mpiexec -n {len(kept)} -hosts {','.join(kept)} pipeinfer run" in out.json["command"]
+
+
+@pytest.mark.parametrize("hosts, message", [
+    ("alpha:0\n", "line 1: 'alpha:0' is not 'host', 'host:N' or 'host slots=N'"),
+    ("# nothing\n", "names no host"),
+])
+def test_a_bad_hostfile_is_named(tiny_model, tmp_path, hosts, message):
+    hostfile = tmp_path / "hosts.txt"
+    hostfile.write_text(hosts)
+    out = pipeinfer("plan", "--hostfile", hostfile, "-m", tiny_model, "--strategy", "iterative")
+    errors = [l for l in out.stderr.splitlines() if l.startswith("pipeinfer: error:")]
+    assert out.rc != 0 and len(errors) == 1 and message in errors[0], out.describe()
+
+
+def test_memory_that_cannot_hold_the_split_is_named(tiny_model):
+    # 250 MB of every node is the runtime's: node 1 has 1 MB for layers of ~2 MB (their KV
+    # cache of 8192 cells) and the output layer, not the 2 layers the split gives it
+    out = pipeinfer("simulate", "--nodes", 2, "-m", tiny_model, "--strategy", "iterative",
+                    "--layer-split", "0.5,0.5", "--memory", "10000,251")
+    errors = [l for l in out.stderr.splitlines() if l.startswith("pipeinfer: error:")]
+    assert out.rc != 0 and len(errors) == 1, out.describe()
+    assert "node 1 (node1) has 251 MB free" in errors[0] and "not 2" in errors[0]
+    # plan's solver gives node 1 nothing and node 0 all, or says what is missing
+    out = pipeinfer("plan", "--nodes", 2, "-m", tiny_model, "--strategy", "iterative",
+                    "--memory", "10000,251", "--json")
+    assert out.rc == 0 and out.json["layers"] == [4, 0], out.describe()
+    out = pipeinfer("plan", "--nodes", 2, "-m", tiny_model, "--strategy", "iterative",
+                    "--memory", "251")
+    errors = [l for l in out.stderr.splitlines() if l.startswith("pipeinfer: error:")]
+    assert out.rc != 0 and len(errors) == 1 and "add memory or nodes" in errors[0], \
+        out.describe()

@@ -1,6 +1,6 @@
 """The simulator (pipeinfer/plan/simulate.py): the real scheduler classes under a modelled
-clock. Deterministic on fixed costs, and on an idealised pipeline (no links, flat step costs)
-it reproduces the closed forms: iterative runs at 1 / (sum of stage times); a fully accepted
+clock. Deterministic on fixed costs, and on an idealised pipeline (no links, flat step costs,
+no polling sleeps) it reproduces the closed forms: iterative runs at 1 / (sum of stage times); a fully accepted
 pipelined speculation is bounded by the slowest stage (a run of at most max_run tokens per
 slowest-stage time) and beats iterative by about the number of stages."""
 
@@ -26,7 +26,7 @@ def pipe(*nodes) -> Pipeline:
 def test_iterative_is_one_over_the_sum_of_stage_times():
     # stages of 4 x 10, 4 x 20 and 4 x 5 ms + 30 ms output: 170 ms a token
     p = pipe(node(1), node(10), node(20), node(5, output=30))
-    result = simulate(p, [0, 4, 4, 4], SimConfig("iterative", n_predict=32))
+    result = simulate(p, [0, 4, 4, 4], SimConfig("iterative", n_predict=32, idle_sleep=False))
     assert result.speed_tps == pytest.approx(1000 / 170)
     assert result.itl_s == pytest.approx(0.170) and result.ttft_s == pytest.approx(0.170)
 
@@ -34,8 +34,17 @@ def test_iterative_is_one_over_the_sum_of_stage_times():
 def test_iterative_counts_the_hops():
     # 2 ms round trips: each of the 3 hops (head -> 1 -> 2 -> head) adds 1 ms
     p = pipe(node(1, rtt=2), node(10, rtt=2), node(10, rtt=2))
-    result = simulate(p, [0, 6, 6], SimConfig("iterative", n_predict=16))
+    result = simulate(p, [0, 6, 6], SimConfig("iterative", n_predict=16, idle_sleep=False))
     assert result.speed_tps == pytest.approx(1000 / 123)
+
+
+def test_idle_ranks_see_messages_half_a_polling_sleep_late():
+    # run's idle waits sleep 1 % of the time idle, between 0.25 and 5 ms; a message waits
+    # half a sleep. One stage of 1200 ms: the head, idle 1.2 s per token, sleeps 5 ms (sees
+    # the result 2.5 ms late); the worker, idle only those 2.5 ms, sleeps 0.25 ms (0.125)
+    p = pipe(node(1), node(100))
+    result = simulate(p, [0, 12], SimConfig("iterative", n_predict=16))
+    assert result.itl_s == pytest.approx(1.2 + 0.0025 + 0.000125)
 
 
 def test_fully_accepted_speculation_is_bounded_by_the_slowest_stage():

@@ -104,6 +104,32 @@ def test_the_head_gets_layers_only_if_it_pays():
     assert split.counts[0] == 0 and split.bound_ms == pytest.approx(60)
 
 
+def test_a_drafting_head_needs_a_clear_margin_for_layers():
+    # the head drafts 3 tokens at 9 ms (27 ms); 7 layers of 10 ms on two workers: 4 + 3 =
+    # 40 ms. One layer on the head gives 1, 3, 3: 37 ms, 7.5 % better by the model, less
+    # than the 10 % its loop's stall may cost: the head stays without layers (40 ms)
+    nodes = [node(10, draft=9), node(10), node(10)]
+    split = solve(pipe(nodes, 7, draft_tokens=3), "pipeinfer")
+    assert split.counts[0] == 0 and split.bound_ms == pytest.approx(40)
+    # 11 layers: 6 + 5 = 60 ms without; 1 on the head: 37, 5 + 5 = 50 ms (2: 47, 5 + 4 =
+    # 50; 3: 57), 17 % better than 60: the head gets 1 or 2 layers
+    split = solve(pipe(nodes, 11, draft_tokens=3), "pipeinfer")
+    assert split.counts[0] in (1, 2) and split.bound_ms == pytest.approx(50)
+    # a head that does not draft takes its share without a margin: 3, 2, 2 or so (30 ms)
+    split = solve(pipe([node(10)] * 3, 7), "pipeinfer")
+    assert split.counts[0] > 0 and split.bound_ms == pytest.approx(30)
+
+
+def test_a_slow_drafting_head_does_not_skew_the_sum_tie_break():
+    # speculative ("sum", 2 drafted tokens a run) at 100 ms a token: the head's item is 200
+    # ms, but that is drafting, not a stage's load. Every split of 9 layers x 10 ms over the
+    # three workers sums to 90 ms (+ 200); the tie-break takes the lightest heaviest stage:
+    # 0, 3, 3, 3 (not 9 layers on one worker, which is still lighter than the head's 200)
+    nodes = [node(10, draft=100), node(10), node(10), node(10)]
+    split = solve(pipe(nodes, 9, draft_tokens=2), "speculative")
+    assert split.counts == (0, 3, 3, 3) and split.bound_ms == pytest.approx(290)
+
+
 def test_head_layers_forbidden():
     split = solve(pipe([node(10)] * 3, 8), "pipeinfer", head_layers=False)
     assert split.counts == (0, 4, 4)

@@ -7,7 +7,8 @@ import logging
 from pathlib import Path
 
 from ..engine.mpi_transport import Link, hostname
-from ..model.models import resolve_model
+from ..model.draft_cache import compact_draft
+from ..model.models import ModelError, resolve_model
 from ..model.slicing import model_info, read_model
 from . import calibrate as cal
 from .cost import Pipeline, draft_tokens
@@ -76,7 +77,8 @@ def auto_split(link: Link, cfg) -> tuple[float, ...]:
     """The solver's split for `cfg` (a RunConfig) on this job's ranks; logged on rank 0 with
     what the nodes left out would give."""
     model = resolve_model(cfg.model)
-    draft = resolve_model(cfg.drafts[0]) if cfg.uses_draft_model else None
+    draft = draft_file(link, cfg.drafts[0], cfg.compact_draft) if cfg.uses_draft_model \
+        else None
     threads = [cfg.threads_for(r) for r in range(link.size)]
     profile = obtain_profile(link, cfg.profile, model, draft, threads, cfg.repack_target)
     answer = None
@@ -92,6 +94,23 @@ def auto_split(link: Link, cfg) -> tuple[float, ...]:
     if isinstance(answer, str):
         raise ProfileError(answer)
     return answer
+
+
+def draft_file(link: Link, name: str, compact: bool) -> Path:
+    """The draft file `run` will load (its compact copy by default, engine/setup.py), so the
+    profile times the draft the head will run; made once on rank 0, the path shared (an
+    unusable draft raises ModelError on every rank)."""
+    answer = None
+    if link.rank == 0:
+        try:
+            path = resolve_model(name)
+            answer = ("ok", str(compact_draft(path) if compact else path))
+        except ModelError as err:
+            answer = ("error", f"draft model (-md): {err}")
+    kind, text = link.bcast(answer)
+    if kind == "error":
+        raise ModelError(text)
+    return Path(text)
 
 
 def _report(split: Split, profile: Profile) -> None:

@@ -9,7 +9,7 @@ import sys
 import click
 
 from ..cli import Failure, RankedCommand, _verbosity, setup_logging
-from ..cli_options import parse_threads
+from ..cli_options import compact_draft_option, parse_threads
 
 
 @click.command(cls=RankedCommand, context_settings={"show_default": True})
@@ -24,8 +24,9 @@ from ..cli_options import parse_threads
 @click.option("--repack/--no-repack", default=True,
               help="Time the target's layers repacked (as run's default for iterative, "
                    "speculative and pipeinfer) or in the plain layout (specpipe, pipespec).")
+@compact_draft_option
 @_verbosity()
-def calibrate(model, draft, threads, profile, repack, verbose, quiet):
+def calibrate(model, draft, threads, profile, repack, compact_draft, verbose, quiet):
     """Measure every rank of the job (launch it like `run`: mpiexec -n N pipeinfer calibrate
     ...): one target layer's and the output layer's time for steps of 1, 2, 4 and 8 tokens at
     the rank's -t, the draft model's time per token on the head, free memory, and the round
@@ -34,6 +35,7 @@ def calibrate(model, draft, threads, profile, repack, verbose, quiet):
     from ..engine.mpi_transport import Link
     from ..model.models import ModelError, resolve_model
     from ..model.slicing import model_info, read_model
+    from .auto import draft_file
     from .calibrate import calibrate as measure, model_id
     from .profile import cache_path
 
@@ -45,7 +47,7 @@ def calibrate(model, draft, threads, profile, repack, verbose, quiet):
     per_rank = [threads[r] if len(threads) > 1 else threads[0] for r in range(link.size)]
     try:
         path = resolve_model(model)
-        draft_path = resolve_model(draft) if draft else None
+        draft_path = draft_file(link, draft, compact_draft) if draft else None
         info = model_info(read_model(path), path)
         result = measure(link, path, info.n_layer, info.n_embd, per_rank, draft_path, repack)
     except (ModelError, ValueError, RuntimeError, OSError) as err:
@@ -96,6 +98,9 @@ def _cluster_options(command):
                           "(no weights) is costed per byte from --reference."),
         click.option("-md", "--model-draft", "draft", default=None,
                      help="Draft model on the head (speculative strategies)."),
+        click.option("--compact-draft/--no-compact-draft", default=True,
+                     help="Time and probe the draft as `run` loads it by default, its compact "
+                          "Q4_0 copy (made once and cached), or the file as it is."),
         click.option("--profile", type=click.Path(dir_okay=False), default=None,
                      help="Calibration profile of the nodes (`pipeinfer calibrate`); else "
                           "the nodes are this machine's core scaled by --cpu/--cpus."),
@@ -107,6 +112,13 @@ def _cluster_options(command):
         click.option("--cpus", default=None,
                      help="Per-node shares of a core, comma-separated (a heterogeneous "
                           "cluster; node 0 is the head), instead of --nodes/--cpu."),
+        click.option("--hostfile", type=click.Path(dir_okay=False), default=None,
+                     help="The nodes of an mpiexec hostfile ('host', 'host:N' or 'host slots=N' "
+                          "a line; one node per slot, the first the head), each modelled as "
+                          "--cpu of this machine's core; the command printed runs on them."),
+        click.option("--memory", default=None,
+                     help="Free MB per node without a profile, one value for all or one per "
+                          "node (comma-separated). [default: not limited]"),
         click.option("--link", default="none",
                      help="Links between nodes: none (loopback), gigabit (1 Gbit/s, 0.2 ms "
                           "each way), slow (100 Mbit/s, 1 ms), or LAT,BW (one-way ms, "
@@ -125,20 +137,33 @@ def _cluster_options(command):
     return command
 
 
-def _setup(model, draft, profile, nodes, cpu, cpus, link, reference):
+def _setup(model, draft, profile, nodes, cpu, cpus, link, reference, hostfile=None,
+           memory=None, compact=True):
+    from .hosts import parse_memory, read_hostfile
     from .inputs import cluster
 
     if cpus is not None and (nodes is not None or cpu is not None):
         raise Failure("give either --cpus or --nodes/--cpu", 2)
+    if profile is not None and (hostfile or memory):
+        raise Failure("a profile names its hosts and their memory: give --profile, or "
+                      "--hostfile/--memory", 2)
+    hosts = read_hostfile(hostfile) if hostfile else None
+    if hosts and nodes is not None and nodes != len(hosts):
+        raise Failure(f"--nodes {nodes} but hostfile {hostfile} has {len(hosts)} slots", 2)
     shares = None
     if cpus is not None:
         try:
             shares = [float(v) for v in cpus.split(",")]
         except ValueError:
             raise Failure(f"--cpus {cpus!r} is not a comma-separated list of numbers", 2)
+        if hosts and len(shares) != len(hosts):
+            raise Failure(f"--cpus has {len(shares)} shares for the hostfile's {len(hosts)} "
+                          "slots", 2)
     elif profile is None:
-        shares = [cpu or 1.0] * (nodes or 4)
-    return cluster(model, draft, profile, nodes if profile else None, shares, link, reference)
+        shares = [cpu or 1.0] * (len(hosts) if hosts else nodes or 4)
+    mem = parse_memory(memory, len(shares)) if memory and shares else None
+    return cluster(model, draft, profile, nodes if profile else None, shares, link, reference,
+                   hosts=hosts, memory=mem, compact=compact)
 
 
 def _accept(setup, strategy: str, given: float | None) -> float:
@@ -173,8 +198,9 @@ def _plan_errors():
 @click.option("--seed", default=0, type=int, help="Seed of the draft's right and wrong guesses.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @_verbosity()
-def simulate(model, draft, profile, nodes, cpu, cpus, link, reference, accept_rate,
-             n_predict, strategy, split, seed, as_json, verbose, quiet):
+def simulate(model, draft, compact_draft, profile, nodes, cpu, cpus, hostfile, memory, link,
+             reference, accept_rate, n_predict, strategy, split, seed, as_json, verbose,
+             quiet):
     """Predict a run's speed without running it: the scheduler core `run` uses, driven by a
     discrete-event clock with modelled stage costs (from --profile, or this machine's measured
     layer times scaled by each node's --cpu share; a header-only GGUF scaled per byte), link
@@ -188,7 +214,8 @@ def simulate(model, draft, profile, nodes, cpu, cpus, link, reference, accept_ra
     if strategy != "iterative" and draft is None:
         raise Failure(f"strategy {strategy} needs a draft model (-md)", 2)
     try:
-        setup = _setup(model, draft, profile, nodes, cpu, cpus, link, reference)
+        setup = _setup(model, draft, profile, nodes, cpu, cpus, link, reference,
+                       hostfile, memory, compact_draft)
         counts = counts_for(setup, strategy, split)
         rate = _accept(setup, strategy, accept_rate)
         result = run_sim(setup.pipeline(), counts,
@@ -211,12 +238,13 @@ def simulate(model, draft, profile, nodes, cpu, cpus, link, reference, accept_ra
               help="Strategies to plan, comma-separated (the speculative ones need -md).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object per strategy.")
 @_verbosity()
-def plan(model, draft, profile, nodes, cpu, cpus, link, reference, accept_rate, n_predict,
-         strategies, as_json, verbose, quiet):
+def plan(model, draft, compact_draft, profile, nodes, cpu, cpus, hostfile, memory, link,
+         reference, accept_rate, n_predict, strategies, as_json, verbose, quiet):
     """Plan a job: per strategy, the split that minimises its bound within each node's memory
     (nodes that would only slow the pipeline are left out), the predicted speed, TTFT and ITL
     (the simulator on that split), and the exact mpiexec command line that runs it. Nodes
-    from --profile (the hosts named in the command), or modelled by --cpu/--cpus."""
+    from --profile (the hosts named in the command), or modelled by --cpu/--cpus (named by
+    --hostfile, limited by --memory)."""
     from .advice import advise, table
 
     setup_logging(verbose, quiet)
@@ -229,7 +257,8 @@ def plan(model, draft, profile, nodes, cpu, cpus, link, reference, accept_rate, 
         chosen = [s for s in chosen if s == "iterative"] or chosen
     args = ["-n", str(n_predict)]
     try:
-        setup = _setup(model, draft, profile, nodes, cpu, cpus, link, reference)
+        setup = _setup(model, draft, profile, nodes, cpu, cpus, link, reference,
+                       hostfile, memory, compact_draft)
         rates = {s: _accept(setup, s, accept_rate) for s in chosen}
         advice = [advise(setup, s, rates[s], n_predict, args) for s in chosen]
     except _plan_errors() as err:

@@ -1,7 +1,7 @@
 """The cost model of a pipeline: what one stage costs per step, and what bounds a strategy.
 
 A node (one MPI rank) is described by measured figures (calibrate.py): the time of one target
-layer for a step of b tokens (b = 1, 2, 4, 8; other sizes interpolated), the time of the output
+layer for a step of b tokens (b = 1, 2, 3, 4, 8; other sizes interpolated), the time of the output
 layer (norm, output matrix, argmax) for such a step, its free memory, the link to the next node
 (round trip, bandwidth) and, on the head, the draft model's time per drafted token. The model is
 described by its shape: layers, bytes per layer and of the output layer, the hidden state's
@@ -20,7 +20,10 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass, field
 
-STEP_SIZES = (1, 2, 4, 8)
+# 3 is measured, not interpolated: it is the size of every speculative run under --exact with
+# repacked weights, and llama.cpp's repacked kernels run it slower per token than 2 or 4 (one
+# core here: a layer 6.35 ms at 2 tokens, 7.75 at 3, 5.59 at 4; interpolated 5.97)
+STEP_SIZES = (1, 2, 3, 4, 8)
 
 # Per strategy: what bounds it, and the tokens of a typical run after the prompt (pipeinfer's
 # and speculative's runs are cut to 3 tokens under --exact with repacked weights; specpipe's

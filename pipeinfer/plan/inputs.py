@@ -8,6 +8,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ..model.balance import balanced_split
+from ..model.draft_cache import compact_draft
 from ..model.gguf_header import HeaderError, read_header
 from ..model.models import ModelError, resolve_model
 from ..model.partition import PartitionError, parse_split, partition
@@ -49,11 +50,14 @@ def resolve(name: str, what: str) -> Path:
 
 def cluster(model: str, draft: str | None, profile: str | None, n_nodes: int | None,
             cpus: list[float] | None, link: str, reference: str | None = None,
-            kv_cells: int = 8192) -> Setup:
+            kv_cells: int = 8192, hosts: list[str] | None = None,
+            memory: list[float] | None = None, compact: bool = True) -> Setup:
     """The nodes from `profile`, else `cpus` (one share of a core per node; `n_nodes` x one
-    share), with `link`; the model's shape from its GGUF header."""
+    share), with `link`; the model's shape from its GGUF header. Modelled nodes: `hosts` name
+    them (a hostfile's), `memory` is each one's free MB (else not limited). `compact`: the
+    draft as `run` loads it by default (its compact copy), else the file as it is."""
     target = resolve(model, "model (-m)")
-    draft_path = resolve(draft, "draft model (-md)") if draft else None
+    draft_path = _draft(draft, compact) if draft else None
     head_mb = draft_path.stat().st_size / 2 ** 20 if draft_path else 0.0
     try:
         shape = model_shape(target, kv_cells, header=read_header(target), head_mb=head_mb)
@@ -67,7 +71,23 @@ def cluster(model: str, draft: str | None, profile: str | None, n_nodes: int | N
                      modelled.scaled_layers(target, _reference(reference)))
     draft_ms = modelled.local_draft_ms(draft_path) if draft_path else 0.0
     nodes = modelled.nodes(cpus, layer, output, draft_ms, modelled.parse_link(link))
-    return Setup(nodes, replace(shape, base_mb=0.0), target, draft_path)
+    if hosts is not None:
+        nodes = tuple(replace(n, name=f"{h}:{r}") for r, (n, h) in enumerate(zip(nodes, hosts)))
+    if memory is not None:
+        nodes = tuple(replace(n, memory_mb=m) for n, m in zip(nodes, memory))
+    else:  # not limited: the runtime's own share does not matter either
+        shape = replace(shape, base_mb=0.0)
+    return Setup(nodes, shape, target, draft_path, tuple(hosts) if hosts else None)
+
+
+def _draft(name: str, compact: bool) -> Path:
+    """The draft file `run` loads by default: the compact copy (model/draft_cache.py), whose
+    time per token and agreement are what the head will see."""
+    path = resolve(name, "draft model (-md)")
+    try:
+        return compact_draft(path) if compact and modelled.has_weights(path) else path
+    except ModelError as err:
+        raise CostError(f"draft model (-md) {name}: {err}") from None
 
 
 def _reference(name: str | None) -> Path:
@@ -110,6 +130,24 @@ def counts_for(setup: Setup, strategy: str, split: str | None) -> list[int]:
             if len(fractions) != n:
                 raise CostError(f"--layer-split has {len(fractions)} fractions for {n} nodes")
         # (a worker without layers is out of the chain, as `run --layer-split auto` leaves it)
-        return [r.n_layer for r in partition(n_layer, fractions, allow_empty=True)]
+        counts = [r.n_layer for r in partition(n_layer, fractions, allow_empty=True)]
     except PartitionError as err:
         raise CostError(str(err)) from None
+    check_memory(setup, counts)
+    return counts
+
+
+def check_memory(setup: Setup, counts: list[int]) -> None:
+    """CostError naming the first node whose share does not fit its memory, and the fix."""
+    pipe, m = setup.pipeline(), setup.shape
+    last = max(r for r, c in enumerate(counts) if c > 0)
+    for rank, k in enumerate(counts):
+        cap = pipe.memory_cap(rank, rank == last)
+        if k > 0 and k > cap:
+            node = setup.nodes[rank]
+            holds = "not even the output layer" if cap < 0 else f"at most {cap} layers"
+            raise CostError(
+                f"node {rank} ({node.name}) has {node.memory_mb:.0f} MB free: it holds {holds} "
+                f"of {m.name} ({m.layer_mb:.0f} MB a layer"
+                + (f", output layer {m.output_mb:.0f} MB" if rank == last else "")
+                + f"), not {k}: give it a smaller share or more memory, or --layer-split auto")

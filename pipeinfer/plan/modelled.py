@@ -21,7 +21,7 @@ from ..model.models import cache_dir
 from ..model.slicing import model_info
 from ..model.stage_cache import content_digest
 from . import measure
-from .cost import CostError, NodeCost
+from .cost import STEP_SIZES, CostError, NodeCost
 
 log = logging.getLogger(__name__)
 
@@ -74,13 +74,14 @@ def local_layers(path: Path) -> tuple[dict[int, float], dict[int, float]]:
         header = read_header(path)
         layer, output = measure.measure_layers(path, model_info(header, path).n_layer, 1)
         return {"layer_ms": layer, "output_ms": output}
-    figures = _cached("layers", path, run)
+    figures = _cached("layers-" + "-".join(map(str, STEP_SIZES)), path, run)
     return ({int(b): v for b, v in figures["layer_ms"].items()},
             {int(b): v for b, v in figures["output_ms"].items()})
 
 
 def local_draft_ms(path: Path) -> float:
-    return float(_cached("draft", path, lambda: {"ms": measure.measure_draft(path, 1)})["ms"])
+    return float(_cached("draft-picked", path,
+                         lambda: {"ms": measure.measure_draft(path, 1)})["ms"])
 
 
 def scaled_layers(target: Path, reference: Path) -> tuple[dict, dict]:

@@ -10,6 +10,10 @@ model, with times from a cost.Pipeline:
   arrived before it started and aborts one it is computing when it arrives;
 - the head's own slice (if it holds layers) and its draft model share the head's CPU: each
   drafted token takes draft_ms of it, one after the other;
+- a rank that was idle sees a message only when its polite poll wakes: `run`'s waits sleep
+  longer the longer they have been idle (engine/backoff.IdleBackoff: 1 % of the idle time,
+  between 0.25 and 5 ms), so a message waits half such a sleep on average. That is the
+  worker receiving a run and the head's loop receiving a result or a finished draft;
 - the target's greedy continuation is a fixed token sequence; the draft guesses the token at
   position p right with probability `accept_rate` (one draw per position, seeded, so a draft
   asked twice at a position answers the same), and wrong after a wrong context.
@@ -25,6 +29,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..engine.backoff import IDLE_LATENCY_SHARE, MAX_SLEEP_S, IdleBackoff
 from ..schedule import actions as A
 from ..schedule.events import DraftReady, ResultArrived, Start, Tick
 from ..schedule.generation import Generation, Request
@@ -40,6 +45,12 @@ SCHEDULERS = {"iterative": Iterative, "speculative": Speculative, "pipeinfer": P
 WRONG = 10 ** 6           # draft tokens from here on are never the target's
 FIRST_TOKEN = 1000        # the target's token at position p is FIRST_TOKEN + p
 MAX_TICKS = 16            # ticks per event at most (the driver ticks while idle)
+MIN_SLEEP_S = IdleBackoff().base_limit
+
+
+def wake_s(idle_s: float) -> float:
+    """Mean delay before a rank idle for `idle_s` sees a message: half its sleep then."""
+    return min(MAX_SLEEP_S, max(MIN_SLEEP_S, IDLE_LATENCY_SHARE * idle_s)) / 2
 
 
 class SimulationError(CostError):
@@ -56,6 +67,7 @@ class SimConfig:
     spec: SpecOptions = SpecOptions()
     max_run: int = EXACT_RUN_REPACKED
     n_ctx: int = 2048
+    idle_sleep: bool = True   # model the idle ranks' polling sleeps (False: an ideal pipeline)
 
 
 @dataclass
@@ -121,6 +133,8 @@ class Simulation:
         self.cancel_at: dict[tuple[int, int], float] = {}
         self.dropped: set[int] = set()   # runs a stage skipped or aborted
         self.link_free: dict[int, float] = {}  # per sender: its last message's arrival
+        self.head_last = 0.0       # the head's loop last had something to do
+        self.head_wake = 0.0       # its pending wake-up (messages until then are seen then)
         self.job = None            # the draft job in progress: [DraftJob, drafted, stop]
         self.marks: list[float] = []
         self.gen = Generation(Request(tuple(FIRST_TOKEN + p for p in range(cfg.prompt_len)),
@@ -151,6 +165,7 @@ class Simulation:
         heapq.heappush(self._queue, (t, next(self._seq), kind, data))
 
     def _feed(self, event) -> None:
+        self.head_last = self.now
         self._apply(self.sched.step(event))
         for _ in range(MAX_TICKS):
             if self.sched.finished or not self._apply(self.sched.step(Tick())):
@@ -183,7 +198,7 @@ class Simulation:
         if self.counts[0]:
             t = self._head_compute(self.pipe.stage_ms(0, self.counts[0], self.last == 0, n))
         if self.last == 0:
-            self._at(t, "result", action.tx)
+            self._at(t, "seen", action.tx)
             return
         self._send(0, t, n, "arrive", self.chain[0], action.tx)
 
@@ -208,13 +223,29 @@ class Simulation:
     def _on_arrive(self, rank: int, tx) -> None:
         stage = self.stages[rank]
         stage.todo.append(tx)
+        if stage.current is None and not stage.waking:
+            stage.waking = True
+            self._at(self.now + self._wake(self.now - stage.idle_since), "wake", rank)
+
+    def _on_wake(self, rank: int) -> None:
+        stage = self.stages[rank]
+        stage.waking = False
         if stage.current is None:
             self._next_on(rank)
+
+    def _wake(self, idle_s: float) -> float:
+        return wake_s(idle_s) if self.cfg.idle_sleep else 0.0
+
+    def _head_sees(self, kind: str, *data) -> None:
+        """An event for the head's loop, seen when its idle poll next wakes."""
+        if self.head_wake <= self.now:
+            self.head_wake = self.now + self._wake(self.now - self.head_last)
+        self._at(self.head_wake, kind, *data)
 
     def _next_on(self, rank: int) -> None:
         stage = self.stages[rank]
         if not stage.todo:
-            stage.current = None
+            stage.current, stage.idle_since = None, self.now
             return
         tx = stage.todo.pop(0)
         skip = self.cancel_at.get((tx.run_id, rank), float("inf")) <= self.now
@@ -242,6 +273,9 @@ class Simulation:
                 self.cancel_at[(tx.run_id, later)] = -1.0
 
     def _on_result(self, tx, skipped: bool = False) -> None:
+        self._head_sees("seen", tx, skipped)
+
+    def _on_seen(self, tx, skipped: bool = False) -> None:
         if skipped or tx.run_id in self.dropped:
             result = RunResult(tx.run_id, None)
         else:
@@ -283,7 +317,10 @@ class Simulation:
             self._draft_step()
             return
         self.job = None
-        self._feed(DraftReady(job_id, (tuple(tokens),)))
+        self._head_sees("draft_ready", job_id, tuple(tokens))
+
+    def _on_draft_ready(self, job_id: int, tokens: tuple) -> None:
+        self._feed(DraftReady(job_id, (tokens,)))
 
     # --- results ----------------------------------------------------------------------------
     def _result(self) -> SimResult:
@@ -309,6 +346,8 @@ class _StageState:
     started: float = 0.0
     version: int = 0
     skipped: bool = False
+    waking: bool = False
+    idle_since: float = 0.0
 
 
 def simulate(pipe: Pipeline, counts: list[int], cfg: SimConfig) -> SimResult:

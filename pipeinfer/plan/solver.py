@@ -11,7 +11,9 @@ Measured figures are noisy: among the splits whose bound is within `tolerance` o
 solver takes the one with the lightest other measure: for "sum" the heaviest stage, for "max"
 the heaviest worker stage (the head's drafting may set the bound, and then any split below it
 would do: the stages are still balanced, for latency), so equal nodes get even shares instead
-of all layers going to the one measured a hair faster.
+of all layers going to the one measured a hair faster. The head's drafting counts in the
+bounds but is no stage's load in these tie-breaks. A head that drafts gets layers only when
+they lower the bound by a clear margin (HEAD_MARGIN; see solve).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from functools import lru_cache
 from .cost import CostError, Pipeline, strategy_shape
 
 TOLERANCE = 0.03
+HEAD_MARGIN = 0.10  # a drafting head's layers must lower the bound by this share
 
 
 class NoSplit(CostError):
@@ -66,7 +69,26 @@ def solve(pipe: Pipeline, strategy: str, may_drop: bool = True,
     """The best split of `pipe.model`'s layers over `pipe.nodes` for `strategy`. `may_drop`:
     worker ranks may get no layers (else every rank after the head gets at least one);
     `head_layers`: the head may hold layers; `keep_worker`: at least one worker holds layers
-    (a launched job: its pipeline has a stage after the head)."""
+    (a launched job: its pipeline has a stage after the head).
+
+    A head that drafts (pipe.draft_tokens > 0) gets layers only if that lowers the bound by
+    more than HEAD_MARGIN: its slice shares the head's CPU with the draft thread and the
+    scheduler's loop, which cannot start, cancel or verify runs while the slice computes;
+    the cost model adds the slice to the drafting but not that stall (on 4 x 0.5 core one
+    head layer, 3 % "better" by the model, lost 2 % in run)."""
+    if head_layers and pipe.draft_tokens > 0:
+        try:
+            without = _solve(pipe, strategy, may_drop, False, tolerance, keep_worker)
+        except NoSplit:  # only with the head's memory does the model fit
+            return _solve(pipe, strategy, may_drop, True, tolerance, keep_worker)
+        best = _solve(pipe, strategy, may_drop, True, 0.0, keep_worker)
+        if best.bound_ms >= without.bound_ms * (1 - HEAD_MARGIN):
+            return without
+    return _solve(pipe, strategy, may_drop, head_layers, tolerance, keep_worker)
+
+
+def _solve(pipe: Pipeline, strategy: str, may_drop: bool, head_layers: bool,
+           tolerance: float, keep_worker: bool) -> Split:
     shape, step = strategy_shape(strategy)
     search = _Search(pipe, shape, step, may_drop, head_layers)
     search.keep_worker = keep_worker and len(pipe.nodes) > 1
@@ -95,6 +117,14 @@ class _Search:
         final = rank == max(r for r, c in enumerate(counts) if c > 0) and k > 0
         return self.pipe.item(rank, k, final, self.step, self.shape)
 
+    def drafting(self, rank: int) -> float:
+        """The head's drafting in its item: not a stage's load, so the secondary measures
+        (a stage's heaviest load) leave it out; else a head drafting 280 ms a run let the
+        "sum" tie-break pile 24 of 28 layers on one worker, as light as the head."""
+        if rank != 0:
+            return 0.0
+        return self.pipe.draft_tokens * self.pipe.nodes[0].draft_ms
+
     def choices(self, rank: int, left: int):
         """(k, final) for rank `rank` with `left` layers still to place."""
         low = 0 if (rank == 0 or self.may_drop) else 1
@@ -117,10 +147,11 @@ class _Search:
             return self._dp(add=False, cap=limit, workers_only=True)
         return self._sum_within(limit)
 
-    def _dp(self, add: bool, cap: float, workers_only: bool = False):
+    def _dp(self, add: bool, cap: float, workers_only: bool = False, loads: bool = False):
         """(value, counts) of the split with the lowest sum (`add`) or maximum of the ranks'
         items (`workers_only`: of the ranks after the head), none of them over `cap`; None if
-        no split qualifies."""
+        no split qualifies. `loads`: `cap` bounds the stages' loads (the head's drafting
+        left out), not their items."""
         combine = (lambda a, b: a + b) if add else max
 
         @lru_cache(maxsize=None)
@@ -134,7 +165,8 @@ class _Search:
             for k, final in self.choices(rank, left):
                 own = self.pipe.item(rank, k, final, self.step, self.shape) \
                     if (k > 0 or rank == 0) else 0.0
-                tail = rest(rank + 1, left - k) if own <= cap + 1e-12 else None
+                fits = own - (self.drafting(rank) if loads else 0.0) <= cap + 1e-12
+                tail = rest(rank + 1, left - k) if fits else None
                 if tail is not None:
                     value = 0.0 if workers_only and rank == 0 else own
                     options.append((combine(value, tail[0]), (k, *tail[1])))
@@ -144,13 +176,13 @@ class _Search:
     def _sum_within(self, limit: float):
         """"sum" secondary: the lowest heaviest stage among splits whose sum is within
         `limit`: binary search on that heaviest stage's value, each a min-sum search."""
-        values = sorted({self.pipe.item(r, k, f, self.step, self.shape)
+        values = sorted({self.pipe.item(r, k, f, self.step, self.shape) - self.drafting(r)
                          for r in range(self.n) for k in range(self.L + 1)
                          for f in (False, True) if k > 0 or r == 0})
         found, lo, hi = None, 0, len(values) - 1
         while lo <= hi:
             mid = (lo + hi) // 2
-            result = self._dp(add=True, cap=values[mid])
+            result = self._dp(add=True, cap=values[mid], loads=True)
             if result is not None and result[0] <= limit:
                 found, hi = result, mid - 1
             else:
@@ -170,8 +202,9 @@ class _Search:
                     f"not enough for one layer of {m.name} ({m.layer_mb:.0f} MB + "
                     f"{m.base_mb:.0f} MB of runtime): give it more memory or launch without it")
         if not any(pipe.memory_cap(r, True) >= 1 for r in range(self.n)):
-            return (f"no node has room for the output layer of {m.name} ({m.output_mb:.0f} MB "
-                    "with one layer): add memory or nodes")
+            return (f"no node has room for the output layer of {m.name} with one layer "
+                    f"({m.output_mb + m.layer_mb:.0f} MB + {m.base_mb:.0f} MB of runtime): "
+                    "add memory or nodes")
         return (f"the nodes hold at most {sum(caps)} of the {m.n_layer} layers of {m.name} "
                 f"({m.layer_mb:.0f} MB each, output layer {m.output_mb:.0f} MB): add nodes or "
                 "memory, or use a smaller model")
