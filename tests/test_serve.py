@@ -390,3 +390,22 @@ def test_a_killed_worker_ends_the_job(smollm2, tmp_path):
             httpx.get(srv.url + "/health", timeout=2)
     finally:
         srv.kill()
+
+
+def test_serve_with_the_auto_split_is_exact(smollm2, tokenizer, tmp_path):
+    """`serve --layer-split auto` under mpiexec: it calibrates (every rank), says the split it
+    chose, and its greedy answers are still exactly llama.cpp's."""
+    profile = tmp_path / "profile.json"
+    srv = Server(tmp_path, 3, "-m", str(smollm2), "-md", str(smollm2), "--strategy",
+                 "pipeinfer", "--layer-split", "auto", "--profile", str(profile), "-c",
+                 str(N_CTX))
+    try:
+        srv.wait_ready(240)
+        assert "--layer-split auto:" in srv.stderr and profile.exists(), srv.stderr
+        prompt = "def is_prime(n):\n"
+        r = httpx.post(srv.url + "/v1/completions", timeout=120,
+                       json={"prompt": prompt, "max_tokens": 24, "temperature": 0})
+        text, n, _ = expected(smollm2, tokenizer, tokenizer.tokenize(prompt), 24)
+        assert r.status_code == 200 and r.json()["choices"][0]["text"] == text
+    finally:
+        srv.kill()
