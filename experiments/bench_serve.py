@@ -56,6 +56,7 @@ PROMPTS = (
     "common ones with their counts.",
 )
 READY_TIMEOUT_S = 600
+BUSY_SETTLE_S = 1.5   # > serve's BUSY_EVERY_S: the busy figures are fresh after it
 
 
 @dataclass(frozen=True)
@@ -243,13 +244,31 @@ def one_server(server, args) -> dict:
     with server as url:
         ask(url, "Say hi.", 4, server.extra)   # warm-up (not counted)
         single = [ask(url, p, args.n, server.extra) for p in prompts]
+        before = stage_busy(url, settle=True)
         batch = ask_all(url, prompts, args.n, server.extra)
+        after = stage_busy(url, settle=True) if before else None
     wall = max(a.end for a in batch) - min(a.start for a in batch)
+    busy = [round((after[r] - before[r]) / wall, 2) for r in sorted(after)] if after else None
     return {"single_tps": statistics.mean(a.speed for a in single),
             "aggregate_tps": sum(a.n_tokens for a in batch) / wall,
             "single_ttft": [a.ttft_s for a in single], "batch_ttft": [a.ttft_s for a in batch],
             "tokens": [a.n_tokens for a in single + batch],
-            "texts": [a.text for a in single], "batch_texts": [a.text for a in batch]}
+            "texts": [a.text for a in single], "batch_texts": [a.text for a in batch],
+            "batch_busy": busy}
+
+
+def stage_busy(url: str, settle: bool = False) -> dict[int, float] | None:
+    """pipeinfer's /metrics: each rank's busy seconds (None from a server without them, such
+    as llama-server). `settle`: first wait out the busy probe's interval (serve/loop.py: the
+    figures are at most BUSY_EVERY_S old)."""
+    try:
+        if settle:
+            time.sleep(BUSY_SETTLE_S)
+        text = httpx.get(url + "/metrics", timeout=10).text
+    except httpx.HTTPError:
+        return None
+    found = re.findall(r'pipeinfer_stage_busy_seconds\{rank="(\d+)"\} (\S+)', text)
+    return {int(rank): float(value) for rank, value in found} or None
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -345,8 +364,10 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"bench_serve: {name}: {err}", file=sys.stderr)
                 return 1
             results[name].append(r)
+            busy = (f", busy during the batch (rank 0 first) {r['batch_busy']}"
+                    if r["batch_busy"] else "")
             print(f"# rep {rep} {name}: 1 client {r['single_tps']:.2f} t/s, {args.clients} "
-                  f"clients {r['aggregate_tps']:.2f} t/s aggregate, tokens {r['tokens']} "
+                  f"clients {r['aggregate_tps']:.2f} t/s aggregate, tokens {r['tokens']}{busy} "
                   f"({time.monotonic() - t0:.0f} s)", flush=True)
             if args.csv:
                 write_csv(args.csv, name, rep, r, args)
