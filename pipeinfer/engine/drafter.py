@@ -38,6 +38,14 @@ def _softmax(logits: np.ndarray) -> np.ndarray:
     return z / z.sum()
 
 
+def candidates(logits: np.ndarray) -> tuple[np.ndarray, int, int]:
+    """The draft's choice at one position: the probabilities, the likeliest token and the
+    runner-up (plan/measure.py times this as part of a drafted token)."""
+    probs = _softmax(logits)
+    first, second = sorted(np.argpartition(-probs, 1)[:2], key=lambda t: -probs[t])
+    return probs, int(first), int(second)
+
+
 class Drafter:
     def __init__(self, stage: Stage, n_batch: int):
         self.stage = stage
@@ -140,9 +148,7 @@ class Drafter:
             for b in range(len(branches)):
                 if not active[b]:
                     continue
-                probs = _softmax(logits[b])
-                top2 = np.argpartition(-probs, 1)[:2]
-                first, second = sorted(top2, key=lambda t: -probs[t])
+                probs, first, second = candidates(logits[b])
                 if probs[first] < cutoff:
                     active[b] = False
                     continue
