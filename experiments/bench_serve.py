@@ -244,9 +244,10 @@ def one_server(server, args) -> dict:
     with server as url:
         ask(url, "Say hi.", 4, server.extra)   # warm-up (not counted)
         single = [ask(url, p, args.n, server.extra) for p in prompts]
-        before = stage_busy(url, settle=True)
+        pipeinfer = isinstance(server, PipeinferServer)
+        before = stage_busy(url) if pipeinfer else None
         batch = ask_all(url, prompts, args.n, server.extra)
-        after = stage_busy(url, settle=True) if before else None
+        after = stage_busy(url) if before else None
     wall = max(a.end for a in batch) - min(a.start for a in batch)
     busy = [round((after[r] - before[r]) / wall, 2) for r in sorted(after)] if after else None
     return {"single_tps": statistics.mean(a.speed for a in single),
@@ -257,13 +258,12 @@ def one_server(server, args) -> dict:
             "batch_busy": busy}
 
 
-def stage_busy(url: str, settle: bool = False) -> dict[int, float] | None:
-    """pipeinfer's /metrics: each rank's busy seconds (None from a server without them, such
-    as llama-server). `settle`: first wait out the busy probe's interval (serve/loop.py: the
-    figures are at most BUSY_EVERY_S old)."""
+def stage_busy(url: str) -> dict[int, float] | None:
+    """pipeinfer's /metrics: each rank's busy seconds (None if it has none), read after
+    waiting out the busy probe's interval (serve/loop.py: the figures are at most
+    BUSY_EVERY_S old)."""
     try:
-        if settle:
-            time.sleep(BUSY_SETTLE_S)
+        time.sleep(BUSY_SETTLE_S)
         text = httpx.get(url + "/metrics", timeout=10).text
     except httpx.HTTPError:
         return None
