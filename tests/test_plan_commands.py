@@ -64,6 +64,11 @@ def test_plan_names_the_hosts_and_the_command(tiny_model, tiny_draft_aligned, tm
     assert "left out (they would only slow it): host3:3" in out.stdout
     for strategy in ("iterative", "speculative", "pipeinfer"):
         assert f"--strategy {strategy}" in out.stdout
+    # the command names the draft file given (run makes its compact copy), not the copy
+    assert out.stdout.count(f"-md {tiny_draft_aligned} --strategy") == 2, out.stdout
+    loose = pipeinfer("plan", "--profile", profile, "-m", tiny_model, "-md", tiny_draft_aligned,
+                      "--accept-rate", 0.8, "-n", 16, "--no-compact-draft")
+    assert loose.stdout.count(f"-md {tiny_draft_aligned} --no-compact-draft --strategy") == 2
 
 
 @pytest.mark.parametrize("args, message", [

@@ -48,7 +48,9 @@ def command_line(setup: Setup, split: Split, strategy: str, run_args: list[str])
         cmd += ["-hosts", ",".join(setup.hosts[r] for r in kept)]
     cmd += ["pipeinfer", "run", "-m", str(setup.model)]
     if setup.draft is not None and strategy != "iterative":
-        cmd += ["-md", str(setup.draft)]
+        cmd += ["-md", str(setup.draft_named or setup.draft)]
+        if not setup.compact:
+            cmd += ["--no-compact-draft"]
     cmd += ["--strategy", strategy, "--layer-split", fractions]
     threads = {setup.threads[r] if len(setup.threads) > 1 else setup.threads[0] for r in kept}
     if threads != {1}:

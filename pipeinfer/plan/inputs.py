@@ -15,7 +15,7 @@ from ..model.partition import PartitionError, parse_split, partition
 from ..model.slicing import SliceError, model_info
 from ..model.stage_cache import content_digest
 from . import modelled
-from .cost import CostError, ModelShape, NodeCost, Pipeline, draft_tokens
+from .cost import CostError, ModelShape, NodeCost, Pipeline, draft_tokens, drafts_on_thread
 from .profile import ModelId, load
 from .shape import model_shape
 from .solver import solve
@@ -31,12 +31,14 @@ class Setup:
     draft: Path | None
     hosts: tuple[str, ...] | None = None   # from a profile: the hosts, rank order
     threads: tuple[int, ...] = (1,)
+    draft_named: Path | None = None        # the draft file named (`draft` may be its compact copy)
+    compact: bool = True                   # the draft costed as run loads it by default
 
     def pipeline(self, strategy: str | None = None) -> Pipeline:
         """The cost model; with a strategy, the head's drafting is counted on it (for the
         solver); without, not (the simulator models the draft itself)."""
         tokens = draft_tokens(strategy, self.draft is not None) if strategy else 0
-        return Pipeline(self.nodes, self.shape, tokens)
+        return Pipeline(self.nodes, self.shape, tokens, drafts_on_thread(strategy))
 
 
 def resolve(name: str, what: str) -> Path:
@@ -57,14 +59,16 @@ def cluster(model: str, draft: str | None, profile: str | None, n_nodes: int | N
     them (a hostfile's), `memory` is each one's free MB (else not limited). `compact`: the
     draft as `run` loads it by default (its compact copy), else the file as it is."""
     target = resolve(model, "model (-m)")
-    draft_path = _draft(draft, compact) if draft else None
+    named = resolve(draft, "draft model (-md)") if draft else None
+    draft_path = _draft(named, compact) if named else None
     head_mb = draft_path.stat().st_size / 2 ** 20 if draft_path else 0.0
     try:
         shape = model_shape(target, kv_cells, header=read_header(target), head_mb=head_mb)
     except (SliceError, HeaderError) as err:
         raise CostError(str(err)) from None
     if profile is not None:
-        return _from_profile(profile, target, draft_path, shape, n_nodes)
+        return replace(_from_profile(profile, target, draft_path, shape, n_nodes),
+                       draft_named=named, compact=compact)
     if cpus is None:
         raise CostError("give --profile, or the nodes: --nodes N --cpu F, or --cpus F0,F1,..")
     layer, output = (modelled.local_layers(target) if modelled.has_weights(target) else
@@ -77,17 +81,17 @@ def cluster(model: str, draft: str | None, profile: str | None, n_nodes: int | N
         nodes = tuple(replace(n, memory_mb=m) for n, m in zip(nodes, memory))
     else:  # not limited: the runtime's own share does not matter either
         shape = replace(shape, base_mb=0.0)
-    return Setup(nodes, shape, target, draft_path, tuple(hosts) if hosts else None)
+    return Setup(nodes, shape, target, draft_path, tuple(hosts) if hosts else None,
+                 draft_named=named, compact=compact)
 
 
-def _draft(name: str, compact: bool) -> Path:
+def _draft(path: Path, compact: bool) -> Path:
     """The draft file `run` loads by default: the compact copy (model/draft_cache.py), whose
     time per token and agreement are what the head will see."""
-    path = resolve(name, "draft model (-md)")
     try:
         return compact_draft(path) if compact and modelled.has_weights(path) else path
     except ModelError as err:
-        raise CostError(f"draft model (-md) {name}: {err}") from None
+        raise CostError(f"draft model (-md) {path.name}: {err}") from None
 
 
 def _reference(name: str | None) -> Path:
