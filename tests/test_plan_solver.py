@@ -130,6 +130,15 @@ def test_a_slow_drafting_head_does_not_skew_the_sum_tie_break():
     assert split.counts == (0, 3, 3, 3) and split.bound_ms == pytest.approx(290)
 
 
+def test_a_drafting_head_bound_keeps_the_stages_even():
+    # the head drafts 3 x 100 ms a run: every split is bound by it. Stages: k1, k2, k3 + 4 ms
+    # of output with k3 >= 1, so the heaviest is 5 at best (k3 = 1, k1 + k2 = 5): (0, 5, 1)
+    # ties it, leaving node 1 out. The most even of the ties (least sum of squares) is 2, 3
+    nodes = [node(1, draft=100)] + [node(1, output=4)] * 3
+    split = solve(pipe(nodes, 6, draft_tokens=3), "pipeinfer", head_layers=False)
+    assert split.counts == (0, 2, 3, 1) and split.bound_ms == pytest.approx(300)
+
+
 def test_head_layers_forbidden():
     split = solve(pipe([node(10)] * 3, 8), "pipeinfer", head_layers=False)
     assert split.counts == (0, 4, 4)

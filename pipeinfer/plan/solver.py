@@ -11,7 +11,8 @@ Measured figures are noisy: among the splits whose bound is within `tolerance` o
 solver takes the one with the lightest other measure: for "sum" the heaviest stage, for "max"
 the heaviest worker stage (the head's drafting may set the bound, and then any split below it
 would do: the stages are still balanced, for latency), so equal nodes get even shares instead
-of all layers going to the one measured a hair faster. The head's drafting counts in the
+of all layers going to the one measured a hair faster; for "max", among the ties of that, the
+most even worker stages (least sum of squares). The head's drafting counts in the
 bounds but is no stage's load in these tie-breaks. A head that drafts gets layers only when
 they lower the bound by a clear margin (HEAD_MARGIN; see solve).
 """
@@ -97,6 +98,8 @@ def _solve(pipe: Pipeline, strategy: str, may_drop: bool, head_layers: bool,
         raise NoSplit(search.why_not())
     slack = best[0] * (1 + tolerance) + 1e-9
     chosen = search.best(primary=False, limit=slack) or best
+    if shape == "max" and chosen is not best:
+        chosen = search.evenest(slack, chosen[0]) or chosen
     counts = chosen[1]
     items = tuple(search.item_of(r, c, counts) for r, c in enumerate(counts))
     bound = sum(items) if shape == "sum" else max(items)
@@ -123,7 +126,7 @@ class _Search:
         "sum" tie-break pile 24 of 28 layers on one worker, as light as the head."""
         if rank != 0:
             return 0.0
-        return self.pipe.draft_tokens * self.pipe.nodes[0].draft_ms
+        return self.pipe.draft_tokens * self.pipe.nodes[0].draft_step_ms(self.pipe.draft_thread)
 
     def choices(self, rank: int, left: int):
         """(k, final) for rank `rank` with `left` layers still to place."""
@@ -147,11 +150,22 @@ class _Search:
             return self._dp(add=False, cap=limit, workers_only=True)
         return self._sum_within(limit)
 
-    def _dp(self, add: bool, cap: float, workers_only: bool = False, loads: bool = False):
+    def evenest(self, limit: float, heaviest: float):
+        """"max" third measure: among splits whose bound is at most `limit` and whose worker
+        stages are no heavier than `heaviest`, the one with the most even worker stages (the
+        least sum of their squares). Else, with the head's drafting setting the bound, the
+        secondary's ties (a stage of 6 layers as heavy as the last stage's 1 + output) went
+        to the lowest counts first: 1, 2, 6, 6, 6, 6, 1 for 8 x 0.25 core."""
+        return self._dp(add=True, cap=heaviest, workers_only=True, square=True,
+                        head_cap=limit)
+
+    def _dp(self, add: bool, cap: float, workers_only: bool = False, loads: bool = False,
+            square: bool = False, head_cap: float | None = None):
         """(value, counts) of the split with the lowest sum (`add`) or maximum of the ranks'
-        items (`workers_only`: of the ranks after the head), none of them over `cap`; None if
-        no split qualifies. `loads`: `cap` bounds the stages' loads (the head's drafting
-        left out), not their items."""
+        items (`workers_only`: of the ranks after the head; `square`: their squares), none of
+        them over `cap` (the head's over `head_cap` if given); None if no split qualifies.
+        `loads`: `cap` bounds the stages' loads (the head's drafting left out), not their
+        items."""
         combine = (lambda a, b: a + b) if add else max
 
         @lru_cache(maxsize=None)
@@ -165,10 +179,11 @@ class _Search:
             for k, final in self.choices(rank, left):
                 own = self.pipe.item(rank, k, final, self.step, self.shape) \
                     if (k > 0 or rank == 0) else 0.0
-                fits = own - (self.drafting(rank) if loads else 0.0) <= cap + 1e-12
+                limit = head_cap if rank == 0 and head_cap is not None else cap
+                fits = own - (self.drafting(rank) if loads else 0.0) <= limit + 1e-12
                 tail = rest(rank + 1, left - k) if fits else None
                 if tail is not None:
-                    value = 0.0 if workers_only and rank == 0 else own
+                    value = 0.0 if workers_only and rank == 0 else own * (own if square else 1)
                     options.append((combine(value, tail[0]), (k, *tail[1])))
             return min(options, default=None)
         return rest(0, self.L)
