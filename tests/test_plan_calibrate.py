@@ -8,7 +8,8 @@ import json
 
 import pytest
 
-from mpi_util import MPIEXEC, PIPEINFER, launch, run_pipeinfer
+from mpi_util import MPIEXEC, PIPEINFER, PYTHON, launch, run_pipeinfer
+from test_cluster import CLUSTER, needs_cgroups
 from pipeinfer.plan.cost import STEP_SIZES
 from pipeinfer.plan.profile import load
 
@@ -34,10 +35,22 @@ def test_two_rank_calibration_writes_a_well_formed_profile(profile2, tiny_model)
         assert all(ms > 0 for ms in node["layer_ms"].values())
         assert all(ms >= 0 for ms in node["output_ms"].values())
         assert node["free_mb"] > 0 and node["link_rtt_ms"] > 0 and node["link_mb_s"] > 0
+        assert 0 < node["cores"] <= 64
     assert data["nodes"][0]["draft_ms"] > 0 and data["nodes"][1]["draft_ms"] == 0
     assert data["draft"]["name"].startswith("tiny-draft")
     assert load(path).nodes[1].layer_ms[8] == data["nodes"][1]["layer_ms"]["8"]
     assert f"profile: {path}" in out.stdout
+
+
+@needs_cgroups
+def test_calibration_records_each_rank_s_cpu_quota(tiny_model, tmp_path):
+    # the simulator charges a head with little more than a core for its loop: it must know
+    path = tmp_path / "quota.json"
+    out = launch([PYTHON, CLUSTER, "--nodes", "2", "--cpus", "0.5,0.25", "--", PIPEINFER, "calibrate", "-m",
+                  tiny_model, "--profile", path], timeout=TIMEOUT)
+    assert out.rc == 0, out.describe()
+    assert [n.cores for n in load(path).nodes] == [0.5, 0.25]
+    assert [n.cost().cores for n in load(path).nodes] == [0.5, 0.25]
 
 
 def test_auto_split_measures_then_reuses_the_profile(tiny_model, tmp_path):

@@ -95,6 +95,35 @@ def test_head_layers_share_the_head_with_the_draft():
     assert result.busy_s[0] > 0 and result.n_generated == 40
 
 
+def test_the_head_loop_slows_a_threaded_draft_on_a_fraction_of_a_core():
+    # a quarter-core head drafting 30 ms a token alone: beside pipeinfer's loop (0.035 core)
+    # its draft thread gets 0.215 core, so the draft-bound pipeline slows by 0.215 / 0.25;
+    # speculative drafts inline (no loop meanwhile); a head with 2 cores has room for both
+    def speed(strategy, cores):
+        head = NodeCost("h", {1: 10, 8: 10}, {1: 0, 8: 0}, None, 0.0, draft_ms=30, cores=cores)
+        p = pipe(head, node(10), node(10), node(10))
+        cfg = SimConfig(strategy, n_predict=64, accept_rate=1.0, idle_sleep=False)
+        return simulate(p, [0, 4, 4, 4], cfg).speed_tps
+
+    assert speed("pipeinfer", 0.25) == pytest.approx(speed("pipeinfer", None) * 0.215 / 0.25,
+                                                     rel=0.02)
+    assert speed("pipeinfer", 2.0) == speed("pipeinfer", None)
+    assert speed("speculative", 0.25) == speed("speculative", None)
+
+
+def test_draft_step_time_with_the_head_loop():
+    # the loop takes 0.05 core of 0.5, 0.075 of 1 (cost.HEAD_LOOP_CORES), 0.0625 of 0.75
+    head = NodeCost("h", {1: 1}, {1: 0}, draft_ms=20, cores=0.5)
+    assert head.draft_step_ms(threaded=True) == pytest.approx(20 * 0.5 / 0.45)
+    assert head.draft_step_ms(threaded=False) == 20
+    three = NodeCost("h", {1: 1}, {1: 0}, draft_ms=20, cores=0.75)
+    assert three.draft_step_ms(threaded=True) == pytest.approx(20 * 0.75 / 0.6875)
+    one = NodeCost("h", {1: 1}, {1: 0}, draft_ms=20, cores=1.0)
+    assert one.draft_step_ms(threaded=True) == pytest.approx(20 / 0.925)
+    assert NodeCost("h", {1: 1}, {1: 0}, draft_ms=20, cores=1.5).draft_step_ms(True) == 20
+    assert NodeCost("h", {1: 1}, {1: 0}, draft_ms=20).draft_step_ms(True) == 20
+
+
 @pytest.mark.parametrize("counts, cfg, message", [
     ([0, 6, 5], SimConfig("iterative"), "places 11 layers"),
     ([0, 12], SimConfig("iterative"), "2 shares for 3 nodes"),

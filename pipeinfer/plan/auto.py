@@ -11,7 +11,7 @@ from ..model.draft_cache import compact_draft
 from ..model.models import ModelError, resolve_model
 from ..model.slicing import model_info, read_model
 from . import calibrate as cal
-from .cost import Pipeline, draft_tokens
+from .cost import Pipeline, draft_tokens, drafts_on_thread
 from .profile import Profile, ProfileError, cache_path, load
 from .shape import model_shape
 from .solver import Split, solve
@@ -70,7 +70,8 @@ def pipeline_for(profile: Profile, model: Path, strategy: str, draft: Path | Non
     """The cost model of `profile`'s nodes running `model` with `strategy`."""
     head_mb = draft.stat().st_size / 2 ** 20 if draft else 0.0
     shape = model_shape(model, kv_cells, head_mb=head_mb)
-    return Pipeline(profile.costs(), shape, draft_tokens(strategy, draft is not None))
+    return Pipeline(profile.costs(), shape, draft_tokens(strategy, draft is not None),
+                    drafts_on_thread(strategy))
 
 
 def auto_split(link: Link, cfg) -> tuple[float, ...]:

@@ -20,7 +20,7 @@ import numpy as np
 from ..engine.mpi_transport import Link, hostname
 from ..model.stage_cache import content_digest
 from ..schedule.transaction import Tag
-from . import measure
+from . import cgroups, measure
 from .profile import ModelId, NodeFigures, Profile
 
 log = logging.getLogger(__name__)
@@ -74,7 +74,7 @@ def _measure_own(model: Path, n_layer: int, threads: int, draft: Path | None,
     t0 = time.perf_counter()
     layer, output = measure.measure_layers(model, n_layer, threads, repack)
     fig = {"layer_ms": _rounded(layer), "output_ms": _rounded(output),
-           "free_mb": measure.free_mb()}
+           "free_mb": measure.free_mb(), "cores": cgroups.cores()}
     if draft is not None:
         fig["draft_ms"] = round(measure.measure_draft(draft, threads), 3)
     log.info("calibrated in %.1f s: one layer %s ms, output %s ms", time.perf_counter() - t0,

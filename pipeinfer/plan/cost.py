@@ -25,6 +25,13 @@ from dataclasses import dataclass, field
 # core here: a layer 6.35 ms at 2 tokens, 7.75 at 3, 5.59 at 4; interpolated 5.97)
 STEP_SIZES = (1, 2, 3, 4, 8)
 
+# While the head's draft thread drafts, the head's own loop (polling the pipeline's results and
+# the drafter, the scheduler's ticks) takes a share of the head's CPU: cores used by the loop,
+# by the cores the head may use (a cgroup quota), measured as per-thread CPU time from /proc
+# during pipeinfer runs of Qwen 1.5B + 0.5B (experiments/reference/validate-2026-11-25b/):
+# 2 x 1 core 0.07-0.08, 4 x 0.5 core 0.05, 8 x 0.25 core 0.03-0.05. Between: interpolated.
+HEAD_LOOP_CORES = {0.25: 0.035, 0.5: 0.05, 1.0: 0.075}
+
 # Per strategy: what bounds it, and the tokens of a typical run after the prompt (pipeinfer's
 # and speculative's runs are cut to 3 tokens under --exact with repacked weights; specpipe's
 # tree levels and pipespec's verifications are --draft/--tree-width wide, 4 by default).
@@ -61,6 +68,17 @@ class NodeCost:
     link_rtt_ms: float = 0.0
     link_mb_s: float = float("inf")
     draft_ms: float = 0.0            # head: the draft model's time per drafted token
+    cores: float | None = None       # the CPU the node's rank may use (None: not known)
+
+    def draft_step_ms(self, threaded: bool) -> float:
+        """Time per drafted token during a generation: draft_ms was measured with the draft
+        alone. Drafting on its own thread (`threaded`, pipeinfer) on a node with little
+        more than a core or less, it gets only what the head's loop leaves of it."""
+        if not threaded or not self.draft_ms or self.cores is None:
+            return self.draft_ms
+        alone = min(1.0, self.cores)
+        shared = min(1.0, self.cores - interpolate(HEAD_LOOP_CORES, alone))
+        return self.draft_ms * alone / max(shared, 0.1 * alone)
 
     def layers_ms(self, k: int, b: float) -> float:
         return k * interpolate(self.layer_ms, b)
@@ -95,6 +113,7 @@ class Pipeline:
     nodes: tuple[NodeCost, ...]
     model: ModelShape
     draft_tokens: int = 0     # draft tokens the head drafts per run (0: no draft model)
+    draft_thread: bool = False  # the head drafts on a thread of its own, beside its loop
     notes: tuple[str, ...] = field(default=())
 
     def stage_ms(self, rank: int, k: int, final: bool, b: float) -> float:
@@ -103,7 +122,7 @@ class Pipeline:
         node = self.nodes[rank]
         t = node.layers_ms(k, b) + (node.output(b) if final else 0.0)
         if rank == 0:
-            t += self.draft_tokens * node.draft_ms
+            t += self.draft_tokens * node.draft_step_ms(self.draft_thread)
         return t
 
     def memory_cap(self, rank: int, final: bool) -> int:
@@ -133,6 +152,11 @@ def draft_tokens(strategy: str, with_draft_model: bool) -> int:
         return 0
     shape, step = strategy_shape(strategy)
     return step if shape == "max" else step - 1
+
+
+def drafts_on_thread(strategy: str | None) -> bool:
+    """Whether the strategy drafts on a thread beside the head's loop (engine/generate.py)."""
+    return strategy == "pipeinfer"
 
 
 def strategy_shape(strategy: str) -> tuple[str, int]:

@@ -15,6 +15,7 @@ from ..model.gguf_header import read_header
 from ..model.partition import StageRange
 from ..model.stage import Stage, StageConfig
 from ..model.stage_cache import stage_file
+from . import cgroups
 from .cost import STEP_SIZES
 
 CALIBRATION_MB = 256
@@ -116,7 +117,7 @@ def _pick_ms(logits: np.ndarray) -> float:
 
 def free_mb() -> float:
     """Memory this rank may still use, in MB: the system's available memory, or what the
-    rank's cgroup (v2) allows beyond its current use, whichever is less."""
+    rank's cgroup allows beyond its current use, whichever is less."""
     available = float("inf")
     try:
         for line in Path("/proc/meminfo").read_text().splitlines():
@@ -124,13 +125,8 @@ def free_mb() -> float:
                 available = int(line.split()[1]) / 1024
     except OSError:
         pass
-    try:
-        group = Path("/proc/self/cgroup").read_text().strip().split("::", 1)[1]
-        base = Path("/sys/fs/cgroup") / group.lstrip("/")
-        limit = (base / "memory.max").read_text().strip()
-        if limit != "max":
-            used = int((base / "memory.current").read_text())
-            available = min(available, (int(limit) - used) / 2 ** 20)
-    except (OSError, IndexError, ValueError):
-        pass
+    left = cgroups.memory_left_mb()
+    if left is not None:
+        available = min(available, left)
     return round(available, 1) if available != float("inf") else 0.0
+

@@ -113,5 +113,5 @@ def nodes(cpus: list[float], layer_ms: dict, output_ms: dict, draft_ms: float,
         out.append(NodeCost(f"node{rank}", {b: ms * stretch for b, ms in layer_ms.items()},
                             {b: ms * stretch for b, ms in output_ms.items()}, None, rtt,
                             link[1] or float("inf"),
-                            draft_ms * stretch if rank == 0 else 0.0))
+                            draft_ms * stretch if rank == 0 else 0.0, cpu))
     return tuple(out)

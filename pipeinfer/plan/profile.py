@@ -3,7 +3,7 @@ model (and draft model) on one set of hosts, as a JSON file.
 
     {"version": 1, "model": {"name", "sha256", "n_layer"}, "draft": {...} | null,
      "created": "...", "nodes": [{"rank", "host", "threads", "layer_ms": {"1": ..},
-     "output_ms": {..}, "draft_ms", "free_mb", "link_rtt_ms", "link_mb_s"}, ...]}
+     "output_ms": {..}, "draft_ms", "free_mb", "link_rtt_ms", "link_mb_s", "cores"}, ...]}
 
 Profiles are cached per host set and model (`cache_path`): the same hosts under other CPU
 quotas measure differently, which the quick probe of calibrate.py finds.
@@ -38,11 +38,12 @@ class NodeFigures:
     link_rtt_ms: float = 0.0
     link_mb_s: float = 0.0       # 0: no link measured (a single rank)
     draft_ms: float = 0.0
+    cores: float = 0.0           # the CPU the rank could use (cgroup quota, affinity); 0: unknown
 
     def cost(self) -> NodeCost:
         return NodeCost(f"{self.host}:{self.rank}", dict(self.layer_ms), dict(self.output_ms),
                         self.free_mb, self.link_rtt_ms, self.link_mb_s or float("inf"),
-                        self.draft_ms)
+                        self.draft_ms, self.cores or None)
 
 
 @dataclass(frozen=True)

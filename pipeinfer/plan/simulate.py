@@ -9,7 +9,8 @@ model, with times from a cost.Pipeline:
 - cancellations travel backwards from the last stage; a stage skips a run whose cancellation
   arrived before it started and aborts one it is computing when it arrives;
 - the head's own slice (if it holds layers) and its draft model share the head's CPU: each
-  drafted token takes draft_ms of it, one after the other;
+  drafted token takes draft_ms of it, one after the other, more on a head with little more
+  than a core or less, where the head's loop takes its part (cost.HEAD_LOOP_CORES);
 - a rank that was idle sees a message only when its polite poll wakes: `run`'s waits sleep
   longer the longer they have been idle (engine/backoff.IdleBackoff: 1 % of the idle time,
   between 0.25 and 5 ms), so a message waits half such a sleep on average. That is the
@@ -39,7 +40,7 @@ from ..schedule.partition_pool import PartitionPool
 from ..schedule.pipeinfer import PipeInfer
 from ..schedule.speculative import Speculative
 from ..schedule.transaction import RunResult
-from .cost import CostError, Pipeline
+from .cost import CostError, Pipeline, drafts_on_thread
 
 SCHEDULERS = {"iterative": Iterative, "speculative": Speculative, "pipeinfer": PipeInfer}
 WRONG = 10 ** 6           # draft tokens from here on are never the target's
@@ -136,6 +137,7 @@ class Simulation:
         self.head_last = 0.0       # the head's loop last had something to do
         self.head_wake = 0.0       # its pending wake-up (messages until then are seen then)
         self.job = None            # the draft job in progress: [DraftJob, drafted, stop]
+        self.draft_ms = pipe.nodes[0].draft_step_ms(drafts_on_thread(cfg.strategy))
         self.marks: list[float] = []
         self.gen = Generation(Request(tuple(FIRST_TOKEN + p for p in range(cfg.prompt_len)),
                                       cfg.n_predict, cfg.n_ctx, ignore_eos=True),
@@ -304,7 +306,7 @@ class Simulation:
         self._draft_step()
 
     def _draft_step(self) -> None:
-        end = self._head_compute(self.pipe.nodes[0].draft_ms)
+        end = self._head_compute(self.draft_ms)
         self._at(end, "drafted", self.job[0].job_id)
 
     def _on_drafted(self, job_id: int) -> None:
