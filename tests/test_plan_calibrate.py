@@ -5,6 +5,7 @@ has no profile, reuses the one given, and refuses a profile of another model in 
 from __future__ import annotations
 
 import json
+import logging
 
 import pytest
 
@@ -136,3 +137,28 @@ def test_calibration_times_the_draft_run_will_load(tiny_model, convertible_draft
     assert (name != convertible_draft.name) == compacted
     if compacted:
         assert (tmp_path / "cache" / "compact" / name).exists()
+
+
+def test_an_outdated_cached_profile_is_measured_again(tmp_path, caplog):
+    # a cached profile without the 3-token step or the ranks' CPU (older versions) is not
+    # used: auto measures again; one given with --profile is used, with a warning
+    from pipeinfer.plan.auto import _read
+    from pipeinfer.plan.profile import ModelId, NodeFigures, Profile
+    caplog.set_level(logging.INFO, logger="pipeinfer")
+
+    def profile(steps, cores):
+        nodes = tuple(NodeFigures(r, f"h{r}", 1, {b: 1.0 for b in steps},
+                                  {b: 0.5 for b in steps}, 1000.0, cores=cores)
+                      for r in range(2))
+        return Profile(ModelId("m.gguf", "abc", 4), None, nodes)
+
+    mid, hosts = ModelId("m.gguf", "abc", 4), ["h0", "h1"]
+    cached = tmp_path / "cached.json"
+    for steps, cores, why in (((1, 2, 4, 8), 1.0, "steps of [3] tokens"),
+                              (STEP_SIZES, 0.0, "the ranks' CPU")):
+        profile(steps, cores).save(cached)
+        assert _read(None, cached, mid, hosts) is None
+        assert why in caplog.text
+        assert _read(str(cached), cached, mid, hosts) is not None   # given: used, warned
+    profile(STEP_SIZES, 0.5).save(cached)
+    assert _read(None, cached, mid, hosts).nodes[1].cores == 0.5

@@ -58,6 +58,13 @@ def _read(path: str | None, cached: Path, mid, hosts) -> Profile | str | None:
         profile = load(path or cached) if path or cached.exists() else None
         if profile is not None:
             profile.check(mid, hosts, where=f"profile {path or cached}")
+            why = profile.outdated()
+            if why and path is None:
+                log.info("measuring again: the cached profile %s", why)
+                return None
+            if why:
+                log.warning("profile %s %s: measure it again with `pipeinfer calibrate` for "
+                            "better splits", path, why)
         return profile
     except ProfileError as err:
         if path is None:

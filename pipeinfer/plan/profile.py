@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from ..model.models import cache_dir
-from .cost import NodeCost
+from .cost import STEP_SIZES, NodeCost
 
 VERSION = 1
 
@@ -78,6 +78,18 @@ class Profile:
         tmp = path.with_name(path.name + f".tmp{os.getpid()}")
         tmp.write_text(self.to_json() + "\n")
         os.replace(tmp, path)
+
+    def outdated(self) -> str | None:
+        """What this profile lacks that calibration measures now (None: nothing): profiles
+        of older versions had no 3-token step (every speculative run's size under --exact,
+        which interpolation misjudged by 30 %) and no CPU per rank."""
+        for node in self.nodes:
+            missing = sorted(set(STEP_SIZES) - set(node.layer_ms))
+            if missing:
+                return f"has no layer times for steps of {missing} tokens"
+            if not node.cores:
+                return "does not know the ranks' CPU"
+        return None
 
     def check(self, model: ModelId, hosts: list[str] | None = None, where: str = "") -> None:
         """ProfileError unless the profile was measured for `model` on `hosts` (rank order)."""
