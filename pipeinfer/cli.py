@@ -177,6 +177,17 @@ def _verbosity(verbose_help: str = "Also detail (debug messages).",
     return add
 
 
+def _read_prompt(prompt_file: str) -> str:
+    """-f's text on the head; "" on the workers (only the head uses the prompt: the workers'
+    hosts need no copy of the file)."""
+    if supervisor.launcher_rank():
+        return ""
+    try:
+        return Path(prompt_file).read_text(encoding="utf-8")
+    except OSError as err:
+        raise Failure(f"cannot read prompt file {prompt_file}: {err.strerror}", 2)
+
+
 @main.command(cls=RankedCommand, context_settings={"show_default": True})
 @click.option("-m", "--model", required=True,
               help="Target model: a GGUF path, or a name of `pipeinfer models list` "
@@ -257,12 +268,7 @@ def run(model, draft, compact_draft, prompt, prompt_file, n_predict, n_ctx, n_ba
         raise Failure("--profile is read by --layer-split auto only; add it, or drop --profile",
                       2)
     if prompt_file is not None:
-        prompt = ""  # only the head (rank 0) uses the prompt: workers' hosts need no copy
-        if not supervisor.launcher_rank():
-            try:
-                prompt = Path(prompt_file).read_text(encoding="utf-8")
-            except OSError as err:
-                raise Failure(f"cannot read prompt file {prompt_file}: {err.strerror}", 2)
+        prompt = _read_prompt(prompt_file)
     source = _checked(resolve_draft_source, strategy, draft_source, bool(draft))
     cfg = RunConfig(model=model, prompt=prompt, n_predict=n_predict, n_ctx=n_ctx,
                     n_batch=n_batch, draft=(draft[0] if len(draft) == 1 else draft) or None,

@@ -6,7 +6,7 @@ from .drafter import DraftParams
 from .head import Pipeline
 from ..schedule.generation import Generation
 from ..schedule.iterative import Iterative
-from ..schedule.options import ADAPTIVE, EXACT_RUN_PLAIN, Limits
+from ..schedule.options import ADAPTIVE, DRAFT_THREAD_STRATEGIES, EXACT_RUN_PLAIN, Limits
 from ..schedule.adaptive import AdaptivePipeInfer
 from ..schedule.pipeinfer import PipeInfer
 from ..schedule.pipespec import PipeSpec
@@ -54,7 +54,7 @@ def draft_executor(strategy: str, opts, drafter, should_stop, threaded: bool = F
     if drafter is not None and opts.draft_source != "ngram":
         # (a job's depth is its own budget, which the scheduler sets: not params.max_tokens)
         params = DraftParams(opts.draft, opts.p_split, opts.n_parallel)
-        threaded = (threaded or strategy == "pipeinfer") and opts.draft_thread
+        threaded = (threaded or strategy in DRAFT_THREAD_STRATEGIES) and opts.draft_thread
         model = (ThreadedDrafts(drafter, params) if threaded else
                  InlineDrafts(drafter, params, should_stop))
     if opts.draft_source == "model":

@@ -20,6 +20,8 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass, field
 
+from ..schedule.options import DRAFT_THREAD_STRATEGIES
+
 # 3 is measured, not interpolated: it is the size of every speculative run under --exact with
 # repacked weights, and llama.cpp's repacked kernels run it slower per token than 2 or 4 (one
 # core here: a layer 6.35 ms at 2 tokens, 7.75 at 3, 5.59 at 4; interpolated 5.97)
@@ -122,8 +124,12 @@ class Pipeline:
         node = self.nodes[rank]
         t = node.layers_ms(k, b) + (node.output(b) if final else 0.0)
         if rank == 0:
-            t += self.draft_tokens * node.draft_step_ms(self.draft_thread)
+            t += self.drafting_ms()
         return t
+
+    def drafting_ms(self) -> float:
+        """The head's drafting of one run's draft tokens."""
+        return self.draft_tokens * self.nodes[0].draft_step_ms(self.draft_thread)
 
     def memory_cap(self, rank: int, final: bool) -> int:
         """Most layers rank `rank` can hold (-1: not even the output layer fits)."""
@@ -156,7 +162,7 @@ def draft_tokens(strategy: str, with_draft_model: bool) -> int:
 
 def drafts_on_thread(strategy: str | None) -> bool:
     """Whether the strategy drafts on a thread beside the head's loop (engine/generate.py)."""
-    return strategy == "pipeinfer"
+    return strategy in DRAFT_THREAD_STRATEGIES
 
 
 def strategy_shape(strategy: str) -> tuple[str, int]:

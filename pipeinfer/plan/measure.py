@@ -129,4 +129,3 @@ def free_mb() -> float:
     if left is not None:
         available = min(available, left)
     return round(available, 1) if available != float("inf") else 0.0
-

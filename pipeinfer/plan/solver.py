@@ -124,9 +124,7 @@ class _Search:
         """The head's drafting in its item: not a stage's load, so the secondary measures
         (a stage's heaviest load) leave it out; else a head drafting 280 ms a run let the
         "sum" tie-break pile 24 of 28 layers on one worker, as light as the head."""
-        if rank != 0:
-            return 0.0
-        return self.pipe.draft_tokens * self.pipe.nodes[0].draft_step_ms(self.pipe.draft_thread)
+        return self.pipe.drafting_ms() if rank == 0 else 0.0
 
     def choices(self, rank: int, left: int):
         """(k, final) for rank `rank` with `left` layers still to place."""

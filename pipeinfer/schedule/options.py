@@ -19,6 +19,9 @@ LANE_STRATEGIES = ("iterative", "speculative", "pipeinfer", "specpipe")
 # The lanes' pipeinfer that verifies its drafts in its own runs while others are under way
 # (adaptive.py; serve --busy-strategy auto under --strategy pipeinfer).
 ADAPTIVE = "pipeinfer-adaptive"
+# Strategies whose draft model runs on a thread beside the head's loop (engine/generate.py;
+# --no-draft-thread keeps it inline); the simulator charges that thread for the loop's CPU.
+DRAFT_THREAD_STRATEGIES = ("pipeinfer",)
 
 # Most tokens of a run after the prompt when the output must be exact. A speculative tree is
 # verified as one batch, and llama.cpp gives every token of a batch the logits one-token
