@@ -29,7 +29,8 @@ from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import linkhub  # noqa: E402  (beside this script)
-from cpu_quota import PERIOD_US, CpuQuotas, QuotaError, join_quota  # noqa: E402
+import node_disks  # noqa: E402
+from cpu_quota import PERIOD_US, CpuQuotas, QuotaError, join_quota, parse_cpus  # noqa: E402
 
 LINK_PRESETS = {"gigabit": ("1gbit", "0.2ms", "0ms"), "slow": ("100mbit", "1ms", "0ms")}
 SUBNET = "10.77.0"
@@ -199,6 +200,17 @@ def rank_shim(args: argparse.Namespace) -> None:
     rank = int(os.environ.get("PMI_RANK", os.environ.get("OMPI_COMM_WORLD_RANK", "0")))
     if args.cgroup:
         join_quota(Path(args.cgroup), rank)
+    if args.memcg:
+        node_disks.join_memory(Path(args.memcg), rank)
+    if args.disk_root and rank > 0:
+        try:
+            node_disks.private_disk(rank, Path(args.disk_root), args.hide or [])
+        except (OSError, node_disks.NodeError) as err:
+            # The other ranks would wait for this one in MPI_Init forever: end the job
+            print(f"cluster: rank {rank}: cannot give the node its own disk: {err}",
+                  file=sys.stderr)
+            os.kill(int(args.launcher), signal.SIGTERM)
+            sys.exit(1)
     command = args.command
     if args.netns:
         command = ["nsenter", f"--net=/run/netns/{args.netns}r{rank}", "--"] + command
@@ -210,21 +222,6 @@ def rank_shim(args: argparse.Namespace) -> None:
 
 
 # --- the launcher ----------------------------------------------------------------------------
-def parse_cpus(args: argparse.Namespace) -> list[float]:
-    if args.cpus:
-        cpus = [float(c) for c in args.cpus.split(",")]
-        if len(cpus) != args.nodes:
-            raise ClusterError(f"--cpus has {len(cpus)} values for {args.nodes} nodes")
-    else:
-        cpus = [args.cpu] * args.nodes
-    if any(c <= 0 for c in cpus):
-        raise ClusterError("CPU quotas must be positive")
-    if any(c * args.period_us < 1000 for c in cpus):
-        raise ClusterError(f"a quota of {min(cpus)} cores is under the kernel's minimum of 1 ms "
-                           f"per {args.period_us} us period; raise --period-us")
-    return cpus
-
-
 class Terminated(BaseException):
     """SIGTERM or SIGHUP arrived: unwind like Ctrl-C, so that everything is cleaned up."""
 
@@ -269,6 +266,7 @@ def launch(args: argparse.Namespace) -> int:
         cleanup.callback(quotas.remove)
         quotas.create()
         shim += ["--cgroup", str(quotas.root)]
+        shim += node_disks.setup(args, job, cleanup)
         if args.link != "none":
             links = Links(job, args.nodes, rate, delay, jitter, args.shaper)
             cleanup.callback(links.remove)
@@ -318,14 +316,19 @@ def _run_job(proc: subprocess.Popen, timeout: float, links: Links | None) -> int
         return 130
 
 
+def _shim_parser() -> argparse.ArgumentParser:
+    shim = argparse.ArgumentParser(prog="cluster.py _rank")
+    for flag in ("--cgroup", "--netns", "--memcg", "--disk-root", "--launcher"):
+        shim.add_argument(flag)
+    shim.add_argument("--hide", action="append")
+    shim.add_argument("command", nargs=argparse.REMAINDER)
+    return shim
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["_rank"]:
-        shim = argparse.ArgumentParser(prog="cluster.py _rank")
-        shim.add_argument("--cgroup")
-        shim.add_argument("--netns")
-        shim.add_argument("command", nargs=argparse.REMAINDER)
-        args = shim.parse_args(argv[1:])
+        args = _shim_parser().parse_args(argv[1:])
         if args.command[:1] == ["--"]:
             args.command = args.command[1:]
         rank_shim(args)
@@ -354,6 +357,7 @@ def main(argv: list[str] | None = None) -> int:
                              "userspace forwarder between TAP devices, for kernels without "
                              "netem), htb (rate limit only, no delay); auto = netem if the "
                              "kernel has it, else tap, else htb")
+    node_disks.add_arguments(parser)
     parser.add_argument("--mpiexec", help="mpiexec to use (default: the one beside python)")
     parser.add_argument("--timeout", type=float, default=3600, help="seconds before the job is "
                         "interrupted")
@@ -364,7 +368,7 @@ def main(argv: list[str] | None = None) -> int:
         args.command = args.command[1:]
     try:
         return launch(args)
-    except (ClusterError, QuotaError) as err:
+    except (ClusterError, QuotaError, node_disks.NodeError) as err:
         print(f"cluster: error: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -94,3 +94,18 @@ def _rmdir_cgroup(path: Path) -> None:
         path.rmdir()
     except OSError:
         pass
+
+
+def parse_cpus(args) -> list[float]:
+    if args.cpus:
+        cpus = [float(c) for c in args.cpus.split(",")]
+        if len(cpus) != args.nodes:
+            raise QuotaError(f"--cpus has {len(cpus)} values for {args.nodes} nodes")
+    else:
+        cpus = [args.cpu] * args.nodes
+    if any(c <= 0 for c in cpus):
+        raise QuotaError("CPU quotas must be positive")
+    if any(c * args.period_us < 1000 for c in cpus):
+        raise QuotaError(f"a quota of {min(cpus)} cores is under the kernel's minimum of 1 ms "
+                           f"per {args.period_us} us period; raise --period-us")
+    return cpus

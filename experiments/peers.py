@@ -50,8 +50,12 @@ def last_line(text: str) -> str:
 class PeerCluster:
     """rpc-servers on nodes 1..N-1 for the lifetime of the context; run() the main program."""
 
-    def __init__(self, bin_dir: Path, quotas: CpuQuotas, links=None, threads: int = 1):
+    def __init__(self, bin_dir: Path, quotas: CpuQuotas, links=None, threads: int = 1,
+                 rpc_cache: list[Path] | None = None):
+        """`rpc_cache`: a tensor cache directory per worker node (rpc-server -c, through
+        LLAMA_CACHE), None for none."""
         self.bin_dir, self.quotas, self.links, self.threads = bin_dir, quotas, links, threads
+        self.rpc_cache = rpc_cache
         self.nodes = len(quotas.cpus)
         self.servers: list[subprocess.Popen] = []
         self.logs: list[Path] = []
@@ -79,8 +83,12 @@ class PeerCluster:
                 self.logs.append(log)
                 command = [str(self.bin_dir / "ggml-rpc-server"), "-H", self.host(node),
                            "-p", str(self.port(node)), "-t", str(self.threads)]
+                env = None
+                if self.rpc_cache:
+                    command.append("-c")
+                    env = {**os.environ, "LLAMA_CACHE": str(self.rpc_cache[node - 1])}
                 with open(log, "w") as out:
-                    self.servers.append(self._popen(node, command, stdout=out,
+                    self.servers.append(self._popen(node, command, stdout=out, env=env,
                                                     stderr=subprocess.STDOUT))
             for node, server in enumerate(self.servers, start=1):
                 self._wait_listening(node, server)

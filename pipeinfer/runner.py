@@ -40,7 +40,7 @@ def main(cfg: RunConfig, summary: bool = True) -> int:
         return _interrupted(rank)
     if rank == 0 and job.link.size > 1:  # launchers name a dead rank by pid and host only
         log.info("ready: %s", "; ".join(f"rank {r} pid {pid} on {host}"
-                                        for r, host, pid, _ in job.statuses))
+                                        for r, host, pid, *_ in job.statuses))
     try:
         return _run_head(cfg, job.head, summary) if job.is_head else job.serve()
     except KeyboardInterrupt:
@@ -102,7 +102,9 @@ def _run_head(cfg: RunConfig, head: Head, summary: bool) -> int:
     stats = [{"rank": 0, "busy_s": head.setup.pipeline.busy_s, "wall_s": wall,
               "rss_trace_mb": rss_trace, "peak_rss_mb": peak_rss_mb()}] + worker_stats
     gen.counters.runs_aborted_midway = sum(s.get("aborted", 0) for s in worker_stats)
-    _report(cfg, result_json(cfg, gen, head.setup, head.ranges, stats, wall), summary)
+    result = result_json(cfg, gen, head.setup, head.ranges, stats, wall)
+    result["weights_received_bytes"] = head.weights_received
+    _report(cfg, result, summary)
     return 0
 
 

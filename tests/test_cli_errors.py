@@ -114,19 +114,51 @@ def _mpmd(models, rank1_model: Path, env: dict):
     return launch(cmd, timeout=TIMEOUT, env=env)
 
 
+def _good_tokens(models, env) -> list[int]:
+    res = _mpmd(models, models["good"], env)
+    assert res.rc == 0 and res.json is not None, res.describe()
+    return res.json["tokens"]
+
+
 def test_model_missing_on_one_rank(models, cache_env) -> None:
+    """Only rank 0 needs the model: a worker whose -m does not exist takes rank 0's."""
     res = _mpmd(models, models["missing"], cache_env)
-    assert_clean_failure(res, "rank 1", socket.gethostname(), str(models["missing"]))
+    assert res.rc == 0 and res.json is not None, res.describe()
+    assert res.json["tokens"] == _good_tokens(models, cache_env)
 
 
-def test_truncated_model_on_one_rank(models, cache_env) -> None:
-    res = _mpmd(models, models["truncated"], cache_env)
-    assert_clean_failure(res, "rank 1", socket.gethostname(), "truncated")
+@pytest.mark.parametrize("variant", ["truncated", "wrong_shape"])
+def test_other_model_on_one_rank_is_replaced(models, tmp_path, variant) -> None:
+    """A worker whose copy of the model is not rank 0's says so and receives its slice from
+    rank 0 instead: the output is the good model's."""
+    env0 = {"PIPEINFER_CACHE": str(tmp_path / "cache0")}
+    cmd = mpmd_command([(1, ["env", f"PIPEINFER_CACHE={tmp_path / 'cache0'}",
+                             *run_args(models["good"], PROMPT)]),
+                        (1, ["env", f"PIPEINFER_CACHE={tmp_path / 'cache1'}",
+                             *run_args(models[variant], PROMPT)])])
+    res = launch(cmd, timeout=TIMEOUT)
+    assert res.rc == 0 and res.json is not None, res.describe()
+    assert "differs from rank 0's" in res.stderr, res.describe()
+    assert res.json["weights_received_bytes"][1] > 0
+    assert res.json["tokens"] == _good_tokens(models, env0)
 
 
-def test_stage_load_failure_on_one_rank(models, cache_env) -> None:
-    """Rank 1's slice holds a tensor llama.cpp refuses: the load error names the rank."""
-    res = _mpmd(models, models["wrong_shape"], cache_env)
+def test_stage_load_failure_on_one_rank(models, tmp_path) -> None:
+    """Rank 1's cached slice holds a tensor llama.cpp refuses: the load error names the rank."""
+    from pipeinfer.model.slicing import model_info, read_model, write_stage
+
+    caches = [tmp_path / "cache0", tmp_path / "cache1"]
+    cmd = mpmd_command([(1, ["env", f"PIPEINFER_CACHE={c}", *run_args(models["good"], PROMPT)])
+                        for c in caches])
+    assert launch(cmd, timeout=TIMEOUT).rc == 0
+    (cached,) = (caches[1] / "stages").glob("*.gguf")  # rank 1's slice, by its key
+    first, last = (int(x) for x in cached.stem.split("-")[2:4])
+    from pipeinfer.model.partition import StageRange
+
+    bad = models["wrong_shape"]
+    write_stage(read_model(bad), model_info(read_model(bad), bad),
+                StageRange(1, first, last, True), cached)
+    res = launch(cmd, timeout=TIMEOUT)
     line = assert_clean_failure(res, "rank 1", socket.gethostname(), "could not load")
     assert "ffn_up" in line  # llama.cpp's own reason is passed on
 

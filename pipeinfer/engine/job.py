@@ -20,6 +20,7 @@ import dataclasses
 import itertools
 import logging
 import os
+from pathlib import Path
 from typing import Callable, Iterator, Sequence
 
 from .hierarchy import Level
@@ -34,7 +35,11 @@ from ..model.partition import chain
 from .worker import Idle, Worker
 from .config import RunConfig
 from .generate import driver_for
-from .setup import SETUP_ERRORS, HeadSetup, head_setup, load_draft_rank_stage, load_stage, plan
+from .setup import (SETUP_ERRORS, HeadSetup, draft_rank_file, head_setup,
+                    load_draft_rank_stage, load_stage, own_stage_file, plan)
+from .weights import Manifest, WeightsError, draft_need, obtain, target_needs
+from ..model.stage_cache import content_digest
+from ..model.tokenizer import Tokenizer
 from .trace import Trace
 
 
@@ -59,10 +64,51 @@ def describe(err: Exception, verbose: int = 0, known: tuple = RUN_ERRORS) -> str
 
 
 def first_failure(statuses) -> str | None:
-    for rank, host, _pid, error in statuses:
+    for rank, host, _pid, error, *_ in statuses:
         if error:
             return error if rank == 0 else f"rank {rank} ({host}): {error}"
     return None
+
+
+def _plan_phase(link: Link, cfg: RunConfig, check: Callable[[], None] | None):
+    """Collective: rank 0 checks, plans the split (auto: every rank takes part) and names
+    every rank's file; every rank gets (model, ranges, manifest) and the settled config, or
+    StartFailed. Its gather and broadcast are the ones abandon_start (runner.py) answers."""
+    rank, size = link.rank, link.size
+    shared, error = None, None
+    try:
+        if rank == 0 and check is not None:
+            check()
+        if cfg.split == "auto":  # collective: calibrate (or probe) and solve
+            from ..plan.auto import auto_split
+            cfg = dataclasses.replace(cfg, split=auto_split(link, cfg), leave_empty=True)
+        if rank == 0:
+            shared = _manifest(cfg, size)
+    except SETUP_ERRORS as err:
+        error = str(err)
+    except Exception as err:
+        error = describe(err, cfg.verbose)
+    statuses = link.gather((rank, hostname(), os.getpid(), error))
+    failure = link.bcast(first_failure(statuses) if rank == 0 else None)
+    if failure:
+        raise StartFailed(failure)
+    return cfg, link.bcast(shared)
+
+
+def _manifest(cfg: RunConfig, size: int):
+    """Rank 0: (model, ranges, Manifest) of the job."""
+    ranges, model = plan(cfg, size)
+    n_pipeline = cfg.n_pipeline(size)
+    needs = target_needs(model, ranges, n_pipeline)
+    if cfg.draft_ranks:
+        tokenizer = Tokenizer(model)
+        try:
+            for i, rank in enumerate(range(n_pipeline, size)):
+                needs[rank] = draft_need(draft_rank_file(cfg, tokenizer, i), cfg.drafts[i])
+        finally:
+            tokenizer.close()
+    manifest = Manifest(str(model), str(cfg.model), content_digest(model), needs)
+    return model, ranges, manifest
 
 
 class Job:
@@ -84,37 +130,42 @@ class Job:
 
     @classmethod
     def start(cls, cfg: RunConfig, check: Callable[[], None] | None = None) -> "Job":
-        """Every rank: load this rank's part, then agree with the others that all are ready
-        (a rank that failed ends the job everywhere with its message) and measure the clock
-        offsets of the other ranks (for traces). `check` runs first on the head (e.g. that
-        an output file is writable); what it raises fails the start."""
+        """Every rank: rank 0 plans the split, every other rank obtains its file (from its
+        cache or its own copy of the model, else from rank 0: weights.py), every rank loads
+        its part; then all agree that all are ready (a rank that failed ends the job
+        everywhere with its message) and the head measures the clock offsets of the other
+        ranks (for traces). `check` runs first on the head (e.g. that an output file is
+        writable); what it raises fails the start."""
         link = Link()
+        cfg, shared = _plan_phase(link, cfg, check)
+        model, ranges, manifest = shared
         rank, size = link.rank, link.size
-        stage, setup, ranges, error = None, None, None, None
+        stage, setup, error, received = None, None, None, 0
         try:
-            if rank == 0 and check is not None:
-                check()
-            if cfg.split == "auto":  # collective: calibrate (or probe) and solve
-                from ..plan.auto import auto_split
-                cfg = dataclasses.replace(cfg, split=auto_split(link, cfg), leave_empty=True)
-            ranges, model = plan(cfg, size)
+            path, received = obtain(link, manifest, own=cfg.model)
             n_pipeline = cfg.n_pipeline(size)
             if rank >= n_pipeline:
-                stage = load_draft_rank_stage(cfg, model, rank, n_pipeline)
-            else:
-                stage = load_stage(cfg, model, ranges[rank], n_pipeline)
-            if rank == 0:
+                stage = load_draft_rank_stage(cfg, path, rank)
+            elif rank == 0:
+                stage = load_stage(cfg, own_stage_file(model, ranges[0], n_pipeline),
+                                   ranges[0], n_pipeline)
                 setup = head_setup(cfg, model, stage, size, chain(ranges[:n_pipeline]))
+            elif path is not None:
+                stage = load_stage(cfg, path, ranges[rank], n_pipeline)
+        except WeightsError as err:  # raised on every rank alike: the start fails here
+            raise StartFailed(str(err)) from None
         except SETUP_ERRORS as err:
             error = str(err)
         except Exception as err:  # a bug: still take part in the gather, or the others hang
             error = describe(err, cfg.verbose)
-        statuses = link.gather((rank, hostname(), os.getpid(), error))
+        statuses = link.gather((rank, hostname(), os.getpid(), error, received))
         failure = link.bcast(first_failure(statuses) if rank == 0 else None)
         if failure:
             raise StartFailed(failure)
         offsets = link.clock_offsets()
         head = Head(cfg, setup, ranges, size, offsets or {}) if rank == 0 else None
+        if head is not None:
+            head.weights_received = [s[4] for s in statuses]
         return cls(cfg, link, stage, head, statuses, ranges)
 
     def serve(self) -> int:
@@ -124,7 +175,9 @@ class Job:
         if self.rank >= self.cfg.n_pipeline(size):
             link = DraftLink()
             n_pipeline = self.cfg.n_pipeline(size)
-            role = DraftRank(link, Level(self.stage, self.cfg.n_batch), self.rank - n_pipeline,
+            name = Path(self.cfg.drafts[self.rank - n_pipeline]).name  # (not its cache key)
+            role = DraftRank(link, Level(self.stage, self.cfg.n_batch, name=name),
+                             self.rank - n_pipeline,
                              range(n_pipeline, size), self.cfg.spec.draft)
         else:
             n_pipeline = self.cfg.n_pipeline(size)
@@ -160,6 +213,7 @@ class Head:
         self.gen: Generation | None = None
         self.generations = 0
         self.run_ids = itertools.count()  # one counter for every generation (and lane)
+        self.weights_received: list[int] = []  # bytes of weights each rank received at start
 
     @property
     def tokenizer(self):

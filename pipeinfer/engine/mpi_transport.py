@@ -160,6 +160,12 @@ class Link:
             self._pending.append((req, buf))
             self._reap_locked()
 
+    def isend_tracked(self, buf: np.ndarray, dest: int, tag: Tag):
+        """Send `buf` without waiting; a function that says whether the send has completed
+        (the caller keeps `buf` alive until then, and bounds how many it has in flight)."""
+        req = self.comm.Isend(buf, dest=dest, tag=int(tag))
+        return req.Test
+
     def isend_obj(self, obj: Any, dest: int, tag: Tag) -> None:
         req = self.comm.isend(obj, dest=dest, tag=int(tag))
         with self._lock:
@@ -200,6 +206,31 @@ class Link:
         buf = np.empty(count, dtype=dtype)
         self.comm.Recv(buf, source=status.Get_source(), tag=int(tag))
         return buf
+
+    def recv_into(self, buf: np.ndarray, source: int, tag: Tag) -> int:
+        """Receive one message into `buf` (a non-blocking receive completed politely, never a
+        spinning wait); the number of bytes received."""
+        req = self.comm.Irecv(buf, source=source, tag=int(tag))
+        status, backoff = MPI.Status(), Backoff(limit=1e-3)
+        while not req.Test(status):
+            backoff.wait()
+        return status.Get_count(MPI.BYTE)
+
+    def recv_obj(self, source: int, tag: Tag) -> Any:
+        """Receive one pickled object, waited for with short sleeps."""
+        backoff = Backoff(limit=1e-3)
+        while self.probe(source, tag) is None:
+            backoff.wait()
+        return self.comm.recv(source=source, tag=int(tag))
+
+    def poll_obj(self, source: int, tag: Tag) -> tuple[int, Any] | None:
+        """(sender, object) of a waiting pickled message from `source` (None: any rank),
+        else None."""
+        status = self.probe(MPI.ANY_SOURCE if source is None else source, tag)
+        if status is None:
+            return None
+        sender = status.Get_source()
+        return sender, self.comm.recv(source=sender, tag=int(tag))
 
     def check_errors(self) -> None:
         """Raise RankFailed if any rank has reported an error."""

@@ -24,6 +24,11 @@ from ..model.stage_cache import stage_file
 from ..model.tokenizer import Tokenizer
 from .config import MULTI_DRAFT, STRATEGY_NAMES, RunConfig
 
+# Rows of logits one decode of the target's last stage or a draft model may ask for: runs are a
+# few tokens and a prompt chunk asks for its last row only (model/stage.py: a smaller compute
+# buffer, 39 MB of logits for Qwen2.5 instead of 300).
+MAX_OUTPUTS = 64
+
 SETUP_ERRORS = (ModelError, PartitionError, LlamaError, ValueError, OSError)
 
 
@@ -87,28 +92,38 @@ def _check_draft_ranks(cfg: RunConfig, size: int, n_target: int) -> None:
                              f"in all, but the job has {size} ranks")
 
 
-def load_draft_rank_stage(cfg: RunConfig, model: Path, rank: int, n_pipeline: int) -> Stage:
-    """The draft model of a draft rank (the -md numbered rank - n_pipeline), checked against
-    the target's vocabulary."""
-    tokenizer = Tokenizer(model)
-    try:
-        return _load_drafter(cfg, tokenizer, cfg.drafts[rank - n_pipeline],
-                             threads=cfg.threads_for(rank)).stage
-    finally:
-        tokenizer.close()
+def draft_rank_file(cfg: RunConfig, tokenizer: Tokenizer, i: int) -> Path:
+    """Rank 0: the file draft rank number `i` loads (the -md numbered i, compacted unless
+    --no-compact-draft), checked against the target's vocabulary here, where both are."""
+    path = _draft_path(cfg, cfg.drafts[i])
+    _check_same_vocabulary(Path(cfg.drafts[i]).name, path, tokenizer)
+    return path
 
 
-def load_stage(cfg: RunConfig, model: Path, rng: StageRange, size: int) -> Stage | None:
+def load_draft_rank_stage(cfg: RunConfig, path: Path, rank: int) -> Stage:
+    """The draft model of a draft rank from its file (checked by rank 0, which sent it)."""
+    return Stage(path, _draft_config(cfg, cfg.threads_for(rank)), final=True,
+                 label=f"rank {rank} draft model")
+
+
+def load_stage(cfg: RunConfig, path: Path, rng: StageRange, size: int) -> Stage | None:
+    """The target's layers `rng` from `path` (the whole model for a job of one rank, else
+    the rank's stage file)."""
     if rng.n_layer == 0:
         return None
     pool = cfg.pool()
     config = StageConfig(n_ctx=cfg.kv_size, n_batch=cfg.n_batch,
                          n_seq_max=pool.n_seq if pool else 1, n_threads=cfg.threads_for(rng.rank),
-                         repack=cfg.repack_target, n_slots=cfg.slots)
+                         repack=cfg.repack_target, n_slots=cfg.slots, max_outputs=MAX_OUTPUTS)
     label = f"rank {rng.rank} layers [{rng.first},{rng.last})"
-    if size == 1:
-        return Stage(model, config, final=True, label=label)
-    return Stage(stage_file(model, rng), config, final=rng.final, label=label)
+    return Stage(path, config, final=True if size == 1 else rng.final, label=label)
+
+
+def own_stage_file(model: Path, rng: StageRange, size: int) -> Path | None:
+    """Rank 0's file for its own layers: the model itself when it is the only rank."""
+    if rng.n_layer == 0:
+        return None
+    return model if size == 1 else stage_file(model, rng)
 
 
 def head_setup(cfg: RunConfig, model: Path, stage: Stage | None, size: int,
@@ -155,22 +170,27 @@ def _load_drafters(cfg: RunConfig, tokenizer: Tokenizer) -> Drafter | list[Draft
     return _load_drafter(cfg, tokenizer, cfg.drafts[0])
 
 
-def _load_drafter(cfg: RunConfig, tokenizer: Tokenizer, draft: str,
-                  threads: int | None = None) -> Drafter:
+def _load_drafter(cfg: RunConfig, tokenizer: Tokenizer, draft: str) -> Drafter:
+    path = _draft_path(cfg, draft)
+    _check_same_vocabulary(Path(draft).name, path, tokenizer)
+    stage = Stage(path, _draft_config(cfg, cfg.threads_for(0)), final=True, label="draft model")
+    return Drafter(stage, cfg.n_batch)
+
+
+def _draft_path(cfg: RunConfig, draft: str) -> Path:
     try:
         path = resolve_model(draft)
         check_gguf(path)
-        if cfg.compact_draft:
-            path = compact_draft(path)
+        return compact_draft(path) if cfg.compact_draft else path
     except ModelError as err:
         raise ModelError(f"draft model (-md): {err}") from None
-    config = StageConfig(n_ctx=cfg.kv_size, n_batch=cfg.n_batch,
-                         n_seq_max=(cfg.spec.tree_width + 1 if cfg.strategy == "specpipe"
-                                    else cfg.spec.n_parallel),
-                         n_threads=threads or cfg.threads_for(0), n_slots=cfg.slots)
-    _check_same_vocabulary(Path(draft).name, path, tokenizer)
-    stage = Stage(path, config, final=True, label="draft model")
-    return Drafter(stage, cfg.n_batch)
+
+
+def _draft_config(cfg: RunConfig, threads: int) -> StageConfig:
+    return StageConfig(n_ctx=cfg.kv_size, n_batch=cfg.n_batch,
+                       n_seq_max=(cfg.spec.tree_width + 1 if cfg.strategy == "specpipe"
+                                  else cfg.spec.n_parallel),
+                       n_threads=threads, n_slots=cfg.slots, max_outputs=MAX_OUTPUTS)
 
 
 def _check_same_vocabulary(name: str, draft_path: Path, target: Tokenizer) -> None:

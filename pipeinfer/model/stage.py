@@ -24,6 +24,7 @@ from .. import _native
 from .llama_lib import LlamaError
 
 DECODE_OK, DECODE_NO_SLOT, DECODE_ABORTED = 0, 1, 2
+MMAP_VAR = "PIPEINFER_MMAP"  # "1": map weight files as before (comparisons of memory use)
 
 
 @dataclass(frozen=True)
@@ -34,6 +35,22 @@ class StageConfig:
     n_threads: int = 1
     repack: bool = True       # llama.cpp's weight repacking (extra buffer types); see README
     n_slots: int = 1          # llama.cpp contexts (each n_ctx cells): requests generated at once
+    mmap: bool = False        # map the file instead of reading it (see Stage._load)
+    max_outputs: int = 0      # rows of logits one decode may ask for (0: n_batch); see _Context
+
+
+def drop_page_cache(path: str) -> None:
+    """Ask the kernel to drop `path`'s cached pages (read once, never needed again)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 class StageAborted(Exception):
@@ -63,10 +80,20 @@ class Stage:
         mparams.n_gpu_layers = 0
         # (extra buffer types: repacked weights; never with AMX, see llama_lib.amx_compiled)
         mparams.use_extra_bufts = llama_lib.repacks(self.config.repack)
+        # Read, not mapped: a mapping keeps the file's pages in the node's memory (charged to
+        # its cgroup) besides the repacked copies llama.cpp makes of most tensors, and the
+        # tensors it does not repack are read from the mapping at every step, so under a
+        # memory limit those pages thrash. Read into llama.cpp's own buffers, the weights
+        # are held once; the file's pages are then dropped from the page cache.
+        mmap = self.config.mmap or os.environ.get(MMAP_VAR, "") == "1"
+        mparams.load_mode = llama_cpp.LLAMA_LOAD_MODE_MMAP if mmap else \
+            llama_cpp.LLAMA_LOAD_MODE_NONE
         self._model = llama_cpp.llama_model_load_from_file(self.path.encode(), mparams)
         if not self._model:
             raise LlamaError(f"{self.label}: llama.cpp could not load {self.path}: "
                              f"{llama_lib.recent_log(3)}")
+        if not mmap:
+            drop_page_cache(self.path)
         vocab = llama_cpp.llama_model_get_vocab(self._model)
         self.n_vocab = llama_cpp.llama_vocab_n_tokens(vocab)
         self.n_embd = llama_cpp.llama_model_n_embd(self._model)
@@ -116,6 +143,9 @@ class Stage:
         context = self._slots[slot]
         batch = context.batch(embd is not None)
         rows = [True] * n if logit_rows is None or not self.final else list(logit_rows)
+        if self.final and self.config.max_outputs and sum(rows) > self.config.max_outputs:
+            raise LlamaError(f"{self.label}: {sum(rows)} rows of logits asked for in one "
+                             f"decode (at most {self.config.max_outputs})")
         batch.fill(positions, seq_ids, rows, embd=embd, tokens=tokens)
         out = None
         if not self.final:
@@ -196,6 +226,11 @@ class _Context:
         cparams.n_seq_max = cfg.n_seq_max
         cparams.n_threads = cparams.n_threads_batch = cfg.n_threads
         cparams.kv_unified = True  # split batches in token order; seq copies are metadata only
+        if stage.final and cfg.max_outputs:
+            # llama.cpp sizes its compute buffer for the most logits rows a decode may ask
+            # for, n_batch by default: 512 x 151,936 floats (300 MB) for Qwen2.5, where runs
+            # ask for a few and a prompt chunk for one. Only the buffer's size changes.
+            cparams.n_outputs_max = min(cfg.n_batch, cfg.max_outputs)
         cparams.no_perf = True
         get_name, nbytes, tensor_get = llama_lib.ggml_function_addresses()
         self.state = _native.state_new(f"l_out-{stage.n_layer - 1}".encode(),

@@ -19,7 +19,8 @@ from .models import ModelError, cache_dir, locked
 from .partition import StageRange
 from .slicing import model_info, open_model, write_stage
 
-SLICER_VERSION = 1  # bump when the stage file layout changes
+SLICER_VERSION = 2  # bump when the stage file layout changes (2: a final stage's unused
+#                    token embeddings are zeros of the smallest type)
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +34,10 @@ def content_digest(model: str | os.PathLike) -> str:
     path = Path(model).resolve()
     st = path.stat()
     memo_dir = stages_dir() / "digests"
-    memo_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        memo_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise _unwritable(err) from None
     identity = f"{path}|{st.st_size}|{st.st_mtime_ns}|{st.st_ino}"
     memo = memo_dir / (hashlib.sha256(identity.encode()).hexdigest()[:24] + ".json")
     try:
@@ -50,6 +54,20 @@ def content_digest(model: str | os.PathLike) -> str:
     return digest.hexdigest()
 
 
+def stage_key(model_digest: str, stage: StageRange) -> str:
+    """The cache name (without .gguf) of `stage` cut from the model whose sha256 is
+    `model_digest`: what every rank looks up, whether it cuts the file or receives it."""
+    return f"{model_digest[:32]}-v{SLICER_VERSION}-{stage.first}-{stage.last}" + \
+        ("-final" if stage.final else "")
+
+
+def cached_file(key: str) -> Path | None:
+    """The cache's file named `key`, if a complete one is there (files appear only by
+    rename, once written and checked)."""
+    path = stages_dir() / f"{key}.gguf"
+    return path if path.is_file() else None
+
+
 def stage_file(model: str | os.PathLike, stage: StageRange,
                progress: Callable[[str], None] | None = None) -> Path:
     """Path of the stage file for `stage` of `model`, writing it on first use; `progress`, if
@@ -57,8 +75,7 @@ def stage_file(model: str | os.PathLike, stage: StageRange,
     out = stages_dir()
     try:
         out.mkdir(parents=True, exist_ok=True)
-        key = f"{content_digest(model)[:32]}-v{SLICER_VERSION}-{stage.first}-{stage.last}" + \
-              ("-final" if stage.final else "")
+        key = stage_key(content_digest(model), stage)
         dst = out / f"{key}.gguf"
         if dst.exists():
             return dst
@@ -72,5 +89,9 @@ def stage_file(model: str | os.PathLike, stage: StageRange,
                 write_stage(reader, model_info(reader, model), stage, dst)
         return dst
     except OSError as err:
-        raise ModelError(f"stage cache {out} is not writable ({err.strerror or err}); "
-                         "set PIPEINFER_CACHE to a writable directory") from None
+        raise _unwritable(err) from None
+
+
+def _unwritable(err: OSError) -> ModelError:
+    return ModelError(f"stage cache {stages_dir()} is not writable ({err.strerror or err}); "
+                      "set PIPEINFER_CACHE to a writable directory")

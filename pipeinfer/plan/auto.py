@@ -20,29 +20,36 @@ log = logging.getLogger(__name__)
 
 
 def obtain_profile(link: Link, path: str | None, model: Path, draft: Path | None,
-                   threads: list[int], repack: bool = True) -> Profile:
+                   threads: list[int], repack: bool = True, given: str | None = None) -> Profile:
     """The job's profile on every rank: `path` if given and present (checked against the
     model and hosts), else the cached one for these hosts if a quick probe finds every
-    rank's speed unchanged, else measured now (and saved to `path` and the cache)."""
-    header = read_model(model)
-    info = model_info(header, model)
+    rank's speed unchanged, else measured now (and saved to `path` and the cache). `model`
+    and `draft` are rank 0's files: no other rank needs them (calibration sends the slices
+    it times); `given` is what this rank was given as -m."""
     hosts = link.bcast(link.gather(hostname()))
-    mid = cal.model_id(model, info.n_layer)
-    draft_id = cal.model_id(draft) if draft else None
-    cached = cache_path(hosts, threads, mid, draft_id)
-    verdict = None
+    facts = None
     if link.rank == 0:
-        verdict = _read(path, cached, mid, hosts)
-    verdict = link.bcast(verdict)
+        try:
+            info = model_info(read_model(model), model)
+            mid = cal.model_id(model, info.n_layer)
+            draft_id = cal.model_id(draft) if draft else None
+            cached = cache_path(hosts, threads, mid, draft_id)
+            facts = ("ok", info, cached, _read(path, cached, mid, hosts))
+        except (ModelError, OSError) as err:
+            facts = ("error", str(err), None, None)
+    kind, info, cached, verdict = link.bcast(facts)
+    if kind == "error":
+        raise ModelError(info)
     if isinstance(verdict, str):
         raise ProfileError(verdict)
     if verdict is not None and path is None:
-        changed = cal.probe_changed(link, verdict, model, info.n_layer, threads, repack)
+        changed = cal.probe_changed(link, verdict, model, info.n_layer, threads, repack, given)
         if changed and link.rank == 0:
             log.info("measuring again: %s", changed)
         verdict = None if changed else verdict
     if verdict is None:
-        verdict = cal.calibrate(link, model, info.n_layer, info.n_embd, threads, draft, repack)
+        verdict = cal.calibrate(link, model, info.n_layer, info.n_embd, threads, draft,
+                                repack, given)
         if link.rank == 0:
             for where in filter(None, (path, cached)):
                 verdict.save(where)
@@ -84,11 +91,12 @@ def pipeline_for(profile: Profile, model: Path, strategy: str, draft: Path | Non
 def auto_split(link: Link, cfg) -> tuple[float, ...]:
     """The solver's split for `cfg` (a RunConfig) on this job's ranks; logged on rank 0 with
     what the nodes left out would give."""
-    model = resolve_model(cfg.model)
+    model = target_file(link, cfg.model)
     draft = draft_file(link, cfg.drafts[0], cfg.compact_draft) if cfg.uses_draft_model \
         else None
     threads = [cfg.threads_for(r) for r in range(link.size)]
-    profile = obtain_profile(link, cfg.profile, model, draft, threads, cfg.repack_target)
+    profile = obtain_profile(link, cfg.profile, model, draft, threads, cfg.repack_target,
+                             given=cfg.model)
     answer = None
     if link.rank == 0:
         try:
@@ -102,6 +110,22 @@ def auto_split(link: Link, cfg) -> tuple[float, ...]:
     if isinstance(answer, str):
         raise ProfileError(answer)
     return answer
+
+
+def target_file(link: Link, name: str) -> Path:
+    """Rank 0's file of the target (fetched there if it is a registry name not cached yet),
+    the path shared (only rank 0 opens it; an unusable model raises ModelError on every
+    rank)."""
+    answer = None
+    if link.rank == 0:
+        try:
+            answer = ("ok", str(resolve_model(name)))
+        except ModelError as err:
+            answer = ("error", str(err))
+    kind, text = link.bcast(answer)
+    if kind == "error":
+        raise ModelError(text)
+    return Path(text)
 
 
 def draft_file(link: Link, name: str, compact: bool) -> Path:

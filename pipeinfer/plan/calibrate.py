@@ -18,7 +18,8 @@ from pathlib import Path
 import numpy as np
 
 from ..engine.mpi_transport import Link, hostname
-from ..model.stage_cache import content_digest
+from ..model.models import ModelError
+from ..model.stage_cache import content_digest, stage_file, stage_key
 from ..schedule.transaction import Tag
 from . import cgroups, measure
 from .profile import ModelId, NodeFigures, Profile
@@ -34,17 +35,46 @@ def model_id(path: Path, n_layer: int = 0) -> ModelId:
     return ModelId(path.name, content_digest(path)[:32], n_layer)
 
 
+def calibration_slices(link: Link, model: Path, n_layer: int,
+                       given: str | None = None) -> measure.Slices:
+    """Collective: the calibration slices of rank 0's `model` as this rank's files, cut on
+    rank 0 and sent to the ranks that lack them (engine/weights.py: only rank 0 needs the
+    model file); `given` is the model this rank was given, a copy it may cut from."""
+    from ..engine.weights import Manifest, Need, obtain
+
+    plan = None
+    if link.rank == 0:
+        try:
+            ranges = measure.calibration_ranges(model, n_layer)
+            digest = content_digest(model)
+            plan = ("ok", ranges, [Manifest(str(model), given or str(model), digest, {
+                r: Need(stage_key(digest, rng), f"calibration layers [{rng.first}, "
+                        f"{rng.last}) of {model.name}", stage=rng)
+                for r in range(1, link.size)}) for rng in ranges])
+        except (ModelError, OSError) as err:
+            plan = ("error", str(err), None)
+    kind, ranges, manifests = link.bcast(plan)
+    if kind == "error":
+        raise ModelError(ranges)
+    files = [obtain(link, manifest, own=given)[0] for manifest in manifests]
+    if link.rank == 0:
+        files = [stage_file(model, rng) for rng in ranges]
+    return measure.Slices(files[0], ranges[0].n_layer, files[1])
+
+
 def calibrate(link: Link, model: Path, n_layer: int, n_embd: int, threads: list[int],
-              draft: Path | None = None, repack: bool = True) -> Profile | None:
+              draft: Path | None = None, repack: bool = True,
+              given: str | None = None) -> Profile | None:
     """Measure every rank; the profile on rank 0, None on the others. A rank that fails
-    raises on every rank (the message names it)."""
+    raises on every rank (the message names it). `model` and `draft` are rank 0's files."""
     rank, size = link.rank, link.size
+    slices = calibration_slices(link, model, n_layer, given)
     figures, error = {}, None
     for turn in range(size):
         link.barrier()
         if turn == rank:
             try:
-                figures = _measure_own(model, n_layer, threads[rank], draft if rank == 0
+                figures = _measure_own(slices, threads[rank], draft if rank == 0
                                        else None, repack)
             except Exception as err:  # every rank must go on taking turns
                 error = str(err) or type(err).__name__
@@ -69,10 +99,10 @@ def _first_error(statuses) -> str | None:
     return None
 
 
-def _measure_own(model: Path, n_layer: int, threads: int, draft: Path | None,
+def _measure_own(slices: measure.Slices, threads: int, draft: Path | None,
                  repack: bool) -> dict:
     t0 = time.perf_counter()
-    layer, output = measure.measure_layers(model, n_layer, threads, repack)
+    layer, output = measure.measure_layers(slices, threads, repack)
     fig = {"layer_ms": _rounded(layer), "output_ms": _rounded(output),
            "free_mb": measure.free_mb(), "cores": cgroups.cores()}
     if draft is not None:
@@ -125,16 +155,18 @@ def _ping(link: Link, partner: int, buf: np.ndarray) -> float:
 
 
 def probe_changed(link: Link, profile: Profile, model: Path, n_layer: int,
-                  threads: list[int], repack: bool = True) -> str | None:
+                  threads: list[int], repack: bool = True,
+                  given: str | None = None) -> str | None:
     """Collective quick probe: every rank times a layer again; on rank 0 a sentence naming
     the first rank whose speed changed by more than PROBE_CHANGE (None: the profile holds)."""
     rank = link.rank
+    slices = calibration_slices(link, model, n_layer, given)
     now = None
     for turn in range(link.size):
         link.barrier()
         if turn == rank:
             try:
-                now = measure.probe_layer_ms(model, n_layer, threads[rank], repack)
+                now = measure.probe_layer_ms(slices, threads[rank], repack)
             except Exception as err:
                 now = f"{err}"
     probes = link.gather((rank, now))

@@ -33,9 +33,9 @@ def calibrate(model, draft, threads, profile, repack, compact_draft, verbose, qu
     trip and bandwidth of the link to the next rank (MPI ping-pong of a hidden state). Ranks
     are timed one at a time. Rank 0 prints a table and the profile's path."""
     from ..engine.mpi_transport import Link
-    from ..model.models import ModelError, resolve_model
+    from ..model.models import ModelError
     from ..model.slicing import model_info, read_model
-    from .auto import draft_file
+    from .auto import draft_file, target_file
     from .calibrate import calibrate as measure, model_id
     from .profile import cache_path
 
@@ -46,10 +46,19 @@ def calibrate(model, draft, threads, profile, repack, compact_draft, verbose, qu
         raise Failure(f"-t has {len(threads)} values for {link.size} ranks", 2)
     per_rank = [threads[r] if len(threads) > 1 else threads[0] for r in range(link.size)]
     try:
-        path = resolve_model(model)
+        path = target_file(link, model)
         draft_path = draft_file(link, draft, compact_draft) if draft else None
-        info = model_info(read_model(path), path)
-        result = measure(link, path, info.n_layer, info.n_embd, per_rank, draft_path, repack)
+        info = None
+        if link.rank == 0:
+            try:
+                info = model_info(read_model(path), path)
+            except (ModelError, ValueError, OSError) as err:
+                info = str(err)
+        info = link.bcast(info)
+        if isinstance(info, str):
+            raise ModelError(info)
+        result = measure(link, path, info.n_layer, info.n_embd, per_rank, draft_path, repack,
+                         given=model)
     except (ModelError, ValueError, RuntimeError, OSError) as err:
         raise Failure(str(err))
     if result is None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import statistics
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -69,28 +70,40 @@ def _fill_context(stage: Stage, tokens: bool = False) -> None:
         stage.decode(positions, seqs, embd=np.full((CONTEXT, stage.n_embd), 0.01, np.float32))
 
 
-def measure_layers(model: Path, n_layer: int, threads: int, repack: bool = True,
+@dataclass(frozen=True)
+class Slices:
+    """The calibration slices of calibration_ranges as this rank's files."""
+    body: Path
+    body_layers: int
+    last: Path
+
+
+def local_slices(model: Path, n_layer: int) -> Slices:
+    """The calibration slices cut from this machine's own copy of `model`."""
+    body, last = calibration_ranges(model, n_layer)
+    return Slices(stage_file(model, body), body.n_layer, stage_file(model, last))
+
+
+def measure_layers(slices: Slices, threads: int, repack: bool = True,
                    sizes=STEP_SIZES, repeats: int = REPEATS) -> tuple[dict, dict]:
     """({b: ms of one layer}, {b: ms of the output layer}) for b-token steps."""
-    body, last = calibration_ranges(model, n_layer)
-    with Stage(stage_file(model, body), _config(threads, repack), final=False,
+    with Stage(slices.body, _config(threads, repack), final=False,
                label="calibration layers") as stage:
         _fill_context(stage)
         layers = {b: _step_ms(stage, b, repeats) for b in sizes}
-    with Stage(stage_file(model, last), _config(threads, repack), final=True,
+    with Stage(slices.last, _config(threads, repack), final=True,
                label="calibration output") as stage:
         _fill_context(stage)
         output = {b: max(0.0, _step_ms(stage, b, repeats) - layers[b]) for b in sizes}
-    return {b: ms / body.n_layer for b, ms in layers.items()}, output
+    return {b: ms / slices.body_layers for b, ms in layers.items()}, output
 
 
-def probe_layer_ms(model: Path, n_layer: int, threads: int, repack: bool = True) -> float:
+def probe_layer_ms(slices: Slices, threads: int, repack: bool = True) -> float:
     """A quick measure of one layer's 1-token step (to see whether a profile still holds)."""
-    body, _ = calibration_ranges(model, n_layer)
-    with Stage(stage_file(model, body), _config(threads, repack), final=False,
+    with Stage(slices.body, _config(threads, repack), final=False,
                label="calibration probe") as stage:
         _fill_context(stage)
-        return _step_ms(stage, 1, PROBE_REPEATS) / body.n_layer
+        return _step_ms(stage, 1, PROBE_REPEATS) / slices.body_layers
 
 
 def measure_draft(draft: Path, threads: int) -> float:

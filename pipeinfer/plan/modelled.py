@@ -72,7 +72,8 @@ def local_layers(path: Path) -> tuple[dict[int, float], dict[int, float]]:
     """(layer_ms, output_ms) of the model at `path` on one whole core of this machine."""
     def run():
         header = read_header(path)
-        layer, output = measure.measure_layers(path, model_info(header, path).n_layer, 1)
+        slices = measure.local_slices(path, model_info(header, path).n_layer)
+        layer, output = measure.measure_layers(slices, 1)
         return {"layer_ms": layer, "output_ms": output}
     figures = _cached("layers-" + "-".join(map(str, STEP_SIZES)), path, run)
     return ({int(b): v for b, v in figures["layer_ms"].items()},

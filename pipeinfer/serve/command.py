@@ -36,7 +36,9 @@ BUSY_CHOICES = ("auto", "same", "speculative", "iterative")
 
 @click.command(cls=RankedCommand, context_settings={"show_default": True})
 @click.option("-m", "--model", required=True,
-              help="Target model: a GGUF path, or a name of `pipeinfer models list`.")
+              help="Target model: a GGUF path, or a name of `pipeinfer models list`. "
+                   "Only rank 0 needs the file: the other ranks take their slices from their "
+                   "stage caches or receive them from rank 0.")
 @click.option("-md", "--model-draft", "draft", multiple=True, help=DRAFT_MODEL_HELP)
 @compact_draft_option
 @click.option("--alias", default=None,

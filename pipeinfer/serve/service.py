@@ -87,7 +87,7 @@ def main(cfg: RunConfig, options: ServeOptions) -> int:
 def _head(cfg: RunConfig, job: Job, service: Service, http: HttpThread) -> int:
     ready(service, job.head)
     log.info("ready: %s", "; ".join(f"rank {r} pid {pid} on {host}"
-                                    for r, host, pid, _ in job.statuses))
+                                    for r, host, pid, *_ in job.statuses))
     log.info("serving %s on http://%s:%d", service.model_name, http.sock.getsockname()[0],
              http.port)
     try:

@@ -1,0 +1,186 @@
+"""Weights travel with the job: only rank 0 needs the model files.
+
+Collective, at start-up (Job.start), after rank 0 has planned the split:
+
+1. rank 0 names, per rank, the file it loads (a Need: the stage cache key of its slice of the
+   target, or of a draft model that runs on a rank of its own) and broadcasts the Manifest;
+2. every other rank looks in its stage cache; failing that, if it has the model file itself
+   (the same name or path) and its content digest is rank 0's, it cuts its slice from it as
+   before; otherwise it asks for the file;
+3. rank 0 cuts (or reads from its own cache) every file asked for and streams it
+   (transfer.py), to every asking rank at once;
+4. every rank reports how it went: one failure ends the start on every rank with the message
+   of the rank that failed.
+
+A later start with the same model and split finds every file in the caches: nothing travels.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..model.models import ModelError, resolve_model
+from ..model.partition import StageRange
+from ..model.stage_cache import cached_file, content_digest, stage_file, stage_key, stages_dir
+from ..schedule.transaction import Tag  # noqa: F401  (the transfer's tags live there)
+from .backoff import Backoff
+from .mpi_transport import Link, hostname
+from .transfer import PROGRESS_EVERY_S, Offer, Sender, TransferError, receive
+
+log = logging.getLogger(__name__)
+
+DRAFT_PREFIX = "draft-"
+
+
+class WeightsError(RuntimeError):
+    """A rank could not obtain its file; raised on every rank, naming the one that failed."""
+
+
+@dataclass(frozen=True)
+class Need:
+    """The file one rank loads: a slice of the target (`stage`) or a whole draft model."""
+    key: str
+    label: str
+    stage: StageRange | None = None
+    source: str | None = None     # rank 0's path of a whole file (draft models)
+
+
+@dataclass(frozen=True)
+class Manifest:
+    model: str            # the target as rank 0 resolved it
+    model_name: str       # as given (-m): a registry name or a path
+    model_digest: str
+    needs: dict[int, Need]
+
+
+def target_needs(model: Path, ranges: list[StageRange], n_pipeline: int) -> dict[int, Need]:
+    """Rank 0: the slice of every pipeline rank after the head that has layers."""
+    digest = content_digest(model)
+    return {r.rank: Need(stage_key(digest, r), f"layers [{r.first}, {r.last}) of {model.name}",
+                         stage=r)
+            for r in ranges[1:n_pipeline] if r.n_layer > 0}
+
+
+def draft_need(path: Path, name: str) -> Need:
+    """Rank 0: a draft model file that a rank of its own loads whole."""
+    return Need(DRAFT_PREFIX + content_digest(path)[:32], f"draft model {name}",
+                source=str(path))
+
+
+def obtain(link: Link, manifest: Manifest, own: str | None = None) -> tuple[Path | None, int]:
+    """Every rank: its file (None on rank 0, and on a rank that loads nothing) and the bytes
+    it received; `own` is the model this rank was given (-m on its command line). Raises
+    WeightsError on every rank if any rank failed."""
+    need = manifest.needs.get(link.rank) if link.rank else None
+    have, error = None, None
+    if need is not None:
+        try:
+            have = _find_locally(need, manifest, own)
+        except (ModelError, OSError) as err:
+            error = str(err)
+    statuses = link.gather((link.rank, hostname(), have is not None or need is None, error))
+    plan = None
+    if link.rank == 0:
+        failure = _first_failure(statuses)
+        plan = ("error", failure) if failure else ("ok", [r for r, _, ok, _ in statuses
+                                                         if not ok])
+    kind, detail = link.bcast(plan)
+    if kind == "error":
+        raise WeightsError(detail)
+    received, error = 0, None
+    try:
+        if link.rank == 0 and detail:
+            _serve(link, manifest, detail)
+        elif link.rank in detail:
+            have, received = receive(link, stages_dir(), need.label)
+    except (TransferError, ModelError, OSError) as err:
+        error = str(err)
+    statuses = link.gather((link.rank, hostname(), True, error))
+    failure = link.bcast(_first_failure(statuses) if link.rank == 0 else None)
+    if failure:
+        raise WeightsError(failure)
+    return have, received
+
+
+def _first_failure(statuses) -> str | None:
+    for rank, host, _ok, error in statuses:
+        if error:
+            return error if rank == 0 else f"rank {rank} ({host}): {error}"
+    return None
+
+
+def _find_locally(need: Need, manifest: Manifest, given: str | None) -> Path | None:
+    """The rank's file from its own disk: cached, or cut from its own copy of the model
+    when that copy is rank 0's (same content digest)."""
+    hit = cached_file(need.key)
+    if hit is not None or need.stage is None:
+        return hit
+    own = _own_copy(manifest, given)
+    if own is None:
+        return None
+    digest = content_digest(own)
+    if digest != manifest.model_digest:
+        log.warning("its copy of the model, %s, differs from rank 0's (sha256 %s... against "
+                    "%s...): receiving its slice from rank 0", own, digest[:12],
+                    manifest.model_digest[:12])
+        return None
+    return stage_file(own, need.stage)
+
+
+def _own_copy(manifest: Manifest, given: str | None) -> Path | None:
+    """This rank's copy of the target (the model it was given, else rank 0's by name or
+    path), if any; never fetched: the weights come from rank 0."""
+    for value in dict.fromkeys(v for v in (given, manifest.model_name, manifest.model) if v):
+        try:
+            return resolve_model(value, fetch_missing=False)
+        except ModelError:
+            continue
+    return None
+
+
+def _serve(link: Link, manifest: Manifest, ranks: list[int]) -> None:
+    """Rank 0: send every asking rank its file, all at once; raises if one could not be
+    sent (the receivers have been told)."""
+    senders = [Sender(link, r, *_offer(manifest, manifest.needs[r])) for r in ranks]
+    t0 = time.monotonic()  # (the files are cut and hashed: what follows is the transfer)
+    total = sum(s.offer.size for s in senders if not s.offer.error)
+    log.info("sending %.0f MB of weights to rank(s) %s", total / 1e6,
+             ", ".join(map(str, ranks)))
+    backoff, last = Backoff(limit=1e-3), t0
+    while not all([s.step() for s in senders]):
+        backoff.wait()
+        if time.monotonic() - last >= PROGRESS_EVERY_S:
+            last = time.monotonic()
+            log.info("weights: %s", "; ".join(_progress(s, last - t0) for s in senders))
+    elapsed = max(time.monotonic() - t0, 1e-9)
+    sent = sum(s.sent_bytes for s in senders)
+    log.info("sent %.0f MB of weights in %.1f s (%.0f MB/s)", sent / 1e6, elapsed,
+             sent / elapsed / 1e6)
+    errors = [f"rank {s.dest}: {s.error}" for s in senders if s.error and not s.reported]
+    if errors:  # (a receiver's own failure it reports itself, naming its host)
+        raise TransferError("; ".join(errors))
+
+
+def _progress(sender: Sender, elapsed: float) -> str:
+    """'rank 2: 120 of 276 MB, 110 MB/s, ETA 1 s' (what rank 0 has handed to MPI)."""
+    size, sent = sender.offer.size, sender.sent_bytes
+    if sender.done:
+        return f"rank {sender.dest}: " + ("failed" if sender.error else f"{size / 1e6:.0f} MB done")
+    rate = sent / max(elapsed, 1e-9)
+    eta = f"{(size * sender.tries - sent) / rate:.0f} s" if rate else "?"
+    return (f"rank {sender.dest}: {sent / 1e6:.0f} of {size / 1e6:.0f} MB, {rate / 1e6:.0f} "
+            f"MB/s, ETA {eta}")
+
+
+def _offer(manifest: Manifest, need: Need) -> tuple[Offer, Path | None]:
+    """The file rank 0 sends for `need` (cut into its own cache first if it is a slice not
+    cut yet) and its offer; an offer carrying the error if it cannot be made."""
+    try:
+        path = Path(need.source) if need.stage is None else \
+            stage_file(Path(manifest.model), need.stage)
+        return Offer(need.key, path.stat().st_size, content_digest(path)), path
+    except (ModelError, OSError) as err:
+        return Offer(need.key, 0, "", error=str(err)), None
