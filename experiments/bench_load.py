@@ -7,9 +7,12 @@ in one run:
 
 Per repeat, in this order (each system's second start right after its first):
 - pipeinfer first start: every worker's disk empty (cluster.py --disks private), rank 0 sends
-  each its slice (rank 0's own cache already holds the cut slices, as after any earlier run);
+  each its slice (rank 0's own cache already holds the cut slices, as after any earlier run:
+  an untimed warm-up start makes sure);
   its log gives the transfer phase (first byte to the last verified slice);
 - pipeinfer second start: the same disks, nothing travels;
+- pipeinfer first start again, rank 0 serving every rank at once (PIPEINFER_WEIGHTS_AT_ONCE=0)
+  instead of one at a time, the largest file first (its default);
 - llama.cpp RPC without -c: rpc-servers on nodes 1..N-1, llama-completion on node 0 sends every
   tensor at each start;
 - llama.cpp RPC with -c, first start (empty tensor caches) and second start (cached).
@@ -21,6 +24,7 @@ node comes with every row. Prints a table of medians and the ratios the issue's 
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import shutil
 import statistics
@@ -58,7 +62,7 @@ def first_byte(proc: subprocess.Popen, timeout: float, watch=None) -> float | No
             return None
 
 
-def pipeinfer_start(args, disks: Path, prompt: str) -> dict:
+def pipeinfer_start(args, disks: Path, prompt: str, env: dict | None = None) -> dict:
     cmd = [sys.executable, str(HERE / "cluster.py"), "--nodes", str(args.nodes), "--cpu",
            f"{args.cpu:g}", "--period-us", str(PERIOD_US), "--link", args.link, "--disks",
            "private", "--disk-root", str(disks), "--", str(Path(sys.executable).parent /
@@ -67,7 +71,8 @@ def pipeinfer_start(args, disks: Path, prompt: str) -> dict:
            "--strategy", "iterative",
            "--layer-split", ",".join(["0"] + [f"{1 / (args.nodes - 1)!r}"] * (args.nodes - 1))]
     t0 = time.monotonic()
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT,
+                            env={**os.environ, **(env or {})})
     ttft = first_byte(proc, args.timeout)
     _, err = proc.communicate(timeout=args.timeout)
     err = err.decode(errors="replace")
@@ -109,6 +114,9 @@ def one_repeat(args, bin_dir: Path | None, prompt: str, scratch: Path) -> dict[s
     disks = scratch / f"disks-{uuid.uuid4().hex[:6]}"
     rows["pipeinfer first"] = pipeinfer_start(args, disks, prompt)
     rows["pipeinfer second"] = pipeinfer_start(args, disks, prompt)
+    shutil.rmtree(disks, ignore_errors=True)
+    rows["pipeinfer first, all"] = pipeinfer_start(args, disks, prompt,
+                                                   {"PIPEINFER_WEIGHTS_AT_ONCE": "0"})
     shutil.rmtree(disks, ignore_errors=True)
     if bin_dir is not None:
         rows["llama-rpc"] = rpc_start(args, bin_dir, prompt, None)
@@ -173,6 +181,8 @@ def main() -> int:
             print(f"bench_load: no llama.cpp peers ({err}): pipeinfer only", file=sys.stderr)
     scratch = Path(tempfile.mkdtemp(prefix="bench-load-"))
     try:
+        # rank 0's own cache gets the slices cut (and hashed) once, before anything is timed
+        pipeinfer_start(args, scratch / "warm-up", prompt)
         reps = []
         for k in range(args.k):
             reps.append(one_repeat(args, bin_dir, prompt, scratch))

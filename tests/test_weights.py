@@ -211,3 +211,24 @@ def test_calibrate_and_auto_split_without_model_on_workers(tmp_path: Path, tiny8
                   timeout=180, env=env)
     out = ok(auto)
     assert out["tokens"] == llama_greedy(tiny8, out["prompt_tokens"], N)
+
+
+@needs_cgroups
+def test_full_disk_names_rank_host_and_space(tmp_path: Path, tiny8: Path):
+    """A worker whose disk has no room for its slice: one error naming rank, host, path."""
+    disks = tmp_path / "disks"
+    stages = disks / "node1" / "cache" / "stages"
+    stages.mkdir(parents=True)
+    mount = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "none", str(stages)],
+                           capture_output=True, text=True)
+    if mount.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs: {mount.stderr.strip()}")
+    try:
+        result = private(disks, tiny8, timeout=60)
+    finally:
+        subprocess.run(["umount", str(stages)], capture_output=True)
+    assert result.rc != 0 and not result.timed_out, result.describe()
+    lines = [line for line in result.stderr.splitlines() if "error" in line]
+    assert any("rank 1 (" in line and "not enough space" in line and str(stages) in line
+               for line in lines), result.describe()
+    assert "Traceback" not in result.stderr

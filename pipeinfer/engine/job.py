@@ -37,6 +37,7 @@ from .config import RunConfig
 from .generate import driver_for
 from .setup import (SETUP_ERRORS, HeadSetup, draft_rank_file, head_setup,
                     load_draft_rank_stage, load_stage, own_stage_file, plan)
+from .transfer import TransferError
 from .weights import Manifest, WeightsError, draft_need, obtain, target_needs
 from ..model.stage_cache import content_digest
 from ..model.tokenizer import Tokenizer
@@ -142,7 +143,7 @@ class Job:
         rank, size = link.rank, link.size
         stage, setup, error, received = None, None, None, 0
         try:
-            path, received = obtain(link, manifest, own=cfg.model)
+            path, received = obtain(link, manifest, own=cfg.model, confirm=False)
             n_pipeline = cfg.n_pipeline(size)
             if rank >= n_pipeline:
                 stage = load_draft_rank_stage(cfg, path, rank)
@@ -154,7 +155,7 @@ class Job:
                 stage = load_stage(cfg, path, ranges[rank], n_pipeline)
         except WeightsError as err:  # raised on every rank alike: the start fails here
             raise StartFailed(str(err)) from None
-        except SETUP_ERRORS as err:
+        except SETUP_ERRORS + (TransferError,) as err:
             error = str(err)
         except Exception as err:  # a bug: still take part in the gather, or the others hang
             error = describe(err, cfg.verbose)

@@ -18,7 +18,9 @@ A later start with the same model and split finds every file in the caches: noth
 from __future__ import annotations
 
 import logging
+import os
 import time
+from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,6 +35,7 @@ from .transfer import PROGRESS_EVERY_S, Offer, Sender, TransferError, receive
 log = logging.getLogger(__name__)
 
 DRAFT_PREFIX = "draft-"
+AT_ONCE_VAR = "PIPEINFER_WEIGHTS_AT_ONCE"  # ranks served at once (default 1; 0: every one)
 
 
 class WeightsError(RuntimeError):
@@ -70,10 +73,14 @@ def draft_need(path: Path, name: str) -> Need:
                 source=str(path))
 
 
-def obtain(link: Link, manifest: Manifest, own: str | None = None) -> tuple[Path | None, int]:
+def obtain(link: Link, manifest: Manifest, own: str | None = None,
+           confirm: bool = True) -> tuple[Path | None, int]:
     """Every rank: its file (None on rank 0, and on a rank that loads nothing) and the bytes
     it received; `own` is the model this rank was given (-m on its command line). Raises
-    WeightsError on every rank if any rank failed."""
+    WeightsError on every rank if any rank lacks a file it cannot receive. A transfer that
+    fails raises WeightsError on every rank too with `confirm`; without it, only on the ranks
+    it failed on (TransferError), whose caller reports it to the others in a collective of
+    its own: then a rank goes on (loads its file) while rank 0 still sends to the others."""
     need = manifest.needs.get(link.rank) if link.rank else None
     have, error = None, None
     if need is not None:
@@ -97,11 +104,14 @@ def obtain(link: Link, manifest: Manifest, own: str | None = None) -> tuple[Path
         elif link.rank in detail:
             have, received = receive(link, stages_dir(), need.label)
     except (TransferError, ModelError, OSError) as err:
+        if not confirm:
+            raise TransferError(str(err)) from None
         error = str(err)
-    statuses = link.gather((link.rank, hostname(), True, error))
-    failure = link.bcast(_first_failure(statuses) if link.rank == 0 else None)
-    if failure:
-        raise WeightsError(failure)
+    if confirm:
+        statuses = link.gather((link.rank, hostname(), True, error))
+        failure = link.bcast(_first_failure(statuses) if link.rank == 0 else None)
+        if failure:
+            raise WeightsError(failure)
     return have, received
 
 
@@ -142,15 +152,23 @@ def _own_copy(manifest: Manifest, given: str | None) -> Path | None:
 
 
 def _serve(link: Link, manifest: Manifest, ranks: list[int]) -> None:
-    """Rank 0: send every asking rank its file, all at once; raises if one could not be
-    sent (the receivers have been told)."""
-    senders = [Sender(link, r, *_offer(manifest, manifest.needs[r])) for r in ranks]
+    """Rank 0: send every asking rank its file, one rank at a time (PIPEINFER_WEIGHTS_AT_ONCE
+    =k: k at a time, 0: all); raises if one could not be sent (the receivers are told)."""
+    # The largest file first: a rank loads its file as soon as it has it (Job.start), so
+    # the last to arrive, the one every rank waits for, is then the quickest to load.
+    offers = deque(sorted(((r, *_offer(manifest, manifest.needs[r])) for r in ranks),
+                          key=lambda o: -o[1].size))
     t0 = time.monotonic()  # (the files are cut and hashed: what follows is the transfer)
-    total = sum(s.offer.size for s in senders if not s.offer.error)
-    log.info("sending %.0f MB of weights to rank(s) %s", total / 1e6,
-             ", ".join(map(str, ranks)))
+    log.info("sending %.0f MB of weights to rank(s) %s", sum(o.size for _, o, _ in offers)
+             / 1e6, ", ".join(map(str, ranks)))
+    at_once = int(os.environ.get(AT_ONCE_VAR, "1") or 1) or len(offers)
+    senders: list[Sender] = []
     backoff, last = Backoff(limit=1e-3), t0
-    while not all([s.step() for s in senders]):
+    while offers or not all(s.done for s in senders):
+        while offers and sum(not s.done for s in senders) < at_once:
+            senders.append(Sender(link, *offers.popleft()))
+        for sender in senders:
+            sender.step()
         backoff.wait()
         if time.monotonic() - last >= PROGRESS_EVERY_S:
             last = time.monotonic()
