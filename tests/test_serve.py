@@ -22,6 +22,7 @@ import httpx
 import pytest
 
 import mpi_util
+from test_chat_template import llama_chat_tokens
 from test_pipeline_mpi import llama_greedy
 
 pytestmark = pytest.mark.smollm2
@@ -122,8 +123,9 @@ def expected(model, tokenizer, prompt_tokens: list[int], n: int) -> tuple[str, i
 
 
 def chat_tokens(tokenizer, messages) -> list[int]:
-    pairs = [(m["role"], m["content"]) for m in messages]
-    return tokenizer.tokenize(tokenizer.apply_chat_template(pairs))
+    """The chat's prompt as llama-cpp-python renders the GGUF's Jinja template (as
+    llama-server does with --jinja); `tokenizer` is the model's."""
+    return llama_chat_tokens(tokenizer.path, messages)
 
 
 def test_health_models_and_loading(server):
@@ -152,7 +154,9 @@ def test_chat_is_exact(server, client, smollm2, tokenizer):
                 {"role": "user", "content": "Name three colours of the rainbow."}]
     answer = client.chat.completions.create(model="smollm2", messages=messages,
                                             max_tokens=40, temperature=0)
-    text, n, reason = expected(smollm2, tokenizer, chat_tokens(tokenizer, messages), 40)
+    prompt = chat_tokens(tokenizer, messages)
+    text, n, reason = expected(smollm2, tokenizer, prompt, 40)
+    assert answer.usage.prompt_tokens == len(prompt)   # the template's system message too
     assert answer.choices[0].message.content == text
     assert answer.choices[0].message.role == "assistant"
     assert (answer.choices[0].finish_reason, answer.usage.completion_tokens) == (reason, n)

@@ -106,8 +106,9 @@ class FakeTokenizer:
     def tokenize(self, text: str) -> list[int]:
         return [1] + [ord(c) for c in text]
 
-    def apply_chat_template(self, messages) -> str:
-        return "".join(f"<{role}>{content}" for role, content in messages) + "<assistant>"
+    def chat_tokens(self, messages) -> list[int]:
+        return self.tokenize("".join(f"<{m['role']}>{m['content']}" for m in messages)
+                             + "<assistant>")
 
     def piece(self, token: int) -> bytes:
         return chr(token).encode()

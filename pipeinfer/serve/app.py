@@ -24,6 +24,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from ..model.chat_template import ChatTemplateError
 from ..model.llama_lib import LlamaError
 from ..model.sampling import SamplingParams
 from . import api
@@ -141,11 +142,13 @@ def _prompt_tokens(service: Service, ask: Ask) -> list[int]:
             raise ApiError(400, f"'prompt' has token id {bad[0]}, outside the vocabulary "
                                 f"(0..{tokenizer.n_vocab - 1})", param="prompt")
         return list(ask.prompt)
+    if not ask.chat:
+        return tokenizer.tokenize(ask.prompt)
     try:
-        text = tokenizer.apply_chat_template(list(ask.messages)) if ask.chat else ask.prompt
-    except LlamaError as err:
-        raise ApiError(400, f"cannot render the chat: {err}") from None
-    return tokenizer.tokenize(text)
+        return tokenizer.chat_tokens([{"role": role, "content": content}
+                                      for role, content in ask.messages])
+    except (LlamaError, ChatTemplateError) as err:
+        raise ApiError(400, f"cannot render the chat: {err}", param="messages") from None
 
 
 async def _complete(service: Service, request: Request, chat: bool) -> Response:

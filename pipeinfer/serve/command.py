@@ -85,7 +85,8 @@ def serve(model, draft, compact_draft, alias, n_ctx, n_batch, threads, split, pr
 
       mpiexec -n 3 pipeinfer serve -m smollm2 --port 8080
 
-    Endpoints: POST /v1/completions and /v1/chat/completions (stream or not), GET /v1/models,
+    Endpoints: POST /v1/completions and /v1/chat/completions (stream or not; chat through
+    the GGUF's own Jinja template, as llama-server --jinja renders it), GET /v1/models,
     /health (503 while the model loads) and /metrics (Prometheus). Greedy answers
     (temperature 0) are exactly single-node llama.cpp's, alone or with other requests in
     flight. Up to --parallel requests are generated at once, their runs interleaved in the
