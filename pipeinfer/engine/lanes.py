@@ -31,7 +31,7 @@ from .drafter import Drafter
 from .driver import Driver
 from .generate import driver_for
 from .head import Pipeline
-from ..model.sampling import Sampler, SamplingParams
+from ..model.sampling import LogitObserver, Sampler, SamplingParams
 from ..schedule.events import Cancel, ResultArrived
 from ..schedule.generation import Generation, Request
 from ..schedule.options import ADAPTIVE, LANE_STRATEGIES
@@ -128,14 +128,16 @@ class Lanes:
         return len(self._free)
 
     def start(self, request: Request, sampling: SamplingParams, owner: Any,
-              on_token: Callable[[int], None]) -> Lane:
-        """A generation of `request` in a free slot (its prefill goes out now)."""
+              on_token: Callable[[int], None], observe: LogitObserver | None = None) -> Lane:
+        """A generation of `request` in a free slot (its prefill goes out now); `observe`
+        sees each generated position's logits and the token chosen (model/sampling.py)."""
         slot = self._free.pop(0)
         head = self.head
         gen = Generation(request, head.tokenizer.is_eog, on_token, run_ids=head.run_ids)
         pipe = SlotPipeline(self.pipe, slot, self._owners)
         strategy = self.strategy_now()
-        driver = driver_for(strategy, pipe, gen, Sampler(sampling), self.cfg,
+        sampler = Sampler(sampling, history=gen.last, observe=observe)
+        driver = driver_for(strategy, pipe, gen, sampler, self.cfg,
                             self._drafters[slot], self.cfg.pool(), head.trace,
                             threaded_drafts=True)
         driver.sched.share = self._share

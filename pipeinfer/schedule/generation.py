@@ -44,6 +44,13 @@ class Generation:
         """Prompt and generated tokens; the last one is pending (not evaluated yet)."""
         return list(self.request.prompt) + self.tokens
 
+    def last(self, n: int) -> list[int]:
+        """The newest `n` accepted tokens, prompt included (the penalties' window)."""
+        tokens, prompt = self.tokens, self.request.prompt
+        if n <= len(tokens):
+            return tokens[len(tokens) - n:]
+        return list(prompt[max(0, len(prompt) - (n - len(tokens))):]) + tokens
+
     @property
     def pending(self) -> int:
         """Position of the newest accepted token."""
