@@ -54,6 +54,58 @@ def test_completion_fields_are_checked():
         assert err.value.body()["error"]["type"] == "invalid_request_error"
 
 
+def test_sampling_and_logprob_fields():
+    ask = api.parse_completion({"prompt": "x", "min_p": 0.1, "repeat_penalty": 1.3,
+                                "repeat_last_n": -1, "frequency_penalty": 0.5,
+                                "presence_penalty": -0.5, "logit_bias": {"7": -100, "9": 50,
+                                                                         "11": False},
+                                "logprobs": 2, "ignore_eos": True, "n_predict": 9}, DEFAULTS)
+    s = ask.sampling
+    assert (s.min_p, s.repeat_penalty, s.repeat_last_n) == (0.1, 1.3, -1)
+    assert (s.frequency_penalty, s.presence_penalty) == (0.5, -0.5)
+    assert s.logit_bias == ((7, -100.0), (9, 50.0), (11, float("-inf")))
+    assert (ask.logprobs, ask.ignore_eos, ask.max_tokens) == (2, True, 9)
+    chat = {"messages": [{"role": "user", "content": "hi"}]}
+    assert api.parse_chat(chat, DEFAULTS).logprobs is None
+    assert api.parse_chat(dict(chat, logprobs=True), DEFAULTS).logprobs == 0
+    assert api.parse_chat(dict(chat, logprobs=True, top_logprobs=20), DEFAULTS).logprobs == 20
+    harmless = [{"response_format": {"type": "text"}}, {"tools": []}, {"tool_choice": "none"},
+                {"typical_p": 1}, {"mirostat": 0}, {"user": "u"}, {"cache_prompt": True}]
+    for extra in harmless:
+        api.parse_chat(dict(chat, **extra), DEFAULTS)
+
+
+def test_fields_that_would_change_the_answer_are_refused_by_name():
+    chat = {"messages": [{"role": "user", "content": "hi"}]}
+    refused = [("top_logprobs", {"logprobs": True, "top_logprobs": 21}),
+               ("top_logprobs", {"top_logprobs": 3}),
+               ("logprobs", {"logprobs": "yes"}),
+               ("response_format", {"response_format": {"type": "xml"}}),
+               ("response_format", {"response_format": {"type": "json_object"}}),
+               ("response_format", {"response_format": {"type": "json_schema",
+                                                        "json_schema": {"name": "x"}}}),
+               ("tools", {"tools": [{"type": "function", "function": {"name": "f"}}]}),
+               ("tool_choice", {"tool_choice": "required"}),
+               ("grammar", {"grammar": "root ::= \"a\""}),
+               ("mirostat", {"mirostat": 2}), ("typical_p", {"typical_p": 0.5}),
+               ("n", {"n": 2}), ("frequency_penalty", {"frequency_penalty": 3}),
+               ("repeat_penalty", {"repeat_penalty": 0}),
+               ("repeat_last_n", {"repeat_last_n": -2}), ("min_p", {"min_p": 1.5}),
+               ("logit_bias", {"logit_bias": {"hello": 1}}),
+               ("logit_bias", {"logit_bias": {"5": 101}}), ("logit_bias", {"logit_bias": [1]})]
+    for param, extra in refused:
+        with pytest.raises(ApiError) as err:
+            api.parse_chat(dict(chat, **extra), DEFAULTS)
+        assert (err.value.status, err.value.param) == (400, param), extra
+        assert param in err.value.message
+    for param, extra in [("logprobs", {"logprobs": 21}), ("echo", {"echo": True}),
+                         ("best_of", {"best_of": 3}), ("suffix", {"suffix": "}"}),
+                         ("prompt", {"prompt": ["a", "b"]})]:
+        with pytest.raises(ApiError) as err:
+            api.parse_completion(dict({"prompt": "x"}, **extra), DEFAULTS)
+        assert (err.value.status, err.value.param) == (400, param), extra
+
+
 def test_chat_messages_are_checked():
     ask = api.parse_chat({"messages": [
         {"role": "system", "content": "Be brief."},
@@ -103,6 +155,8 @@ def test_stop_strings_are_cut_and_never_sent_in_part():
 
 # --- the app and the loop with a scripted head ------------------------------------------------
 class FakeTokenizer:
+    n_vocab = 0x110000
+
     def tokenize(self, text: str) -> list[int]:
         return [1] + [ord(c) for c in text]
 
@@ -110,7 +164,7 @@ class FakeTokenizer:
         return self.tokenize("".join(f"<{m['role']}>{m['content']}" for m in messages)
                              + "<assistant>")
 
-    def piece(self, token: int) -> bytes:
+    def piece(self, token: int, special: bool = False) -> bytes:
         return chr(token).encode()
 
 
@@ -142,7 +196,7 @@ class FakeLanes:
     def n_free(self):
         return self.slots - len(self.active)
 
-    def start(self, request, sampling, owner, on_token):
+    def start(self, request, sampling, owner, on_token, observe=None):
         assert self.n_free > 0
         lane = SimpleNamespace(owner=owner, on_token=on_token, n=request.n_predict, given=0,
                                next_at=time.monotonic() + self.delay, finished=False,
@@ -183,10 +237,10 @@ def server():
     """Start the app on a free port with FakeLanes; yields (base url, service, errors)."""
     started = []
 
-    def start(lanes, queue=4, api_key=None):
+    def start(lanes, queue=4, api_key=None, cors=("*",)):
         head = FakeHead()
         service = Service(Bridge(queue), ServeMetrics(), "fake", 64, DEFAULTS, api_key)
-        http = HttpThread(build_app(service), "127.0.0.1", 0)
+        http = HttpThread(build_app(service, cors), "127.0.0.1", 0)
         ready(service, head)
         errors = []
 
@@ -254,7 +308,24 @@ def test_errors_are_objects(server):
     r = httpx.get(url + "/v1/nothing", headers=key)
     assert r.status_code == 404 and "no such endpoint" in r.json()["error"]["message"]
     r = httpx.get(url + "/v1/completions", headers=key)
-    assert r.status_code == 405 and "error" in r.json()
+    assert r.status_code == 405 and r.json()["error"]["type"] == "invalid_request_error"
+    r = httpx.post(url + "/v1/completions", json={"prompt": [5, 1 << 30]}, headers=key)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "prompt"
+
+
+def test_cors_origin_restricts_browsers(server):
+    url, service, _ = server(FakeLanes(), api_key="sesame", cors=("http://ok.example",))
+    ask = {"Access-Control-Request-Method": "POST",
+           "Access-Control-Request-Headers": "authorization, content-type"}
+    r = httpx.options(url + "/v1/completions", headers={"Origin": "http://ok.example", **ask})
+    assert r.status_code == 200
+    assert r.headers["access-control-allow-origin"] == "http://ok.example"
+    r = httpx.options(url + "/v1/completions", headers={"Origin": "http://evil.example",
+                                                         **ask})
+    assert r.status_code == 400 and "access-control-allow-origin" not in r.headers
+    r = httpx.get(url + "/v1/models", headers={"Origin": "http://ok.example",
+                                               "Authorization": "Bearer sesame"})
+    assert r.headers["access-control-allow-origin"] == "http://ok.example"
 
 
 def test_a_rank_failing_answers_503_naming_it(server):

@@ -32,11 +32,13 @@ class Tokenizer:
             llama_cpp.llama_model_free(self._model)
             self._model = None
 
-    def tokenize(self, text: str, add_special: bool = True) -> list[int]:
+    def tokenize(self, text: str, add_special: bool = True,
+                 parse_special: bool = True) -> list[int]:
         data = text.encode("utf-8")
         capacity = len(data) + 8
         buf = (llama_cpp.llama_token * capacity)()
-        n = llama_cpp.llama_tokenize(self._vocab, data, len(data), buf, capacity, add_special, True)
+        n = llama_cpp.llama_tokenize(self._vocab, data, len(data), buf, capacity, add_special,
+                                     parse_special)
         if n < 0:
             raise LlamaError(f"tokenization needs {-n} tokens, more than expected")
         return list(buf[:n])
@@ -123,5 +125,11 @@ class TextStream:
     def push(self, token: int) -> str:
         return self._decoder.decode(self._tokenizer.piece(token))
 
-    def finish(self) -> str:
+    def finish(self, keep_incomplete: bool = True) -> str:
+        """The text still held back: an incomplete character at the end becomes U+FFFD, or
+        is left out (`keep_incomplete` False: what llama-server does with an answer cut
+        inside a character)."""
+        if not keep_incomplete:
+            self._decoder.reset()
+            return ""
         return self._decoder.decode(b"", final=True)

@@ -1,45 +1,26 @@
-"""The OpenAI-style API's requests and errors, without any HTTP: a JSON body becomes a checked,
-frozen Ask or an ApiError carrying its status and an OpenAI/llama-server error object,
-`{"error": {"message", "type", "code"}}` (`code`: the HTTP status, as llama-server gives it).
+"""The OpenAI-style API's requests, without any HTTP: a JSON body becomes a checked, frozen
+Ask or an ApiError (errors.py) carrying its status and an OpenAI/llama-server error object.
 
-Field types are checked strictly (a boolean is not a number, a number not a string); fields
-the API knows but this server ignores (logprobs, presence_penalty, user, ...) and unknown ones
-are accepted and ignored, as llama-server does.
+Field types are checked strictly (a boolean is not a number, a number not a string). Fields
+that shape the answer are in fields.py: those supported work, the others get a 400 naming
+them; fields that do not change the answer (user, metadata, cache_prompt, ...) and unknown
+ones are accepted and ignored, as llama-server does.
 """
 
 from __future__ import annotations
 
 import json
-import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from ..model.sampling import SamplingParams
+from . import fields
+from .errors import ERROR_TYPES, ApiError  # noqa: F401 (the API's errors, from here too)
+from .fields import boolean as _boolean, integer as _integer
 
 MAX_BODY = 1 << 20      # bytes of a request body (413 beyond)
 MAX_STOPS = 4           # stop strings per request, as OpenAI allows
 ROLES = ("system", "user", "assistant", "tool", "developer")
-
-ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error",
-               404: "not_found_error", 413: "invalid_request_error",
-               500: "server_error", 503: "unavailable_error"}
-
-
-class ApiError(Exception):
-    """A request the server answers with an error object (`status`: the HTTP status)."""
-
-    def __init__(self, status: int, message: str, kind: str | None = None,
-                 param: str | None = None):
-        super().__init__(message)
-        self.status, self.message, self.param = status, message, param
-        self.kind = kind or ERROR_TYPES.get(status, "server_error")
-
-    def body(self) -> dict:
-        error = {"message": self.message, "type": self.kind, "code": self.status}
-        if self.param is not None:
-            error["param"] = self.param
-        return {"error": error}
-
 
 @dataclass(frozen=True)
 class Ask:
@@ -54,6 +35,8 @@ class Ask:
     stream: bool = False
     include_usage: bool = False
     model: str | None = None
+    logprobs: int | None = None    # None: not asked; else top tokens with each one
+    ignore_eos: bool = False
 
 
 def _is_token(value) -> bool:
@@ -136,6 +119,11 @@ def _ask(body: dict, defaults: SamplingParams, chat: bool, prompt: str | None = 
     n = _integer(body, "n", 1)
     if n != 1:
         raise ApiError(400, f"'n' must be 1 (one choice per request), not {n}", param="n")
+    fields.refuse_unsupported(body, chat)
+    if body.get("max_tokens") is None and body.get("n_predict") is not None:
+        body = dict(body, max_tokens=body["n_predict"])   # llama-server's name, -1: no limit
+        if body["max_tokens"] == -1:
+            body["max_tokens"] = None
     max_tokens = _integer(body, "max_tokens", None)
     if max_tokens is not None and max_tokens <= 0:
         raise ApiError(400, f"'max_tokens' must be at least 1, not {max_tokens}",
@@ -148,20 +136,9 @@ def _ask(body: dict, defaults: SamplingParams, chat: bool, prompt: str | None = 
     model = body.get("model")
     if model is not None and not isinstance(model, str):
         raise ApiError(400, "'model' must be a string", param="model")
-    return Ask(chat, prompt, messages, max_tokens, _sampling(body, defaults), _stops(body),
-               stream, include_usage, model)
-
-
-def _sampling(body: dict, defaults: SamplingParams) -> SamplingParams:
-    temp = _number(body, "temperature", defaults.temp, 0.0, 2.0)
-    top_p = _number(body, "top_p", defaults.top_p, 0.0, 1.0)
-    if top_p == 0.0:
-        raise ApiError(400, "'top_p' must be above 0", param="top_p")
-    top_k = _integer(body, "top_k", defaults.top_k)
-    if top_k < 0:
-        raise ApiError(400, f"'top_k' must be 0 (off) or more, not {top_k}", param="top_k")
-    seed = _integer(body, "seed", defaults.seed)
-    return replace(defaults, temp=temp, top_p=top_p, top_k=top_k, seed=seed % (1 << 64))
+    return Ask(chat, prompt, messages, max_tokens, fields.sampling(body, defaults),
+               _stops(body), stream, include_usage, model, fields.logprobs(body, chat),
+               _boolean(body, "ignore_eos", False))
 
 
 def _stops(body: dict) -> tuple[str, ...]:
@@ -175,39 +152,6 @@ def _stops(body: dict) -> tuple[str, ...]:
         raise ApiError(400, f"'stop' has {len(stops)} strings, at most {MAX_STOPS} are allowed",
                        param="stop")
     return tuple(s for s in stops if s)
-
-
-def _integer(body: dict, name: str, default):
-    value = body.get(name)
-    if value is None:
-        return default
-    if isinstance(value, float) and value.is_integer():
-        value = int(value)
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ApiError(400, f"'{name}' must be an integer, not {json.dumps(value)}", param=name)
-    return value
-
-
-def _number(body: dict, name: str, default: float, low: float, high: float) -> float:
-    value = body.get(name)
-    if value is None:
-        return default
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise ApiError(400, f"'{name}' must be a number, not {json.dumps(value)}", param=name)
-    if not low <= value <= high:
-        raise ApiError(400, f"'{name}' must be between {low:g} and {high:g}, not {value:g}",
-                       param=name)
-    return float(value)
-
-
-def _boolean(body: dict, name: str, default: bool) -> bool:
-    value = body.get(name)
-    if value is None:
-        return default
-    if not isinstance(value, bool):
-        raise ApiError(400, f"'{name}' must be true or false, not {json.dumps(value)}",
-                       param=name)
-    return value
 
 
 def check_model(asked: str | None, served: str) -> None:

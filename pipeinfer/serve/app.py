@@ -20,6 +20,8 @@ from typing import Any
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
@@ -27,7 +29,7 @@ from starlette.routing import Route
 from ..model.chat_template import ChatTemplateError
 from ..model.llama_lib import LlamaError
 from ..model.sampling import SamplingParams
-from . import api
+from . import api, text_api
 from .api import ApiError, Ask
 from .bridge import Bridge, Done, Failed, State, Ticket
 from .metrics import ServeMetrics
@@ -36,7 +38,7 @@ from .responses import Reply
 log = logging.getLogger(__name__)
 
 DISCONNECT_CHECK_S = 0.5   # how often a waiting handler looks whether its client is gone
-PUBLIC = ("/health",)      # answered without the API key
+PUBLIC = ("/health", "/v1/health")   # answered without the API key
 
 
 @dataclass
@@ -52,35 +54,75 @@ class Service:
     created: int = 0
 
 
-def build_app(service: Service) -> Starlette:
-    async def completions(request: Request) -> Response:
-        return await _complete(service, request, chat=False)
+def build_app(service: Service, cors_origins: tuple[str, ...] = ("*",)) -> Starlette:
+    """The app; browsers from `cors_origins` may call it (CORS: a preflight OPTIONS is
+    answered without the API key, answers carry Access-Control-Allow-Origin). The OpenAI
+    routes answer with and without /v1, as llama-server's do."""
+    def route(paths: tuple[str, ...], name: str, handler, method: str) -> list[Route]:
+        async def bound(request: Request) -> Response:
+            return await handler(service, request)
+        return [Route(path, _guarded(service, name, bound), methods=[method])
+                for path in paths]
 
-    async def chat(request: Request) -> Response:
-        return await _complete(service, request, chat=True)
+    routes = [*route(("/v1/completions", "/completions"), "completions", _completions, "POST"),
+              *route(("/v1/chat/completions", "/chat/completions"), "chat", _chat, "POST"),
+              *route(("/v1/models", "/models"), "models", _models, "GET"),
+              *route(("/v1/models/{model:path}", "/models/{model:path}"), "models", _one_model,
+                     "GET"),
+              *route(("/health", "/v1/health"), "health", _health, "GET"),
+              *route(("/metrics",), "metrics", _metrics, "GET"),
+              *route(("/tokenize",), "tokenize", _tokenize, "POST"),
+              *route(("/detokenize",), "detokenize", _detokenize, "POST")]
+    cors = Middleware(CORSMiddleware, allow_origins=list(cors_origins), allow_methods=["*"],
+                      allow_headers=["*"], max_age=600)
+    return Starlette(routes=routes, middleware=[cors],
+                     exception_handlers={HTTPException: _http_error})
 
-    async def models(request: Request) -> Response:
-        return JSONResponse({"object": "list", "data": [
-            {"id": service.model_name, "object": "model", "created": service.created,
-             "owned_by": "pipeinfer", "meta": {"n_ctx": service.n_ctx}}]})
 
-    async def health(request: Request) -> Response:
-        service.bridge.check_ready()
-        return JSONResponse({"status": "ok"})
+async def _completions(service: Service, request: Request) -> Response:
+    return await _complete(service, request, chat=False)
 
-    async def metrics(request: Request) -> Response:
-        head, bridge = service.head, service.bridge
-        busy = head.setup.pipeline.busy_s if head is not None else None
-        body = service.metrics.render(bridge.depth, len(bridge.running), busy)
-        return Response(body, media_type=service.metrics.content_type)
 
-    routes = [Route("/v1/completions", _guarded(service, "completions", completions),
-                    methods=["POST"]),
-              Route("/v1/chat/completions", _guarded(service, "chat", chat), methods=["POST"]),
-              Route("/v1/models", _guarded(service, "models", models), methods=["GET"]),
-              Route("/health", _guarded(service, "health", health), methods=["GET"]),
-              Route("/metrics", _guarded(service, "metrics", metrics), methods=["GET"])]
-    return Starlette(routes=routes, exception_handlers={HTTPException: _http_error})
+async def _chat(service: Service, request: Request) -> Response:
+    return await _complete(service, request, chat=True)
+
+
+async def _models(service: Service, request: Request) -> Response:
+    return JSONResponse({"object": "list", "data": [_model(service)]})
+
+
+async def _one_model(service: Service, request: Request) -> Response:
+    api.check_model(request.path_params["model"], service.model_name)
+    return JSONResponse(_model(service))
+
+
+async def _health(service: Service, request: Request) -> Response:
+    service.bridge.check_ready()
+    return JSONResponse({"status": "ok"})
+
+
+async def _metrics(service: Service, request: Request) -> Response:
+    head, bridge = service.head, service.bridge
+    busy = head.setup.pipeline.busy_s if head is not None else None
+    body = service.metrics.render(bridge.depth, len(bridge.running), busy)
+    return Response(body, media_type=service.metrics.content_type)
+
+
+async def _tokenize(service: Service, request: Request) -> Response:
+    service.bridge.check_ready()
+    body = api.parse_body(await _read_body(request))
+    return JSONResponse(text_api.tokenize(service.head.tokenizer, body))
+
+
+async def _detokenize(service: Service, request: Request) -> Response:
+    service.bridge.check_ready()
+    body = api.parse_body(await _read_body(request))
+    return JSONResponse(text_api.detokenize(service.head.tokenizer, body))
+
+
+def _model(service: Service) -> dict:
+    return {"id": service.model_name, "object": "model", "created": service.created,
+            "owned_by": "pipeinfer", "meta": {"n_ctx": service.n_ctx}}
 
 
 def _guarded(service: Service, name: str, handler):
@@ -137,10 +179,7 @@ async def _read_body(request: Request) -> bytes:
 def _prompt_tokens(service: Service, ask: Ask) -> list[int]:
     tokenizer = service.head.tokenizer
     if isinstance(ask.prompt, tuple):
-        bad = [t for t in ask.prompt if not 0 <= t < tokenizer.n_vocab]
-        if bad:
-            raise ApiError(400, f"'prompt' has token id {bad[0]}, outside the vocabulary "
-                                f"(0..{tokenizer.n_vocab - 1})", param="prompt")
+        text_api.check_tokens(ask.prompt, tokenizer.n_vocab, "prompt")
         return list(ask.prompt)
     if not ask.chat:
         return tokenizer.tokenize(ask.prompt)
@@ -158,8 +197,11 @@ async def _complete(service: Service, request: Request, chat: bool) -> Response:
     api.check_model(ask.model, service.model_name)
     service.bridge.check_ready()
     prompt = _prompt_tokens(service, ask)
+    text_api.check_tokens([t for t, _ in ask.sampling.logit_bias],
+                          service.head.tokenizer.n_vocab, "logit_bias")
     n_predict = api.n_predict(len(prompt), ask.max_tokens, service.n_ctx)
-    ticket = Ticket(prompt, n_predict, ask.sampling, ask.stop, asyncio.get_running_loop())
+    ticket = Ticket(prompt, n_predict, ask.sampling, ask.stop, asyncio.get_running_loop(),
+                    ask.logprobs, ask.ignore_eos)
     service.bridge.submit(ticket)
     reply = Reply(ask, service.model_name, ticket.number)
     if ask.stream:
@@ -212,8 +254,8 @@ async def _events(ticket: Ticket, request: Request, reply: Reply):
                     yield _sse(chunk)
                 yield "data: [DONE]\n\n"
                 return
-            if event.text:
-                yield _sse(reply.chunk(event.text))
+            if event.text or event.logprobs:
+                yield _sse(reply.chunk(event))
     finally:
         ticket.cancelled.set()
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 from ..model.sampling import SamplingParams
 from .api import ApiError
+from .logprobs import TokenLogprob
 
 
 class State(enum.Enum):
@@ -29,10 +30,11 @@ class State(enum.Enum):
 
 @dataclass(frozen=True)
 class Piece:
-    """Text of the completion (maybe empty while a stop string is possible) and the
-    number of tokens it took."""
+    """Text of the completion (maybe empty while a stop string is possible), the number of
+    tokens it took, and their logprobs if the request asked for them."""
     text: str
     n_tokens: int
+    logprobs: tuple[TokenLogprob, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -61,6 +63,8 @@ class Ticket:
     sampling: SamplingParams
     stop: tuple[str, ...]
     loop: asyncio.AbstractEventLoop
+    logprobs: int | None = None     # None: not asked; else how many top tokens with each
+    ignore_eos: bool = False
     events: asyncio.Queue = field(default_factory=asyncio.Queue)
     cancelled: threading.Event = field(default_factory=threading.Event)
     arrived: float = field(default_factory=time.perf_counter)

@@ -8,6 +8,7 @@ import time
 
 from .api import Ask
 from .bridge import Done, Piece
+from .logprobs import CompletionLogprobs, TokenLogprob, chat_content
 
 
 class Reply:
@@ -20,9 +21,20 @@ class Reply:
         self.created = int(time.time())
         self.object = "chat.completion" if ask.chat else "text_completion"
         self.text: list[str] = []
+        self.logprobs: list[TokenLogprob] = []
+        self._offsets = CompletionLogprobs()   # (completions: text offsets so far)
 
     def add(self, piece: Piece) -> None:
         self.text.append(piece.text)
+        self.logprobs.extend(piece.logprobs)
+
+    def _logprobs(self, entries) -> dict | None:
+        """A choice's `logprobs` for `entries` (null unless the request asked)."""
+        if self.ask.logprobs is None:
+            return None
+        if self.ask.chat:
+            return {"content": chat_content(entries), "refusal": None}
+        return self._offsets.add(entries)
 
     @staticmethod
     def usage(done: Done) -> dict:
@@ -34,12 +46,12 @@ class Reply:
                 "choices": choices}
 
     def whole(self, done: Done) -> dict:
-        text = "".join(self.text)
+        text, logprobs = "".join(self.text), self._logprobs(self.logprobs)
         if self.ask.chat:
             choice = {"index": 0, "message": {"role": "assistant", "content": text},
-                      "logprobs": None, "finish_reason": done.finish_reason}
+                      "logprobs": logprobs, "finish_reason": done.finish_reason}
         else:
-            choice = {"index": 0, "text": text, "logprobs": None,
+            choice = {"index": 0, "text": text, "logprobs": logprobs,
                       "finish_reason": done.finish_reason}
         return dict(self._envelope(self.object, [choice]), usage=self.usage(done))
 
@@ -47,11 +59,13 @@ class Reply:
     def _chunk_object(self) -> str:
         return "chat.completion.chunk" if self.ask.chat else "text_completion"
 
-    def _choice(self, text: str | None, finish_reason: str | None) -> dict:
+    def _choice(self, text: str | None, finish_reason: str | None,
+                logprobs: dict | None = None) -> dict:
         if self.ask.chat:
             delta = {} if text is None else {"content": text}
-            return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
-        return {"index": 0, "text": text or "", "logprobs": None,
+            return {"index": 0, "delta": delta, "logprobs": logprobs,
+                    "finish_reason": finish_reason}
+        return {"index": 0, "text": text or "", "logprobs": logprobs,
                 "finish_reason": finish_reason}
 
     def opening(self) -> list[dict]:
@@ -62,8 +76,10 @@ class Reply:
                   "finish_reason": None}
         return [self._envelope(self._chunk_object(), [choice])]
 
-    def chunk(self, text: str) -> dict:
-        return self._envelope(self._chunk_object(), [self._choice(text, None)])
+    def chunk(self, piece: Piece) -> dict:
+        """The stream chunk of a piece: its text, and the logprobs of its tokens if asked."""
+        return self._envelope(self._chunk_object(), [
+            self._choice(piece.text, None, self._logprobs(piece.logprobs))])
 
     def closing(self, done: Done) -> list[dict]:
         """The chunk with the finish reason; then the usage chunk (no choices) if asked."""

@@ -51,6 +51,7 @@ class ServeOptions:
     api_key: str | None = None
     model_name: str = ""
     defaults: SamplingParams = SamplingParams()
+    cors_origins: tuple[str, ...] = ("*",)
 
 
 def main(cfg: RunConfig, options: ServeOptions) -> int:
@@ -64,7 +65,8 @@ def main(cfg: RunConfig, options: ServeOptions) -> int:
             target=_job_lost, args=(service,), daemon=True).start())
 
     def listen() -> None:
-        http.append(HttpThread(build_app(service), options.host, options.port))
+        http.append(HttpThread(build_app(service, options.cors_origins), options.host,
+                               options.port))
         log.info("listening on http://%s:%d (loading the model)", options.host, http[0].port)
 
     try:
