@@ -87,6 +87,10 @@ def test_template_helpers_and_errors():
     template = ChatTemplate(source, "<s>", "</s>")
     text = template.render([{"role": "user", "content": "hi"}])
     assert text == '<s>[user]hi</s>[assistant]{"k": "é"}'
+    thinking = ChatTemplate("{% if enable_thinking is defined and not enable_thinking %}"
+                            "/no_think{% endif %}{{ messages[0].content }}", "", "")
+    assert thinking.render([{"role": "user", "content": "x"}], enable_thinking=False) \
+        == "/no_think" + "x"   # llama-server's chat_template_kwargs
     with pytest.raises(ChatTemplateError, match="no tools here"):
         template.render([{"role": "tool", "content": "x"}])
     with pytest.raises(ChatTemplateError, match="does not compile"):

@@ -73,6 +73,9 @@ def test_sampling_and_logprob_fields():
                 {"typical_p": 1}, {"mirostat": 0}, {"user": "u"}, {"cache_prompt": True}]
     for extra in harmless:
         api.parse_chat(dict(chat, **extra), DEFAULTS)
+    kwargs = {"chat_template_kwargs": {"enable_thinking": False}}
+    assert api.parse_chat(dict(chat, **kwargs), DEFAULTS).template_kwargs == {
+        "enable_thinking": False}
 
 
 def test_fields_that_would_change_the_answer_are_refused_by_name():
@@ -92,7 +95,11 @@ def test_fields_that_would_change_the_answer_are_refused_by_name():
                ("repeat_penalty", {"repeat_penalty": 0}),
                ("repeat_last_n", {"repeat_last_n": -2}), ("min_p", {"min_p": 1.5}),
                ("logit_bias", {"logit_bias": {"hello": 1}}),
-               ("logit_bias", {"logit_bias": {"5": 101}}), ("logit_bias", {"logit_bias": [1]})]
+               ("logit_bias", {"logit_bias": {"5": 101}}), ("logit_bias", {"logit_bias": [1]}),
+               ("messages", {"messages": [{"role": "assistant", "content": None, "tool_calls": [
+                   {"id": "1", "type": "function",
+                    "function": {"name": "f", "arguments": "{}"}}]}]}),
+               ("chat_template_kwargs", {"chat_template_kwargs": "x"})]
     for param, extra in refused:
         with pytest.raises(ApiError) as err:
             api.parse_chat(dict(chat, **extra), DEFAULTS)
@@ -160,7 +167,7 @@ class FakeTokenizer:
     def tokenize(self, text: str) -> list[int]:
         return [1] + [ord(c) for c in text]
 
-    def chat_tokens(self, messages) -> list[int]:
+    def chat_tokens(self, messages, **context) -> list[int]:
         return self.tokenize("".join(f"<{m['role']}>{m['content']}" for m in messages)
                              + "<assistant>")
 

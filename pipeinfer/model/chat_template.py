@@ -67,11 +67,12 @@ class ChatTemplate:
                add_generation_prompt: bool = True, **context: Any) -> str:
         """The conversation as the prompt's text (ChatTemplateError if the template refuses
         it or fails on it)."""
+        variables = dict(context, messages=[dict(m) for m in messages],
+                         bos_token=self.bos_token, eos_token=self.eos_token,
+                         add_generation_prompt=add_generation_prompt,
+                         raise_exception=_raise_exception, strftime_now=_strftime_now)
         try:
-            return self._template.render(
-                messages=[dict(m) for m in messages], bos_token=self.bos_token,
-                eos_token=self.eos_token, add_generation_prompt=add_generation_prompt,
-                raise_exception=_raise_exception, strftime_now=_strftime_now, **context)
+            return self._template.render(**variables)
         except ChatTemplateError:
             raise
         except (jinja2.TemplateError, TypeError, ValueError, KeyError, IndexError) as err:

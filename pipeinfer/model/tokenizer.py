@@ -82,12 +82,13 @@ class Tokenizer:
         token = which(self._vocab)
         return "" if token < 0 else self.piece(token, special=True).decode("utf-8", "replace")
 
-    def chat_tokens(self, messages: "Sequence[dict]") -> list[int]:
+    def chat_tokens(self, messages: "Sequence[dict]", **context) -> list[int]:
         """The prompt of a conversation (dicts with role and content), as llama-server
-        builds it with --jinja: the template's text, less a leading BOS text when the
-        tokenizer adds the BOS token itself, tokenized with special tokens parsed."""
+        builds it with --jinja: the template's text (`context`: more template variables,
+        llama-server's chat_template_kwargs), less a leading BOS text when the tokenizer
+        adds the BOS token itself, tokenized with special tokens parsed."""
         template = self.chat_template()
-        text = template.render(messages)
+        text = template.render(messages, **context)
         if self.add_bos and template.bos_token and text.startswith(template.bos_token):
             text = text[len(template.bos_token):]
         return self.tokenize(text)

@@ -10,7 +10,7 @@ ones are accepted and ignored, as llama-server does.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..model.sampling import SamplingParams
@@ -37,6 +37,7 @@ class Ask:
     model: str | None = None
     logprobs: int | None = None    # None: not asked; else top tokens with each one
     ignore_eos: bool = False
+    template_kwargs: dict = field(default_factory=dict)   # chat: extra template variables
 
 
 def _is_token(value) -> bool:
@@ -85,7 +86,12 @@ def parse_chat(body: dict, defaults: SamplingParams) -> Ask:
         raise ApiError(400, "'messages' is empty", param="messages")
     pairs = tuple(_message(i, m) for i, m in enumerate(messages))
     max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
-    return _ask(dict(body, max_tokens=max_tokens), defaults, chat=True, messages=pairs)
+    kwargs = body.get("chat_template_kwargs")
+    if kwargs is not None and not isinstance(kwargs, dict):
+        raise ApiError(400, "'chat_template_kwargs' must be an object",
+                       param="chat_template_kwargs")
+    ask = _ask(dict(body, max_tokens=max_tokens), defaults, chat=True, messages=pairs)
+    return replace(ask, template_kwargs=kwargs or {})
 
 
 def _message(i: int, message: Any) -> tuple[str, str]:
@@ -107,6 +113,9 @@ def _message(i: int, message: Any) -> tuple[str, str]:
                                param="messages")
             texts.append(part["text"])
         content = "".join(texts)
+    if message.get("tool_calls") or message.get("function_call"):
+        raise ApiError(400, f"{where}: tool calls are not supported by this server",
+                       param="messages")
     if content is None and role == "assistant":
         content = ""
     if not isinstance(content, str):

@@ -185,7 +185,8 @@ def _prompt_tokens(service: Service, ask: Ask) -> list[int]:
         return tokenizer.tokenize(ask.prompt)
     try:
         return tokenizer.chat_tokens([{"role": role, "content": content}
-                                      for role, content in ask.messages])
+                                      for role, content in ask.messages],
+                                     **ask.template_kwargs)
     except (LlamaError, ChatTemplateError) as err:
         raise ApiError(400, f"cannot render the chat: {err}", param="messages") from None
 
