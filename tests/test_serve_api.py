@@ -34,16 +34,18 @@ DEFAULTS = SamplingParams()
 def test_completion_fields_are_checked():
     ask = api.parse_completion({"prompt": "hi", "max_tokens": 5, "temperature": 0,
                                 "stop": "\n", "seed": 3, "stream": True}, DEFAULTS)
-    assert (ask.prompt, ask.max_tokens, ask.stop, ask.stream) == ("hi", 5, ("\n",), True)
+    assert (ask.prompts, ask.max_tokens, ask.stop, ask.stream) == (("hi",), 5, ("\n",), True)
     assert ask.sampling.temp == 0.0 and ask.sampling.seed == 3
-    assert api.parse_completion({"prompt": ["one"]}, DEFAULTS).prompt == "one"
-    assert api.parse_completion({"prompt": [5, 6]}, DEFAULTS).prompt == (5, 6)  # token ids
-    assert api.parse_completion({"prompt": [[5, 6]]}, DEFAULTS).prompt == (5, 6)
-    bad = [{}, {"prompt": ""}, {"prompt": 3}, {"prompt": ["a", "b"]}, {"prompt": []},
-           {"prompt": [[1], [2]]}, {"prompt": [1, "a"]}, {"prompt": [True]}, {"prompt": [[]]},
+    assert api.parse_completion({"prompt": ["one"]}, DEFAULTS).prompts == ("one",)
+    assert api.parse_completion({"prompt": [5, 6]}, DEFAULTS).prompts == ((5, 6),)  # ids
+    assert api.parse_completion({"prompt": [[5, 6]]}, DEFAULTS).prompts == ((5, 6),)
+    several = api.parse_completion({"prompt": ["a", [5], "b"], "n": 2}, DEFAULTS)
+    assert several.prompts == ("a", (5,), "b") and several.n_choices == 6
+    bad = [{}, {"prompt": ""}, {"prompt": 3}, {"prompt": ["a", ""]}, {"prompt": []},
+           {"prompt": [[1], [2.5]]}, {"prompt": [1, "a"]}, {"prompt": [True]}, {"prompt": [[]]},
            {"prompt": "x", "max_tokens": 0}, {"prompt": "x", "max_tokens": "5"},
            {"prompt": "x", "max_tokens": True}, {"prompt": "x", "temperature": "hot"},
-           {"prompt": "x", "temperature": 3}, {"prompt": "x", "n": 2},
+           {"prompt": "x", "temperature": 3}, {"prompt": "x", "n": 0},
            {"prompt": "x", "stop": [1]}, {"prompt": "x", "stop": ["a"] * 5},
            {"prompt": "x", "stream": "yes"}, {"prompt": "x", "top_p": 0},
            {"prompt": "x", "top_k": -1}, {"prompt": "x", "model": 7}]
@@ -91,7 +93,7 @@ def test_fields_that_would_change_the_answer_are_refused_by_name():
                ("tool_choice", {"tool_choice": "required"}),
                ("grammar", {"grammar": "root ::= \"a\""}),
                ("mirostat", {"mirostat": 2}), ("typical_p", {"typical_p": 0.5}),
-               ("n", {"n": 2}), ("frequency_penalty", {"frequency_penalty": 3}),
+               ("n", {"n": -1}), ("frequency_penalty", {"frequency_penalty": 3}),
                ("repeat_penalty", {"repeat_penalty": 0}),
                ("repeat_last_n", {"repeat_last_n": -2}), ("min_p", {"min_p": 1.5}),
                ("logit_bias", {"logit_bias": {"hello": 1}}),
@@ -107,7 +109,7 @@ def test_fields_that_would_change_the_answer_are_refused_by_name():
         assert param in err.value.message
     for param, extra in [("logprobs", {"logprobs": 21}), ("echo", {"echo": True}),
                          ("best_of", {"best_of": 3}), ("suffix", {"suffix": "}"}),
-                         ("prompt", {"prompt": ["a", "b"]})]:
+                         ("prompt", {"prompt": ["a", 5]})]:
         with pytest.raises(ApiError) as err:
             api.parse_completion(dict({"prompt": "x"}, **extra), DEFAULTS)
         assert (err.value.status, err.value.param) == (400, param), extra
@@ -246,7 +248,8 @@ def server():
 
     def start(lanes, queue=4, api_key=None, cors=("*",)):
         head = FakeHead()
-        service = Service(Bridge(queue), ServeMetrics(), "fake", 64, DEFAULTS, api_key)
+        service = Service(Bridge(queue), ServeMetrics(), "fake", 64, DEFAULTS, api_key,
+                          lanes.slots)
         http = HttpThread(build_app(service, cors), "127.0.0.1", 0)
         ready(service, head)
         errors = []
@@ -469,3 +472,30 @@ def test_busy_strategy_resolution():
     assert _busy("auto", "pipeinfer", 1) is None            # one at a time: never busy
     assert _busy("same", "pipeinfer", 4) is None
     assert _busy("iterative", "pipeinfer", 4) == "iterative"
+
+
+def test_n_choices_and_several_prompts(server):
+    """n = 2 and two prompts: one generation per choice, side by side; indices i*n + j;
+    usage counts each prompt once; more choices than slots is a 400 naming the field."""
+    url, service, _ = server(FakeLanes(slots=4, delay=0.01), queue=8)
+    r = httpx.post(url + "/v1/completions", json={"prompt": ["x", "yy"], "n": 2,
+                                                   "max_tokens": 3}).json()
+    assert [(c["index"], c["text"]) for c in r["choices"]] == [(i, "abc") for i in range(4)]
+    assert r["usage"] == {"prompt_tokens": 2 + 3, "completion_tokens": 12, "total_tokens": 17}
+    with httpx.stream("POST", url + "/v1/chat/completions", json={
+            "messages": [{"role": "user", "content": "hi"}], "n": 2, "max_tokens": 4,
+            "stream": True, "stream_options": {"include_usage": True}}) as s:
+        chunks = [json.loads(line[6:]) for line in s.iter_lines()
+                  if line and line != "data: [DONE]"]
+    texts, reasons = {0: "", 1: ""}, {}
+    for chunk in chunks:
+        for choice in chunk["choices"]:
+            texts[choice["index"]] += choice["delta"].get("content", "")
+            if choice["finish_reason"]:
+                reasons[choice["index"]] = choice["finish_reason"]
+    assert texts == {0: "abcd", 1: "abcd"} and reasons == {0: "length", 1: "length"}
+    assert chunks[-1]["usage"]["completion_tokens"] == 8
+    for body, param in (({"prompt": "x", "n": 5}, "n"),
+                        ({"prompt": ["a", "b", "c"], "n": 2}, "prompt")):
+        r = httpx.post(url + "/v1/completions", json=body)
+        assert r.status_code == 400 and r.json()["error"]["param"] == param

@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from llama_oracle import Chain, chain_greedy, completion_logprobs
-from test_serve import AUTH, KEY, N_CTX, Server, chat_tokens
+from test_serve import AUTH, KEY, N_CTX, Server, chat_tokens, expected
 
 pytestmark = pytest.mark.smollm2
 
@@ -186,3 +186,27 @@ def test_routes_without_v1_models_by_id_and_cors(server):
     assert r.headers["access-control-allow-origin"] == "*"
     r = httpx.get(url + "/v1/chat/completions", headers=AUTH)
     assert r.status_code == 405 and r.json()["error"]["type"] == "invalid_request_error"
+
+
+def test_two_choices_and_two_prompts_are_each_exact(server, client, smollm2, tokenizer):
+    """n = 2 (greedy: the same answer twice) and an array of two prompts (one choice each),
+    generated side by side in the server's two slots, streamed and whole."""
+    messages = [{"role": "user", "content": "Write a haiku about pipelines."}]
+    want = expected(smollm2, tokenizer, chat_tokens(tokenizer, messages), 20)
+    answer = client.chat.completions.create(model="smollm2", messages=messages, n=2,
+                                            max_tokens=20, temperature=0)
+    assert [c.message.content for c in answer.choices] == [want[0]] * 2
+    assert answer.usage.completion_tokens == 2 * want[1]
+    assert answer.usage.prompt_tokens == len(chat_tokens(tokenizer, messages))
+    prompts = ["The capital of France is", "import numpy as np\n"]
+    wants = [expected(smollm2, tokenizer, tokenizer.tokenize(p), 16)[0] for p in prompts]
+    stream = client.completions.create(model="smollm2", prompt=prompts, max_tokens=16,
+                                       temperature=0, stream=True)
+    texts = ["", ""]
+    for chunk in stream:
+        for choice in chunk.choices:
+            texts[choice.index] += choice.text
+    assert texts == wants
+    r = httpx.post(server.url + "/v1/completions", headers=AUTH,
+                   json={"prompt": prompts, "n": 2})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "prompt"   # 4 > --parallel 2

@@ -24,10 +24,11 @@ ROLES = ("system", "user", "assistant", "tool", "developer")
 
 @dataclass(frozen=True)
 class Ask:
-    """One checked completion request. `prompt` (completions) or `messages` ((role, content)
-    pairs, chat) is set; `max_tokens` None means up to the context's end."""
+    """One checked completion request. `prompts` (completions: each text, or token ids as
+    given) or `messages` ((role, content) pairs, chat) is set; `n` choices for each prompt;
+    `max_tokens` None means up to the context's end."""
     chat: bool
-    prompt: str | tuple[int, ...] | None   # text, or token ids as given
+    prompts: tuple[str | tuple[int, ...], ...]
     messages: tuple[tuple[str, str], ...] | None
     max_tokens: int | None
     sampling: SamplingParams
@@ -38,6 +39,11 @@ class Ask:
     logprobs: int | None = None    # None: not asked; else top tokens with each one
     ignore_eos: bool = False
     template_kwargs: dict = field(default_factory=dict)   # chat: extra template variables
+    n: int = 1
+
+    @property
+    def n_choices(self) -> int:
+        return self.n * max(1, len(self.prompts))
 
 
 def _is_token(value) -> bool:
@@ -60,21 +66,30 @@ def parse_body(raw: bytes) -> dict:
 
 
 def parse_completion(body: dict, defaults: SamplingParams) -> Ask:
-    """POST /v1/completions: `prompt` is a non-empty string or array of token ids (or a list
-    of exactly one of those)."""
+    """POST /v1/completions: `prompt` is a non-empty string or array of token ids, or a
+    list of those (one choice per prompt, `n` each)."""
     prompt = body.get("prompt")
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
-        prompt = prompt[0]
-    if isinstance(prompt, list) and prompt and all(_is_token(t) for t in prompt):
-        prompt = tuple(prompt)
-    elif isinstance(prompt, list):
-        raise ApiError(400, "'prompt' must be one string or one array of token ids: this "
-                            "server takes one prompt per request", param="prompt")
-    if not isinstance(prompt, (str, tuple)):
-        raise ApiError(400, "'prompt' is required and must be a string", param="prompt")
-    if not prompt:
-        raise ApiError(400, "'prompt' is empty", param="prompt")
-    return _ask(body, defaults, chat=False, prompt=prompt)
+    if isinstance(prompt, str) or _tokens(prompt):
+        prompts = [prompt]
+    elif isinstance(prompt, list) and prompt:
+        prompts = prompt
+    else:
+        raise ApiError(400, "'prompt' is required: a string, an array of token ids, or a "
+                            "list of those", param="prompt")
+    for i, one in enumerate(prompts):
+        if not (isinstance(one, str) or _tokens(one)):
+            raise ApiError(400, f"'prompt[{i}]' must be a string or an array of token ids",
+                           param="prompt")
+        if not one:
+            raise ApiError(400, "'prompt' is empty" if len(prompts) == 1 else
+                                f"'prompt[{i}]' is empty", param="prompt")
+    return _ask(body, defaults, chat=False,
+                prompts=tuple(p if isinstance(p, str) else tuple(p) for p in prompts))
+
+
+def _tokens(value) -> bool:
+    """Whether `value` is a non-empty array of token ids."""
+    return isinstance(value, list) and bool(value) and all(_is_token(t) for t in value)
 
 
 def parse_chat(body: dict, defaults: SamplingParams) -> Ask:
@@ -123,11 +138,11 @@ def _message(i: int, message: Any) -> tuple[str, str]:
     return role, content
 
 
-def _ask(body: dict, defaults: SamplingParams, chat: bool, prompt: str | None = None,
+def _ask(body: dict, defaults: SamplingParams, chat: bool, prompts: tuple = (),
          messages: tuple | None = None) -> Ask:
     n = _integer(body, "n", 1)
-    if n != 1:
-        raise ApiError(400, f"'n' must be 1 (one choice per request), not {n}", param="n")
+    if n < 1:
+        raise ApiError(400, f"'n' must be at least 1, not {n}", param="n")
     fields.refuse_unsupported(body, chat)
     if body.get("max_tokens") is None and body.get("n_predict") is not None:
         body = dict(body, max_tokens=body["n_predict"])   # llama-server's name, -1: no limit
@@ -145,9 +160,9 @@ def _ask(body: dict, defaults: SamplingParams, chat: bool, prompt: str | None = 
     model = body.get("model")
     if model is not None and not isinstance(model, str):
         raise ApiError(400, "'model' must be a string", param="model")
-    return Ask(chat, prompt, messages, max_tokens, fields.sampling(body, defaults),
+    return Ask(chat, prompts, messages, max_tokens, fields.sampling(body, defaults),
                _stops(body), stream, include_usage, model, fields.logprobs(body, chat),
-               _boolean(body, "ignore_eos", False))
+               _boolean(body, "ignore_eos", False), n=n)
 
 
 def _stops(body: dict) -> tuple[str, ...]:
@@ -161,6 +176,16 @@ def _stops(body: dict) -> tuple[str, ...]:
         raise ApiError(400, f"'stop' has {len(stops)} strings, at most {MAX_STOPS} are allowed",
                        param="stop")
     return tuple(s for s in stops if s)
+
+
+def check_choices(ask: Ask, slots: int) -> None:
+    """400 when the request asks more choices (prompts x n) than requests are generated at
+    once (--parallel): they are generated side by side, each in a slot."""
+    if ask.n_choices > slots:
+        param = "n" if ask.n > slots or len(ask.prompts) <= 1 else "prompt"
+        raise ApiError(400, f"{ask.n_choices} choices ({max(1, len(ask.prompts))} prompt(s) x "
+                            f"n={ask.n}) are more than the {slots} this server generates at "
+                            "once (--parallel)", param=param)
 
 
 def check_model(asked: str | None, served: str) -> None:

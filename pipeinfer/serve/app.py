@@ -15,7 +15,7 @@ import hmac
 import json
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from starlette.applications import Starlette
@@ -50,6 +50,7 @@ class Service:
     n_ctx: int
     defaults: SamplingParams
     api_key: str | None = None
+    slots: int = 1             # requests generated at once (--parallel)
     head: Any = None
     created: int = 0
 
@@ -176,13 +177,13 @@ async def _read_body(request: Request) -> bytes:
     return b"".join(chunks)
 
 
-def _prompt_tokens(service: Service, ask: Ask) -> list[int]:
+def _prompt_tokens(service: Service, ask: Ask, prompt) -> list[int]:
     tokenizer = service.head.tokenizer
-    if isinstance(ask.prompt, tuple):
-        text_api.check_tokens(ask.prompt, tokenizer.n_vocab, "prompt")
-        return list(ask.prompt)
+    if isinstance(prompt, tuple):
+        text_api.check_tokens(prompt, tokenizer.n_vocab, "prompt")
+        return list(prompt)
     if not ask.chat:
-        return tokenizer.tokenize(ask.prompt)
+        return tokenizer.tokenize(prompt)
     try:
         return tokenizer.chat_tokens([{"role": role, "content": content}
                                       for role, content in ask.messages],
@@ -191,74 +192,108 @@ def _prompt_tokens(service: Service, ask: Ask) -> list[int]:
         raise ApiError(400, f"cannot render the chat: {err}", param="messages") from None
 
 
+def _tickets(service: Service, ask: Ask) -> list[Ticket]:
+    """One ticket per choice: each prompt's n choices (choice j's seed: the seed + j, so
+    sampled choices differ), sharing one event queue."""
+    events: asyncio.Queue = asyncio.Queue()
+    loop, tickets = asyncio.get_running_loop(), []
+    for prompt in ask.prompts or (None,):
+        tokens = _prompt_tokens(service, ask, prompt)
+        n_predict = api.n_predict(len(tokens), ask.max_tokens, service.n_ctx)
+        for j in range(ask.n):
+            sampling = replace(ask.sampling, seed=(ask.sampling.seed + j) % (1 << 64))
+            tickets.append(Ticket(tokens, n_predict, sampling, ask.stop, loop, ask.logprobs,
+                                  ask.ignore_eos, len(tickets), events))
+    return tickets
+
+
 async def _complete(service: Service, request: Request, chat: bool) -> Response:
     body = api.parse_body(await _read_body(request))
     defaults = service.defaults
     ask = api.parse_chat(body, defaults) if chat else api.parse_completion(body, defaults)
     api.check_model(ask.model, service.model_name)
+    api.check_choices(ask, service.slots)
     service.bridge.check_ready()
-    prompt = _prompt_tokens(service, ask)
     text_api.check_tokens([t for t, _ in ask.sampling.logit_bias],
                           service.head.tokenizer.n_vocab, "logit_bias")
-    n_predict = api.n_predict(len(prompt), ask.max_tokens, service.n_ctx)
-    ticket = Ticket(prompt, n_predict, ask.sampling, ask.stop, asyncio.get_running_loop(),
-                    ask.logprobs, ask.ignore_eos)
-    service.bridge.submit(ticket)
-    reply = Reply(ask, service.model_name, ticket.number)
+    tickets = _tickets(service, ask)
+    service.bridge.submit_all(tickets)
+    choices = Choices(tickets, request)
+    reply = Reply(ask, service.model_name, tickets[0].number)
     if ask.stream:
-        return StreamingResponse(_events(ticket, request, reply),
-                                 media_type="text/event-stream",
+        return StreamingResponse(_events(choices, reply), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache"})
-    return await _whole(ticket, request, reply)
+    return await _whole(choices, reply)
 
 
-async def _next(ticket: Ticket, request: Request):
-    """The ticket's next event; None once the client has gone (the ticket is cancelled).
-    Whether it has is looked at every DISCONNECT_CHECK_S, events or not."""
-    while True:
-        if time.monotonic() - ticket.seen > DISCONNECT_CHECK_S:
-            ticket.seen = time.monotonic()
-            if await request.is_disconnected():
-                ticket.cancelled.set()
-                return None
-        try:
-            return await asyncio.wait_for(ticket.events.get(), DISCONNECT_CHECK_S)
-        except asyncio.TimeoutError:
-            continue
+class Choices:
+    """A request's tickets, their one event queue, and its client."""
+
+    def __init__(self, tickets: list[Ticket], request: Request):
+        self.tickets, self.request = tickets, request
+        self.events = tickets[0].events
+        self.seen = time.monotonic()   # the client last seen connected
+
+    def cancel(self) -> None:
+        for ticket in self.tickets:   # (a no-op for the head once a generation is over)
+            ticket.cancelled.set()
+
+    async def next(self):
+        """The next (choice, event); None once the client has gone (every ticket is then
+        cancelled). Whether it has is looked at every DISCONNECT_CHECK_S, events or not."""
+        while True:
+            if time.monotonic() - self.seen > DISCONNECT_CHECK_S:
+                self.seen = time.monotonic()
+                if await self.request.is_disconnected():
+                    self.cancel()
+                    return None
+            try:
+                return await asyncio.wait_for(self.events.get(), DISCONNECT_CHECK_S)
+            except asyncio.TimeoutError:
+                continue
 
 
-async def _whole(ticket: Ticket, request: Request, reply: Reply) -> Response:
+async def _whole(choices: Choices, reply: Reply) -> Response:
     try:
-        while (event := await _next(ticket, request)) is not None:
+        while (got := await choices.next()) is not None:
+            index, event = got
             if isinstance(event, Failed):
                 raise ApiError(event.status, event.message)
             if isinstance(event, Done):
-                return JSONResponse(reply.whole(event))
-            reply.add(event)
+                reply.end(index, event)
+                if reply.complete:
+                    return JSONResponse(reply.whole())
+            else:
+                reply.add(index, event)
         return Response(status_code=499)  # nobody is there to read it
     finally:
-        ticket.cancelled.set()  # (a no-op for the head once the generation is over)
+        choices.cancel()
 
 
-async def _events(ticket: Ticket, request: Request, reply: Reply):
-    """Server-sent events: the chunks, the usage chunk if asked, then [DONE]; an error
-    object if the generation failed. Leaving early (client gone) cancels the ticket."""
+async def _events(choices: Choices, reply: Reply):
+    """Server-sent events: the chunks, each choice's finish chunk, the usage chunk if asked,
+    then [DONE]; an error object if a generation failed. Leaving early (client gone)
+    cancels the tickets."""
     try:
         for chunk in reply.opening():
             yield _sse(chunk)
-        while (event := await _next(ticket, request)) is not None:
+        while (got := await choices.next()) is not None:
+            index, event = got
             if isinstance(event, Failed):
                 yield _sse(ApiError(event.status, event.message).body())
                 return
             if isinstance(event, Done):
-                for chunk in reply.closing(event):
-                    yield _sse(chunk)
-                yield "data: [DONE]\n\n"
-                return
-            if event.text or event.logprobs:
-                yield _sse(reply.chunk(event))
+                reply.end(index, event)
+                yield _sse(reply.finished(index))
+                if reply.complete:
+                    for chunk in reply.closing():
+                        yield _sse(chunk)
+                    yield "data: [DONE]\n\n"
+                    return
+            elif event.text or event.logprobs:
+                yield _sse(reply.chunk(index, event))
     finally:
-        ticket.cancelled.set()
+        choices.cancel()
 
 
 def _sse(obj: dict) -> str:

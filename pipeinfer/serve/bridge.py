@@ -65,16 +65,17 @@ class Ticket:
     loop: asyncio.AbstractEventLoop
     logprobs: int | None = None     # None: not asked; else how many top tokens with each
     ignore_eos: bool = False
-    events: asyncio.Queue = field(default_factory=asyncio.Queue)
+    index: int = 0                  # its choice in the request (n, several prompts)
+    events: asyncio.Queue = field(default_factory=asyncio.Queue)   # (index, event), shared
+                                                                   # by a request's tickets
     cancelled: threading.Event = field(default_factory=threading.Event)
     arrived: float = field(default_factory=time.perf_counter)
     number: int = field(default_factory=lambda: next(_ids))
-    seen: float = field(default_factory=time.monotonic)  # the client last seen connected
 
     def send(self, event) -> None:
         """From the head's thread: hand an event to the request's handler."""
         try:
-            self.loop.call_soon_threadsafe(self.events.put_nowait, event)
+            self.loop.call_soon_threadsafe(self.events.put_nowait, (self.index, event))
         except RuntimeError:  # the event loop is closed: nobody is listening any more
             pass
 
@@ -107,6 +108,16 @@ class Bridge:
         except queue.Full:
             raise ApiError(503, f"the server is busy: {self.max_waiting} requests are "
                                 "waiting already; try again later") from None
+
+    def submit_all(self, tickets: list[Ticket]) -> None:
+        """Queue a request's tickets, all or none (ApiError 503 when they do not fit)."""
+        for i, ticket in enumerate(tickets):
+            try:
+                self.submit(ticket)
+            except ApiError:
+                for queued in tickets[:i]:
+                    queued.cancelled.set()   # (take() skips them)
+                raise
 
     def take(self, timeout: float) -> Ticket | None:
         """From the head: the next request not cancelled, waiting up to `timeout` seconds

@@ -1,5 +1,6 @@
 """The JSON objects of OpenAI's completion and chat completion responses, whole or as
-stream chunks (`text_completion`, `chat.completion`, `chat.completion.chunk`)."""
+stream chunks (`text_completion`, `chat.completion`, `chat.completion.chunk`), for one or
+more choices (`n`, or several prompts: choice i*n + j is prompt i's j-th)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from .logprobs import CompletionLogprobs, TokenLogprob, chat_content
 
 
 class Reply:
-    """One request's answer being built from the head's pieces of text."""
+    """One request's answer being built from the head's pieces of text, choice by choice."""
 
     def __init__(self, ask: Ask, model: str, number: int):
         self.ask, self.model = ask, model
@@ -20,71 +21,91 @@ class Reply:
         self.id = f"{prefix}-{number}-{secrets.token_hex(6)}"
         self.created = int(time.time())
         self.object = "chat.completion" if ask.chat else "text_completion"
-        self.text: list[str] = []
-        self.logprobs: list[TokenLogprob] = []
-        self._offsets = CompletionLogprobs()   # (completions: text offsets so far)
+        n = ask.n_choices
+        self.text: list[list[str]] = [[] for _ in range(n)]
+        self.logprobs: list[list[TokenLogprob]] = [[] for _ in range(n)]
+        self._offsets = [CompletionLogprobs() for _ in range(n)]   # (completions' offsets)
+        self.dones: dict[int, Done] = {}
 
-    def add(self, piece: Piece) -> None:
-        self.text.append(piece.text)
-        self.logprobs.extend(piece.logprobs)
+    @property
+    def complete(self) -> bool:
+        """Every choice has ended."""
+        return len(self.dones) == self.ask.n_choices
 
-    def _logprobs(self, entries) -> dict | None:
-        """A choice's `logprobs` for `entries` (null unless the request asked)."""
+    def add(self, index: int, piece: Piece) -> None:
+        self.text[index].append(piece.text)
+        self.logprobs[index].extend(piece.logprobs)
+
+    def end(self, index: int, done: Done) -> None:
+        self.dones[index] = done
+
+    def _logprobs(self, index: int, entries) -> dict | None:
+        """Choice `index`'s `logprobs` for `entries` (null unless the request asked)."""
         if self.ask.logprobs is None:
             return None
         if self.ask.chat:
             return {"content": chat_content(entries), "refusal": None}
-        return self._offsets.add(entries)
+        return self._offsets[index].add(entries)
 
-    @staticmethod
-    def usage(done: Done) -> dict:
-        return {"prompt_tokens": done.prompt_tokens, "completion_tokens": done.completion_tokens,
-                "total_tokens": done.prompt_tokens + done.completion_tokens}
+    def usage(self) -> dict:
+        """Each prompt's tokens once, every choice's completion tokens."""
+        n = self.ask.n
+        prompt = sum(d.prompt_tokens for i, d in self.dones.items() if i % n == 0)
+        completion = sum(d.completion_tokens for d in self.dones.values())
+        return {"prompt_tokens": prompt, "completion_tokens": completion,
+                "total_tokens": prompt + completion}
 
     def _envelope(self, obj: str, choices: list) -> dict:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model,
                 "choices": choices}
 
-    def whole(self, done: Done) -> dict:
-        text, logprobs = "".join(self.text), self._logprobs(self.logprobs)
-        if self.ask.chat:
-            choice = {"index": 0, "message": {"role": "assistant", "content": text},
-                      "logprobs": logprobs, "finish_reason": done.finish_reason}
-        else:
-            choice = {"index": 0, "text": text, "logprobs": logprobs,
-                      "finish_reason": done.finish_reason}
-        return dict(self._envelope(self.object, [choice]), usage=self.usage(done))
+    def whole(self) -> dict:
+        """The response once every choice has ended."""
+        choices = []
+        for i in range(self.ask.n_choices):
+            text, logprobs = "".join(self.text[i]), self._logprobs(i, self.logprobs[i])
+            reason = self.dones[i].finish_reason
+            if self.ask.chat:
+                choices.append({"index": i, "message": {"role": "assistant", "content": text},
+                                "logprobs": logprobs, "finish_reason": reason})
+            else:
+                choices.append({"index": i, "text": text, "logprobs": logprobs,
+                                "finish_reason": reason})
+        return dict(self._envelope(self.object, choices), usage=self.usage())
 
     # --- streaming --------------------------------------------------------------------------
     def _chunk_object(self) -> str:
         return "chat.completion.chunk" if self.ask.chat else "text_completion"
 
-    def _choice(self, text: str | None, finish_reason: str | None,
+    def _choice(self, index: int, text: str | None, finish_reason: str | None,
                 logprobs: dict | None = None) -> dict:
         if self.ask.chat:
             delta = {} if text is None else {"content": text}
-            return {"index": 0, "delta": delta, "logprobs": logprobs,
+            return {"index": index, "delta": delta, "logprobs": logprobs,
                     "finish_reason": finish_reason}
-        return {"index": 0, "text": text or "", "logprobs": logprobs,
+        return {"index": index, "text": text or "", "logprobs": logprobs,
                 "finish_reason": finish_reason}
 
     def opening(self) -> list[dict]:
-        """Chunks sent before any text: the assistant's role, for chat."""
+        """Chunks sent before any text: the assistant's role of each choice, for chat."""
         if not self.ask.chat:
             return []
-        choice = {"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
-                  "finish_reason": None}
-        return [self._envelope(self._chunk_object(), [choice])]
+        return [self._envelope(self._chunk_object(), [
+            {"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+             "finish_reason": None}]) for i in range(self.ask.n_choices)]
 
-    def chunk(self, piece: Piece) -> dict:
+    def chunk(self, index: int, piece: Piece) -> dict:
         """The stream chunk of a piece: its text, and the logprobs of its tokens if asked."""
         return self._envelope(self._chunk_object(), [
-            self._choice(piece.text, None, self._logprobs(piece.logprobs))])
+            self._choice(index, piece.text, None, self._logprobs(index, piece.logprobs))])
 
-    def closing(self, done: Done) -> list[dict]:
-        """The chunk with the finish reason; then the usage chunk (no choices) if asked."""
-        chunks = [self._envelope(self._chunk_object(), [self._choice(None, done.finish_reason)])]
-        if self.ask.include_usage:
-            chunks.append(dict(self._envelope(self._chunk_object(), []),
-                               usage=self.usage(done)))
-        return chunks
+    def finished(self, index: int) -> dict:
+        """The chunk with choice `index`'s finish reason."""
+        return self._envelope(self._chunk_object(),
+                              [self._choice(index, None, self.dones[index].finish_reason)])
+
+    def closing(self) -> list[dict]:
+        """After every choice's end: the usage chunk (no choices) if asked."""
+        if not self.ask.include_usage:
+            return []
+        return [dict(self._envelope(self._chunk_object(), []), usage=self.usage())]

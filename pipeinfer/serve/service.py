@@ -58,7 +58,7 @@ def main(cfg: RunConfig, options: ServeOptions) -> int:
     """This rank's part of the server; its exit status."""
     rank = Link().rank
     service = Service(Bridge(options.queue), ServeMetrics(), options.model_name, cfg.n_ctx,
-                      options.defaults, options.api_key)
+                      options.defaults, options.api_key, cfg.slots)
     http: list[HttpThread] = []
     if rank == 0:
         signal.signal(JOB_LOST, lambda signum, frame: threading.Thread(
