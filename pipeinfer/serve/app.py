@@ -1,11 +1,12 @@
 """The ASGI app of `pipeinfer serve` (Starlette): OpenAI-style completions and chat
-completions (streamed as server-sent events or whole), models, health and metrics.
+completions (streamed as server-sent events or whole), models, tokenize / detokenize, health
+and metrics, with CORS.
 
 Handlers run on the HTTP thread's event loop. They check and tokenize a request there (so a
-bad one is answered at once, not after the requests before it), hand it to the head through
-the bridge, and wait on the request's own queue for its text. A client that goes away (a
-failed write, or a disconnect noticed while waiting) cancels its ticket, and the head cancels
-the generation at its next token.
+bad one is answered at once, not after the requests before it), hand its tickets (one per
+choice) to the head through the bridge, and wait on the request's own queue for their text.
+A client that goes away (a failed write, or a disconnect noticed while waiting) cancels its
+tickets, and the head cancels the generations at their next token.
 """
 
 from __future__ import annotations
