@@ -210,3 +210,46 @@ def test_two_choices_and_two_prompts_are_each_exact(server, client, smollm2, tok
     r = httpx.post(server.url + "/v1/completions", headers=AUTH,
                    json={"prompt": prompts, "n": 2})
     assert r.status_code == 400 and r.json()["error"]["param"] == "prompt"   # 4 > --parallel 2
+
+
+def test_logprobs_and_penalties_exact_with_another_request_in_flight(server, smollm2,
+                                                                      tokenizer):
+    """Two requests at once in the two slots: each one's logprobs and penalized tokens are
+    its own, exact as alone."""
+    import threading
+
+    chain = Chain(repeat_penalty=1.4, presence_penalty=0.5, repeat_last_n=32)
+    ids = tokenizer.tokenize(REPEATING)
+    want_pen, _ = chain_greedy(smollm2, ids, 24, chain, n_ctx=N_CTX)
+    prompt = "import numpy as np\n"
+    want_tokens, want_lp = chain_greedy(smollm2, tokenizer.tokenize(prompt), 20,
+                                        n_ctx=N_CTX, n_top=2)
+    answers = {}
+
+    def penalized():
+        body = {"prompt": REPEATING, "max_tokens": 24, "temperature": 0, "ignore_eos": True,
+                "repeat_penalty": 1.4, "presence_penalty": 0.5, "repeat_last_n": 32,
+                "stream": True}
+        with httpx.stream("POST", server.url + "/v1/completions", headers=AUTH, json=body,
+                          timeout=120) as r:
+            answers["pen"] = "".join(json.loads(line[6:])["choices"][0]["text"]
+                                     for line in r.iter_lines()
+                                     if line and line != "data: [DONE]"
+                                     and json.loads(line[6:])["choices"])
+
+    def with_logprobs():
+        body = {"prompt": prompt, "max_tokens": 20, "temperature": 0, "logprobs": 2,
+                "ignore_eos": True}
+        answers["lp"] = httpx.post(server.url + "/v1/completions", headers=AUTH, json=body,
+                                   timeout=120).json()["choices"][0]["logprobs"]
+
+    threads = [threading.Thread(target=f) for f in (penalized, with_logprobs)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(180)
+    assert answers["pen"] == tokenizer.detokenize(want_pen)
+    assert "(2 under way)" in server.stderr   # (they overlapped)
+    assert answers["lp"]["token_logprobs"] == [lp for lp, _ in want_lp]
+    assert [sorted(top.values()) for top in answers["lp"]["top_logprobs"]] == [
+        sorted({*top.values(), lp}) for lp, top in want_lp]
