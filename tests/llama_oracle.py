@@ -39,10 +39,13 @@ def _sampler(chain: Chain, n_vocab: int, n_ctx: int):
 
 
 def chain_greedy(model: Path, prompt: list[int], n: int, chain: Chain = Chain(),
-                 n_ctx: int = 512, repack: bool = True, n_top: int = 0):
+                 n_ctx: int = 512, repack: bool = True, n_top: int = 0,
+                 kept: list[int] | None = None):
     """(tokens, logprobs): n tokens (not stopping at EOS) chosen by llama.cpp's sampler
     chain, and per position (the chosen token's logprob, {token id: logprob} of the n_top
-    most likely)."""
+    most likely). `kept`: a prompt evaluated first, whose common prefix with `prompt` (all
+    but prompt's last token at most) stays in the KV cache while the rest of `prompt` is
+    evaluated after it in n_batch chunks (a server's prompt cache)."""
     import llama_cpp
     from llama_cpp import Llama
 
@@ -55,7 +58,14 @@ def chain_greedy(model: Path, prompt: list[int], n: int, chain: Chain = Chain(),
     try:
         for token in prompt:
             llama_cpp.llama_sampler_accept(smpl, token)
-        llm.eval(prompt)
+        if kept:
+            llm.eval(kept)
+            shared = next((i for i, (a, b) in enumerate(zip(kept, prompt)) if a != b),
+                          min(len(kept), len(prompt)))
+            llm.n_tokens = min(shared, len(prompt) - 1)   # (eval drops the cells beyond)
+            llm.eval(prompt[llm.n_tokens:])
+        else:
+            llm.eval(prompt)
         tokens, logprobs = [], []
         for _ in range(n):
             row = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(llm._ctx.ctx, -1),

@@ -90,7 +90,8 @@ class Server:
 def server(smollm2, tmp_path_factory):
     srv = Server(tmp_path_factory.mktemp("serve"), 3, "-m", str(smollm2), "-md", str(smollm2),
                  "--strategy", "pipeinfer", "--layer-split", "0,0.5,0.5", "-c", str(N_CTX),
-                 "--api-key", KEY, "--queue", "4", "--alias", "smollm2", "--parallel", "4")
+                 "--api-key", KEY, "--queue", "4", "--alias", "smollm2", "--parallel", "4",
+                 "--no-cache-prompt")   # every answer is compared with a fresh evaluation
     try:
         srv.wait_ready()
         yield srv

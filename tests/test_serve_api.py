@@ -205,12 +205,12 @@ class FakeLanes:
     def n_free(self):
         return self.slots - len(self.active)
 
-    def start(self, request, sampling, owner, on_token, observe=None):
+    def start(self, request, sampling, owner, on_token, observe=None, cache_prompt=False):
         assert self.n_free > 0
         lane = SimpleNamespace(owner=owner, on_token=on_token, n=request.n_predict, given=0,
                                next_at=time.monotonic() + self.delay, finished=False,
                                gen=SimpleNamespace(counters=Counters(n_drafted=4, n_accepted=3),
-                                                   stop_reason=""))
+                                                   stop_reason="", request=request))
         lane.slot, lane.strategy, lane.rooted_runs = len(self.active), "scripted", 0
         self.active.append(lane)
         self.most_active = max(self.most_active, len(self.active))
@@ -279,7 +279,8 @@ def test_answers_stream_and_stop(server):
     r = httpx.post(url + "/v1/completions", json={"prompt": "x", "max_tokens": 5})
     body = r.json()
     assert r.status_code == 200 and body["choices"][0]["text"] == "abcde"
-    assert body["usage"] == {"prompt_tokens": 2, "completion_tokens": 5, "total_tokens": 7}
+    assert body["usage"] == {"prompt_tokens": 2, "completion_tokens": 5, "total_tokens": 7,
+                             "prompt_tokens_details": {"cached_tokens": 0}}
     assert body["choices"][0]["finish_reason"] == "length"
     r = httpx.post(url + "/v1/completions", json={"prompt": "x", "max_tokens": 9, "stop": "de"})
     assert r.json()["choices"][0]["text"] == "abc"
@@ -481,7 +482,8 @@ def test_n_choices_and_several_prompts(server):
     r = httpx.post(url + "/v1/completions", json={"prompt": ["x", "yy"], "n": 2,
                                                    "max_tokens": 3}).json()
     assert [(c["index"], c["text"]) for c in r["choices"]] == [(i, "abc") for i in range(4)]
-    assert r["usage"] == {"prompt_tokens": 2 + 3, "completion_tokens": 12, "total_tokens": 17}
+    assert r["usage"] == {"prompt_tokens": 2 + 3, "completion_tokens": 12, "total_tokens": 17,
+                          "prompt_tokens_details": {"cached_tokens": 0}}
     with httpx.stream("POST", url + "/v1/chat/completions", json={
             "messages": [{"role": "user", "content": "hi"}], "n": 2, "max_tokens": 4,
             "stream": True, "stream_options": {"include_usage": True}}) as s:

@@ -14,6 +14,7 @@ import httpx
 import pytest
 
 from llama_oracle import Chain, chain_greedy, completion_logprobs
+from pipeinfer.engine.prompt_cache import common_prefix
 from test_serve import AUTH, KEY, N_CTX, Server, chat_tokens, expected
 
 pytestmark = pytest.mark.smollm2
@@ -25,7 +26,8 @@ REPEATING = "apple, pear, plum, apple, pear, plum, apple, pear,"
 def server(smollm2, tmp_path_factory):
     srv = Server(tmp_path_factory.mktemp("serve-fields"), 3, "-m", str(smollm2), "-md",
                  str(smollm2), "--strategy", "pipeinfer", "--layer-split", "0,0.5,0.5",
-                 "-c", str(N_CTX), "--api-key", KEY, "--alias", "smollm2", "--parallel", "2")
+                 "-c", str(N_CTX), "--api-key", KEY, "--alias", "smollm2", "--parallel", "2",
+                 "--no-cache-prompt")   # answers compared with fresh evaluations; but one test
     try:
         srv.wait_ready()
         yield srv
@@ -253,3 +255,43 @@ def test_logprobs_and_penalties_exact_with_another_request_in_flight(server, smo
     assert answers["lp"]["token_logprobs"] == [lp for lp, _ in want_lp]
     assert [sorted(top.values()) for top in answers["lp"]["top_logprobs"]] == [
         sorted({*top.values(), lp}) for lp, top in want_lp]
+
+
+def test_a_second_turn_reuses_the_first_turns_prompt(server, client, smollm2, tokenizer):
+    """cache_prompt: the second turn of a conversation goes to the slot that kept the first
+    turn's prompt and evaluates only the rest; its answer equals llama.cpp's when llama.cpp,
+    too, keeps that prefix and evaluates the rest in the same batches. A request without
+    cache_prompt reuses nothing."""
+    def eos_cut(tokens):
+        end = next((i + 1 for i, t in enumerate(tokens) if tokenizer.is_eog(t)), len(tokens))
+        return tokenizer.detokenize(tokens[:end])
+
+    turn1 = [{"role": "user", "content": "Write a Python function that adds two numbers."}]
+    first = client.chat.completions.create(model="smollm2", messages=turn1, max_tokens=40,
+                                           temperature=0)   # (evaluated whole: see --no-..)
+    p1 = chat_tokens(tokenizer, turn1)
+    assert first.usage.prompt_tokens_details.cached_tokens == 0
+    turn2 = turn1 + [{"role": "assistant", "content": first.choices[0].message.content},
+                     {"role": "user", "content": "Now make it subtract them."}]
+    p2 = chat_tokens(tokenizer, turn2)
+    reuse = min(common_prefix(p1, p2), len(p2) - 1)
+    assert reuse >= len(p1) - 2
+    import threading
+
+    other = threading.Thread(target=httpx.post, args=(server.url + "/v1/completions",),
+                             kwargs={"headers": AUTH, "timeout": 120, "json": {
+                                 "prompt": REPEATING, "max_tokens": 60, "ignore_eos": True}})
+    other.start()   # another request in flight, in the other slot
+    second = client.chat.completions.create(model="smollm2", messages=turn2, max_tokens=40,
+                                            temperature=0, extra_body={"cache_prompt": True})
+    other.join(120)
+    assert second.usage.prompt_tokens_details.cached_tokens == reuse
+    assert second.usage.prompt_tokens == len(p2)
+    tokens, _ = chain_greedy(smollm2, p2, 40, n_ctx=N_CTX, kept=p1)
+    assert second.choices[0].message.content == eos_cut(tokens)
+    again = client.chat.completions.create(model="smollm2", messages=turn2, max_tokens=40,
+                                           temperature=0, extra_body={"cache_prompt": False})
+    assert again.usage.prompt_tokens_details.cached_tokens == 0
+    assert again.choices[0].message.content == expected(smollm2, tokenizer, p2, 40)[0]
+    metrics = httpx.get(server.url + "/metrics", headers=AUTH).text
+    assert f"pipeinfer_prompt_tokens_cached_total {float(reuse)}" in metrics

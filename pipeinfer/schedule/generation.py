@@ -17,6 +17,7 @@ class Request:
     n_predict: int
     n_ctx: int
     ignore_eos: bool = False
+    cached: int = 0     # prompt positions [0, cached) already in sequence 0 (a kept prefix)
 
 
 @dataclass

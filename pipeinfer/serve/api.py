@@ -40,6 +40,7 @@ class Ask:
     ignore_eos: bool = False
     template_kwargs: dict = field(default_factory=dict)   # chat: extra template variables
     n: int = 1
+    cache_prompt: bool = True      # reuse a prefix a slot keeps (llama-server's field)
 
     @property
     def n_choices(self) -> int:
@@ -65,7 +66,7 @@ def parse_body(raw: bytes) -> dict:
     return body
 
 
-def parse_completion(body: dict, defaults: SamplingParams) -> Ask:
+def parse_completion(body: dict, defaults: SamplingParams, cache_prompt: bool = True) -> Ask:
     """POST /v1/completions: `prompt` is a non-empty string or array of token ids, or a
     list of those (one choice per prompt, `n` each)."""
     prompt = body.get("prompt")
@@ -83,7 +84,7 @@ def parse_completion(body: dict, defaults: SamplingParams) -> Ask:
         if not one:
             raise ApiError(400, "'prompt' is empty" if len(prompts) == 1 else
                                 f"'prompt[{i}]' is empty", param="prompt")
-    return _ask(body, defaults, chat=False,
+    return _ask(body, defaults, cache_prompt, chat=False,
                 prompts=tuple(p if isinstance(p, str) else tuple(p) for p in prompts))
 
 
@@ -92,7 +93,7 @@ def _tokens(value) -> bool:
     return isinstance(value, list) and bool(value) and all(_is_token(t) for t in value)
 
 
-def parse_chat(body: dict, defaults: SamplingParams) -> Ask:
+def parse_chat(body: dict, defaults: SamplingParams, cache_prompt: bool = True) -> Ask:
     """POST /v1/chat/completions: `messages`, a non-empty list of {role, content}."""
     messages = body.get("messages")
     if not isinstance(messages, list):
@@ -105,7 +106,8 @@ def parse_chat(body: dict, defaults: SamplingParams) -> Ask:
     if kwargs is not None and not isinstance(kwargs, dict):
         raise ApiError(400, "'chat_template_kwargs' must be an object",
                        param="chat_template_kwargs")
-    ask = _ask(dict(body, max_tokens=max_tokens), defaults, chat=True, messages=pairs)
+    ask = _ask(dict(body, max_tokens=max_tokens), defaults, cache_prompt, chat=True,
+               messages=pairs)
     return replace(ask, template_kwargs=kwargs or {})
 
 
@@ -138,8 +140,8 @@ def _message(i: int, message: Any) -> tuple[str, str]:
     return role, content
 
 
-def _ask(body: dict, defaults: SamplingParams, chat: bool, prompts: tuple = (),
-         messages: tuple | None = None) -> Ask:
+def _ask(body: dict, defaults: SamplingParams, cache_prompt: bool, chat: bool,
+         prompts: tuple = (), messages: tuple | None = None) -> Ask:
     n = _integer(body, "n", 1)
     if n < 1:
         raise ApiError(400, f"'n' must be at least 1, not {n}", param="n")
@@ -162,7 +164,8 @@ def _ask(body: dict, defaults: SamplingParams, chat: bool, prompts: tuple = (),
         raise ApiError(400, "'model' must be a string", param="model")
     return Ask(chat, prompts, messages, max_tokens, fields.sampling(body, defaults),
                _stops(body), stream, include_usage, model, fields.logprobs(body, chat),
-               _boolean(body, "ignore_eos", False), n=n)
+               _boolean(body, "ignore_eos", False), n=n,
+               cache_prompt=_boolean(body, "cache_prompt", cache_prompt))
 
 
 def _stops(body: dict) -> tuple[str, ...]:

@@ -52,6 +52,7 @@ class Service:
     defaults: SamplingParams
     api_key: str | None = None
     slots: int = 1             # requests generated at once (--parallel)
+    cache_prompt: bool = True  # what a request that does not say cache_prompt gets
     head: Any = None
     created: int = 0
 
@@ -204,14 +205,15 @@ def _tickets(service: Service, ask: Ask) -> list[Ticket]:
         for j in range(ask.n):
             sampling = replace(ask.sampling, seed=(ask.sampling.seed + j) % (1 << 64))
             tickets.append(Ticket(tokens, n_predict, sampling, ask.stop, loop, ask.logprobs,
-                                  ask.ignore_eos, len(tickets), events))
+                                  ask.ignore_eos, len(tickets), ask.cache_prompt, events))
     return tickets
 
 
 async def _complete(service: Service, request: Request, chat: bool) -> Response:
     body = api.parse_body(await _read_body(request))
     defaults = service.defaults
-    ask = api.parse_chat(body, defaults) if chat else api.parse_completion(body, defaults)
+    parse = api.parse_chat if chat else api.parse_completion
+    ask = parse(body, defaults, service.cache_prompt)
     api.check_model(ask.model, service.model_name)
     api.check_choices(ask, service.slots)
     service.bridge.check_ready()

@@ -39,10 +39,12 @@ class Piece:
 
 @dataclass(frozen=True)
 class Done:
-    """The completion ended: finish_reason "stop" or "length", and the token counts."""
+    """The completion ended: finish_reason "stop" or "length", and the token counts
+    (`cached_tokens`: the prompt's prefix reused from its slot, not evaluated again)."""
     finish_reason: str
     prompt_tokens: int
     completion_tokens: int
+    cached_tokens: int = 0
 
 
 @dataclass(frozen=True)
@@ -66,6 +68,7 @@ class Ticket:
     logprobs: int | None = None     # None: not asked; else how many top tokens with each
     ignore_eos: bool = False
     index: int = 0                  # its choice in the request (n, several prompts)
+    cache_prompt: bool = True       # reuse a prefix its slot keeps (prompt_cache.py)
     events: asyncio.Queue = field(default_factory=asyncio.Queue)   # (index, event), shared
                                                                    # by a request's tickets
     cancelled: threading.Event = field(default_factory=threading.Event)

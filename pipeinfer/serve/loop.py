@@ -78,7 +78,8 @@ class Completion:
         """The generation ended and its runs are back: the rest of the text and Done (or,
         for a client gone, nothing)."""
         ticket = self.ticket
-        self.metrics.generation(len(ticket.prompt), self.n_tokens, gen.counters)
+        cached = gen.request.cached
+        self.metrics.generation(len(ticket.prompt), self.n_tokens, gen.counters, cached)
         if ticket.cancelled.is_set():
             self.metrics.cancelled.inc()
             log.info("request %d cancelled by its client after %d tokens", ticket.number,
@@ -91,7 +92,7 @@ class Completion:
             ticket.send(Piece(rest, 0))
         reason = ("stop" if self.stops.stopped
                   else FINISH_REASONS.get(gen.stop_reason, "length"))
-        ticket.send(Done(reason, len(ticket.prompt), self.n_tokens))
+        ticket.send(Done(reason, len(ticket.prompt), self.n_tokens, cached))
 
 
 class BusyProbe:
@@ -176,9 +177,10 @@ def _start(lanes: Lanes, head: Head, bridge: Bridge, metrics: ServeMetrics,
     bridge.running.add(ticket)  # until it is done: a failure answers it too
     request = head.request(ticket.prompt, ticket.n_predict, ignore_eos=ticket.ignore_eos)
     lane = lanes.start(request, ticket.sampling, completion, completion.on_token,
-                       completion.observe)
-    log.info("request %d: %d prompt tokens, slot %d, %s (%d under way)", ticket.number,
-             len(ticket.prompt), lane.slot, lane.strategy, len(lanes.active))
+                       completion.observe, ticket.cache_prompt)
+    log.info("request %d: %d prompt tokens (%d kept in its slot), slot %d, %s (%d under way)",
+             ticket.number, len(ticket.prompt), lane.gen.request.cached, lane.slot,
+             lane.strategy, len(lanes.active))
 
 
 def _end(lane: Lane, bridge: Bridge) -> None:

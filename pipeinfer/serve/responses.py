@@ -48,12 +48,15 @@ class Reply:
         return self._offsets[index].add(entries)
 
     def usage(self) -> dict:
-        """Each prompt's tokens once, every choice's completion tokens."""
+        """Each prompt's tokens once (and of them, those reused from a slot's cache), every
+        choice's completion tokens."""
         n = self.ask.n
         prompt = sum(d.prompt_tokens for i, d in self.dones.items() if i % n == 0)
+        cached = sum(d.cached_tokens for i, d in self.dones.items() if i % n == 0)
         completion = sum(d.completion_tokens for d in self.dones.values())
         return {"prompt_tokens": prompt, "completion_tokens": completion,
-                "total_tokens": prompt + completion}
+                "total_tokens": prompt + completion,
+                "prompt_tokens_details": {"cached_tokens": cached}}
 
     def _envelope(self, obj: str, choices: list) -> dict:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model,

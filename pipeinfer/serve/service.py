@@ -52,13 +52,14 @@ class ServeOptions:
     model_name: str = ""
     defaults: SamplingParams = SamplingParams()
     cors_origins: tuple[str, ...] = ("*",)
+    cache_prompt: bool = True
 
 
 def main(cfg: RunConfig, options: ServeOptions) -> int:
     """This rank's part of the server; its exit status."""
     rank = Link().rank
     service = Service(Bridge(options.queue), ServeMetrics(), options.model_name, cfg.n_ctx,
-                      options.defaults, options.api_key, cfg.slots)
+                      options.defaults, options.api_key, cfg.slots, options.cache_prompt)
     http: list[HttpThread] = []
     if rank == 0:
         signal.signal(JOB_LOST, lambda signum, frame: threading.Thread(
