@@ -25,7 +25,7 @@ CONVERSATIONS = [
 _ORACLES: dict[str, tuple] = {}
 
 
-def llama_chat_tokens(model: Path, messages: list[dict]) -> list[int]:
+def llama_chat_tokens(model: Path, messages: list[dict], tools: list | None = None) -> list[int]:
     """llama-cpp-python's prompt for `messages` with the GGUF's template: its
     Jinja2ChatFormatter with the BOS / EOS texts it reads from the vocabulary, tokenized as
     its chat handler does (no BOS added: the template's own special tokens are parsed)."""
@@ -41,7 +41,7 @@ def llama_chat_tokens(model: Path, messages: list[dict]) -> list[int]:
             bos_token=llm._model.token_get_text(bos) if bos != -1 else "")
         _ORACLES[str(model)] = (llm, formatter)
     llm, formatter = _ORACLES[str(model)]
-    result = formatter(messages=messages)
+    result = formatter(messages=messages, tools=tools)
     return llm.tokenize(result.prompt.encode("utf-8"), add_bos=not result.added_special,
                         special=True)
 

@@ -72,6 +72,7 @@ def test_sampling_and_logprob_fields():
     assert api.parse_chat(dict(chat, logprobs=True), DEFAULTS).logprobs == 0
     assert api.parse_chat(dict(chat, logprobs=True, top_logprobs=20), DEFAULTS).logprobs == 20
     harmless = [{"response_format": {"type": "text"}}, {"tools": []}, {"tool_choice": "none"},
+                {"tool_choice": "auto"},
                 {"typical_p": 1}, {"mirostat": 0}, {"user": "u"}, {"cache_prompt": True}]
     for extra in harmless:
         api.parse_chat(dict(chat, **extra), DEFAULTS)
@@ -89,8 +90,14 @@ def test_fields_that_would_change_the_answer_are_refused_by_name():
                ("response_format", {"response_format": {"type": "json_object"}}),
                ("response_format", {"response_format": {"type": "json_schema",
                                                         "json_schema": {"name": "x"}}}),
-               ("tools", {"tools": [{"type": "function", "function": {"name": "f"}}]}),
+               ("tools", {"tools": [{"type": "function", "function": {"name": ""}}]}),
+               ("tools", {"tools": [{"type": "function", "function": {"name": "f",
+                                                                        "parameters": 3}}]}),
+               ("tools", {"tools": {"f": 1}}),
                ("tool_choice", {"tool_choice": "required"}),
+               ("tool_choice", {"tool_choice": {"type": "function",
+                                                "function": {"name": "f"}}}),
+               ("function_call", {"function_call": {"name": "f"}}),
                ("grammar", {"grammar": "root ::= \"a\""}),
                ("mirostat", {"mirostat": 2}), ("typical_p", {"typical_p": 0.5}),
                ("n", {"n": -1}), ("frequency_penalty", {"frequency_penalty": 3}),
@@ -100,7 +107,7 @@ def test_fields_that_would_change_the_answer_are_refused_by_name():
                ("logit_bias", {"logit_bias": {"5": 101}}), ("logit_bias", {"logit_bias": [1]}),
                ("messages", {"messages": [{"role": "assistant", "content": None, "tool_calls": [
                    {"id": "1", "type": "function",
-                    "function": {"name": "f", "arguments": "{}"}}]}]}),
+                    "function": {"name": "f", "arguments": "{oops"}}]}]}),
                ("chat_template_kwargs", {"chat_template_kwargs": "x"})]
     for param, extra in refused:
         with pytest.raises(ApiError) as err:
@@ -121,8 +128,22 @@ def test_chat_messages_are_checked():
         {"role": "user", "content": [{"type": "text", "text": "hi "}, {"type": "text",
                                                                        "text": "there"}]}],
         "max_completion_tokens": 7}, DEFAULTS)
-    assert ask.messages == (("system", "Be brief."), ("user", "hi there"))
+    assert ask.messages == ({"role": "system", "content": "Be brief."},
+                            {"role": "user", "content": "hi there"})
     assert ask.max_tokens == 7 and ask.chat
+    calls = [{"id": "c1", "type": "function",
+              "function": {"name": "f", "arguments": '{"x": 1}'}}]
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {}}}]
+    ask = api.parse_chat({"messages": [
+        {"role": "user", "content": "go"},
+        {"role": "assistant", "content": None, "tool_calls": calls},
+        {"role": "tool", "tool_call_id": "c1", "content": "42"}], "tools": tools}, DEFAULTS)
+    assert ask.messages[1] == {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "c1", "type": "function", "function": {"name": "f", "arguments": {"x": 1}}}]}
+    assert ask.messages[2] == {"role": "tool", "content": "42", "tool_call_id": "c1"}
+    assert ask.tools == tuple(tools)
+    assert api.parse_chat({"messages": [{"role": "user", "content": "go"}], "tools": tools,
+                           "tool_choice": "none"}, DEFAULTS).tools == ()
     for body in [{}, {"messages": []}, {"messages": "hi"}, {"messages": [{"role": "user"}]},
                  {"messages": [{"role": "wizard", "content": "x"}]},
                  {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}]:

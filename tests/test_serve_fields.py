@@ -188,6 +188,11 @@ def test_routes_without_v1_models_by_id_and_cors(server):
     assert r.headers["access-control-allow-origin"] == "*"
     r = httpx.get(url + "/v1/chat/completions", headers=AUTH)
     assert r.status_code == 405 and r.json()["error"]["type"] == "invalid_request_error"
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {}}}]
+    r = httpx.post(url + "/v1/chat/completions", headers=AUTH, json={
+        "messages": [{"role": "user", "content": "Hi"}], "tools": tools})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "tools"   # no tool template
+    assert "no tool support" in r.json()["error"]["message"]
 
 
 def test_two_choices_and_two_prompts_are_each_exact(server, client, smollm2, tokenizer):

@@ -117,14 +117,16 @@ class Tokenizer:
 
 
 class TextStream:
-    """Turns token pieces into text without splitting multi-byte UTF-8 characters."""
+    """Turns token pieces into text without splitting multi-byte UTF-8 characters; the
+    special tokens in `preserve` as their text (control tokens are otherwise left out)."""
 
-    def __init__(self, tokenizer: Tokenizer):
-        self._tokenizer = tokenizer
+    def __init__(self, tokenizer: Tokenizer, preserve: frozenset[int] = frozenset()):
+        self._tokenizer, self._preserve = tokenizer, preserve
         self._decoder = codecs.getincrementaldecoder("utf-8")("replace")
 
     def push(self, token: int) -> str:
-        return self._decoder.decode(self._tokenizer.piece(token))
+        special = token in self._preserve
+        return self._decoder.decode(self._tokenizer.piece(token, special=special))
 
     def finish(self, keep_incomplete: bool = True) -> str:
         """The text still held back: an incomplete character at the end becomes U+FFFD, or

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..model.sampling import SamplingParams
-from . import fields
+from . import fields, tool_calls
 from .errors import ERROR_TYPES, ApiError  # noqa: F401 (the API's errors, from here too)
 from .fields import boolean as _boolean, integer as _integer
 
@@ -25,11 +25,11 @@ ROLES = ("system", "user", "assistant", "tool", "developer")
 @dataclass(frozen=True)
 class Ask:
     """One checked completion request. `prompts` (completions: each text, or token ids as
-    given) or `messages` ((role, content) pairs, chat) is set; `n` choices for each prompt;
+    given) or `messages` (dicts for the chat template) is set; `n` choices for each prompt;
     `max_tokens` None means up to the context's end."""
     chat: bool
     prompts: tuple[str | tuple[int, ...], ...]
-    messages: tuple[tuple[str, str], ...] | None
+    messages: tuple[dict, ...] | None
     max_tokens: int | None
     sampling: SamplingParams
     stop: tuple[str, ...] = ()
@@ -41,6 +41,7 @@ class Ask:
     template_kwargs: dict = field(default_factory=dict)   # chat: extra template variables
     n: int = 1
     cache_prompt: bool = True      # reuse a prefix a slot keeps (llama-server's field)
+    tools: tuple[dict, ...] = ()   # rendered by the template; its answers' calls parsed
 
     @property
     def n_choices(self) -> int:
@@ -101,6 +102,7 @@ def parse_chat(body: dict, defaults: SamplingParams, cache_prompt: bool = True) 
     if not messages:
         raise ApiError(400, "'messages' is empty", param="messages")
     pairs = tuple(_message(i, m) for i, m in enumerate(messages))
+    tools = tool_calls.parse_tools(body)
     max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
     kwargs = body.get("chat_template_kwargs")
     if kwargs is not None and not isinstance(kwargs, dict):
@@ -108,10 +110,12 @@ def parse_chat(body: dict, defaults: SamplingParams, cache_prompt: bool = True) 
                        param="chat_template_kwargs")
     ask = _ask(dict(body, max_tokens=max_tokens), defaults, cache_prompt, chat=True,
                messages=pairs)
-    return replace(ask, template_kwargs=kwargs or {})
+    return replace(ask, template_kwargs=kwargs or {}, tools=tools)
 
 
-def _message(i: int, message: Any) -> tuple[str, str]:
+def _message(i: int, message: Any) -> dict:
+    """One message for the template: role and content (text parts joined), and an
+    assistant's tool calls or a tool answer's id as given."""
     where = f"messages[{i}]"
     if not isinstance(message, dict):
         raise ApiError(400, f"{where} must be an object with 'role' and 'content'",
@@ -130,14 +134,20 @@ def _message(i: int, message: Any) -> tuple[str, str]:
                                param="messages")
             texts.append(part["text"])
         content = "".join(texts)
-    if message.get("tool_calls") or message.get("function_call"):
-        raise ApiError(400, f"{where}: tool calls are not supported by this server",
+    if message.get("function_call"):
+        raise ApiError(400, f"{where}: function_call is not supported (use tool_calls)",
                        param="messages")
+    out: dict = {"role": role, "content": content}
+    if message.get("tool_calls"):
+        out["tool_calls"] = tool_calls.history_calls(where, message["tool_calls"])
     if content is None and role == "assistant":
-        content = ""
-    if not isinstance(content, str):
+        out["content"] = "" if "tool_calls" not in out else None
+    elif not isinstance(content, str):
         raise ApiError(400, f"{where}.content must be a string", param="messages")
-    return role, content
+    for key in ("tool_call_id", "name"):
+        if isinstance(message.get(key), str):
+            out[key] = message[key]
+    return out
 
 
 def _ask(body: dict, defaults: SamplingParams, cache_prompt: bool, chat: bool,

@@ -35,6 +35,7 @@ from .api import ApiError, Ask
 from .bridge import Bridge, Done, Failed, State, Ticket
 from .metrics import ServeMetrics
 from .responses import Reply
+from .tool_calls import CLOSE, OPEN
 
 log = logging.getLogger(__name__)
 
@@ -186,12 +187,29 @@ def _prompt_tokens(service: Service, ask: Ask, prompt) -> list[int]:
         return list(prompt)
     if not ask.chat:
         return tokenizer.tokenize(prompt)
+    context = dict(ask.template_kwargs)
     try:
-        return tokenizer.chat_tokens([{"role": role, "content": content}
-                                      for role, content in ask.messages],
-                                     **ask.template_kwargs)
+        if ask.tools:
+            _check_tool_template(tokenizer)
+            context["tools"] = [dict(t) for t in ask.tools]
+        return tokenizer.chat_tokens(ask.messages, **context)
     except (LlamaError, ChatTemplateError) as err:
         raise ApiError(400, f"cannot render the chat: {err}", param="messages") from None
+
+
+def _check_tool_template(tokenizer) -> None:
+    if "tools" not in tokenizer.chat_template().source:
+        raise ApiError(400, "'tools': this model's chat template has no tool support (the "
+                            "generic tool format needs constrained decoding, which this "
+                            "server does not do yet)", param="tools")
+
+
+def _preserved(tokenizer, ask: Ask) -> frozenset[int]:
+    """Special tokens whose text the answer keeps (so its tool calls can be parsed)."""
+    if not ask.tools:
+        return frozenset()
+    ids = [tokenizer.tokenize(mark, add_special=False) for mark in (OPEN, CLOSE)]
+    return frozenset(t[0] for t in ids if len(t) == 1)
 
 
 def _tickets(service: Service, ask: Ask) -> list[Ticket]:
@@ -199,13 +217,15 @@ def _tickets(service: Service, ask: Ask) -> list[Ticket]:
     sampled choices differ), sharing one event queue."""
     events: asyncio.Queue = asyncio.Queue()
     loop, tickets = asyncio.get_running_loop(), []
+    preserve = _preserved(service.head.tokenizer, ask)
     for prompt in ask.prompts or (None,):
         tokens = _prompt_tokens(service, ask, prompt)
         n_predict = api.n_predict(len(tokens), ask.max_tokens, service.n_ctx)
         for j in range(ask.n):
             sampling = replace(ask.sampling, seed=(ask.sampling.seed + j) % (1 << 64))
             tickets.append(Ticket(tokens, n_predict, sampling, ask.stop, loop, ask.logprobs,
-                                  ask.ignore_eos, len(tickets), ask.cache_prompt, events))
+                                  ask.ignore_eos, len(tickets), ask.cache_prompt, preserve,
+                                  events))
     return tickets
 
 
@@ -287,14 +307,15 @@ async def _events(choices: Choices, reply: Reply):
                 return
             if isinstance(event, Done):
                 reply.end(index, event)
-                yield _sse(reply.finished(index))
+                for chunk in reply.finished(index):
+                    yield _sse(chunk)
                 if reply.complete:
                     for chunk in reply.closing():
                         yield _sse(chunk)
                     yield "data: [DONE]\n\n"
                     return
-            elif event.text or event.logprobs:
-                yield _sse(reply.chunk(index, event))
+            elif (chunk := reply.chunk(index, event)) is not None:
+                yield _sse(chunk)
     finally:
         choices.cancel()
 

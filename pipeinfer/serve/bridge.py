@@ -69,6 +69,7 @@ class Ticket:
     ignore_eos: bool = False
     index: int = 0                  # its choice in the request (n, several prompts)
     cache_prompt: bool = True       # reuse a prefix its slot keeps (prompt_cache.py)
+    preserve: frozenset[int] = frozenset()   # special tokens whose text the answer keeps
     events: asyncio.Queue = field(default_factory=asyncio.Queue)   # (index, event), shared
                                                                    # by a request's tickets
     cancelled: threading.Event = field(default_factory=threading.Event)

@@ -98,11 +98,13 @@ def serve(model, draft, compact_draft, alias, n_ctx, n_batch, threads, split, pr
     Endpoints (also without /v1): POST /v1/completions and /v1/chat/completions (stream or
     not; chat through the GGUF's own Jinja template, as llama-server --jinja renders it;
     logprobs, logit_bias, repeat/frequency/presence penalties and min_p as llama.cpp's
-    sampler chain; fields not supported are a 400 naming them), POST /tokenize and
+    sampler chain; tools with tool_choice auto for templates with tool support; fields not
+    supported are a 400 naming them), POST /tokenize and
     /detokenize, GET /v1/models and /v1/models/ID, /health (503 while the model loads) and
     /metrics (Prometheus); CORS for browsers (--cors-origin). Greedy answers (temperature
     0) are exactly single-node llama.cpp's, alone or with other requests in flight (with a
-    prompt prefix reused from a slot: llama.cpp's keeping that prefix, see --cache-prompt). Up to --parallel requests are generated at once, their runs interleaved in the
+    prompt prefix reused from a slot: llama.cpp's keeping that prefix, see --cache-prompt).
+    Up to --parallel requests are generated at once, their runs interleaved in the
     pipeline; SIGINT or SIGTERM ends the server and every rank.
     """
     from ..engine.config import RunConfig, resolve_draft_source

@@ -21,7 +21,7 @@ BIAS_RANGE = (-100.0, 100.0)   # logit_bias values: -100 bans a token, +100 forc
 
 # Fields that change the answer and are not supported (yet), with their harmless values
 # (absent or null is harmless too).
-REFUSED = {"grammar": ("",), "json_schema": ({},), "tools": ([],), "functions": ([],),
+REFUSED = {"grammar": ("",), "json_schema": ({},), "functions": ([],),
            "suffix": ("",), "mirostat": (0,), "typical_p": (1,), "dry_multiplier": (0,),
            "xtc_probability": (0,), "top_n_sigma": (-1,), "dynatemp_range": (0,),
            "n_probs": (0,)}
@@ -138,12 +138,13 @@ def refuse_unsupported(body: dict, chat: bool) -> None:
             continue
         raise ApiError(400, f"'{name}' is not supported by this server", param=name)
     _response_format(body.get("response_format"))
-    choice = body.get("tool_choice", body.get("function_call"))
-    if choice not in (None, "none", "auto"):
-        name = "tool_choice" if "tool_choice" in body else "function_call"
-        raise ApiError(400, f"'{name}' {json.dumps(choice)}: tool calls are not supported by "
-                            "this server", param=name)
+    if body.get("function_call") not in (None, "none", "auto"):
+        raise ApiError(400, "'function_call' is not supported by this server (use 'tools')",
+                       param="function_call")
     if not chat:
+        if body.get("tools"):
+            raise ApiError(400, "'tools' needs a chat: use /v1/chat/completions",
+                           param="tools")
         if boolean(body, "echo", False):
             raise ApiError(400, "'echo' is not supported by this server", param="echo")
         best_of = integer(body, "best_of", 1)

@@ -38,7 +38,8 @@ class Completion:
 
     def __init__(self, ticket: Ticket, tokenizer, metrics: ServeMetrics):
         self.ticket, self.metrics, self.tokenizer = ticket, metrics, tokenizer
-        self.text, self.stops = TextStream(tokenizer), StopText(ticket.stop)
+        self.text = TextStream(tokenizer, ticket.preserve)
+        self.stops = StopText(ticket.stop)
         self.n_tokens, self.last = 0, None
         self.measured: deque[TokenLogprob] = deque()   # sampled, not yet accepted
 

@@ -10,6 +10,7 @@ import time
 from .api import Ask
 from .bridge import Done, Piece
 from .logprobs import CompletionLogprobs, TokenLogprob, chat_content
+from .tool_calls import ToolStream, extract
 
 
 class Reply:
@@ -25,6 +26,8 @@ class Reply:
         self.text: list[list[str]] = [[] for _ in range(n)]
         self.logprobs: list[list[TokenLogprob]] = [[] for _ in range(n)]
         self._offsets = [CompletionLogprobs() for _ in range(n)]   # (completions' offsets)
+        names = {t["function"]["name"] for t in ask.tools}
+        self._tools = [ToolStream(names) for _ in range(n)] if ask.tools else None
         self.dones: dict[int, Done] = {}
 
     @property
@@ -69,8 +72,15 @@ class Reply:
             text, logprobs = "".join(self.text[i]), self._logprobs(i, self.logprobs[i])
             reason = self.dones[i].finish_reason
             if self.ask.chat:
-                choices.append({"index": i, "message": {"role": "assistant", "content": text},
-                                "logprobs": logprobs, "finish_reason": reason})
+                message = {"role": "assistant", "content": text}
+                content, calls = (extract(text, {t["function"]["name"] for t in self.ask.tools})
+                                  if self.ask.tools else (text, []))
+                if calls:
+                    message = dict(message, content=content,
+                                   tool_calls=[c.json() for c in calls])
+                    reason = "tool_calls" if reason == "stop" else reason
+                choices.append({"index": i, "message": message, "logprobs": logprobs,
+                                "finish_reason": reason})
             else:
                 choices.append({"index": i, "text": text, "logprobs": logprobs,
                                 "finish_reason": reason})
@@ -97,15 +107,31 @@ class Reply:
             {"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
              "finish_reason": None}]) for i in range(self.ask.n_choices)]
 
-    def chunk(self, index: int, piece: Piece) -> dict:
-        """The stream chunk of a piece: its text, and the logprobs of its tokens if asked."""
+    def chunk(self, index: int, piece: Piece) -> dict | None:
+        """The stream chunk of a piece: its text (with tools: up to a tool call), and the
+        logprobs of its tokens if asked; None if there is nothing to send."""
+        text = self._tools[index].push(piece.text) if self._tools else piece.text
+        if not (text or piece.logprobs):
+            return None
         return self._envelope(self._chunk_object(), [
-            self._choice(index, piece.text, None, self._logprobs(index, piece.logprobs))])
+            self._choice(index, text, None, self._logprobs(index, piece.logprobs))])
 
-    def finished(self, index: int) -> dict:
-        """The chunk with choice `index`'s finish reason."""
-        return self._envelope(self._chunk_object(),
-                              [self._choice(index, None, self.dones[index].finish_reason)])
+    def finished(self, index: int) -> list[dict]:
+        """The chunks ending choice `index`: with tools, the text held back or its tool
+        calls; then its finish reason."""
+        reason, chunks = self.dones[index].finish_reason, []
+        if self._tools:
+            rest, calls = self._tools[index].finish()
+            if rest:
+                chunks.append(self._envelope(self._chunk_object(),
+                                             [self._choice(index, rest, None)]))
+            if calls:
+                delta = {"tool_calls": [c.json(k) for k, c in enumerate(calls)]}
+                chunks.append(self._envelope(self._chunk_object(), [
+                    {"index": index, "delta": delta, "logprobs": None, "finish_reason": None}]))
+                reason = "tool_calls" if reason == "stop" else reason
+        return chunks + [self._envelope(self._chunk_object(),
+                                        [self._choice(index, None, reason)])]
 
     def closing(self) -> list[dict]:
         """After every choice's end: the usage chunk (no choices) if asked."""
