@@ -19,6 +19,7 @@ class Chain:
     frequency_penalty: float = 0.0
     presence_penalty: float = 0.0
     repeat_last_n: int = 64
+    grammar: str | None = None      # GBNF: llama.cpp's grammar sampler before the chain
 
 
 def _sampler(chain: Chain, n_vocab: int, n_ctx: int):
@@ -55,6 +56,8 @@ def chain_greedy(model: Path, prompt: list[int], n: int, chain: Chain = Chain(),
         llm = Llama(model_path=str(model), n_ctx=n_ctx, n_threads=1, flash_attn=True,
                     verbose=False)
     smpl = _sampler(chain, llm.n_vocab(), n_ctx)
+    grammar = None if chain.grammar is None else llama_cpp.llama_sampler_init_grammar(
+        llama_cpp.llama_model_get_vocab(llm.model), chain.grammar.encode(), b"root")
     try:
         for token in prompt:
             llama_cpp.llama_sampler_accept(smpl, token)
@@ -70,7 +73,10 @@ def chain_greedy(model: Path, prompt: list[int], n: int, chain: Chain = Chain(),
         for _ in range(n):
             row = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(llm._ctx.ctx, -1),
                                         shape=(llm.n_vocab(),)).copy()
-            token = int(llama_cpp.llama_sampler_sample(smpl, llm._ctx.ctx, -1))
+            if grammar is None:
+                token = int(llama_cpp.llama_sampler_sample(smpl, llm._ctx.ctx, -1))
+            else:   # the grammar first, then the chain (llama.cpp's grammar-first path)
+                token = _constrained(grammar, smpl, row)
             lp = Llama.logits_to_logprobs(row)
             best = np.argsort(-lp, kind="stable")[:n_top]
             logprobs.append((float(lp[token]), {int(t): float(lp[t]) for t in best}))
@@ -78,8 +84,29 @@ def chain_greedy(model: Path, prompt: list[int], n: int, chain: Chain = Chain(),
             llm.eval([token])
     finally:
         llama_cpp.llama_sampler_free(smpl)
+        if grammar is not None:
+            llama_cpp.llama_sampler_free(grammar)
         llm.close()
     return tokens, logprobs
+
+
+def _constrained(grammar, smpl, row: np.ndarray) -> int:
+    """The chain's token from `row` after the grammar sampler; both advance past it."""
+    import ctypes
+
+    import llama_cpp
+
+    data = (llama_cpp.llama_token_data * len(row))()
+    view = np.ctypeslib.as_array(data).view(
+        np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)]))
+    view["id"], view["logit"], view["p"] = np.arange(len(row)), row, 0.0
+    array = llama_cpp.llama_token_data_array(data, len(row), -1, False)
+    llama_cpp.llama_sampler_apply(grammar, ctypes.byref(array))
+    llama_cpp.llama_sampler_apply(smpl, ctypes.byref(array))
+    token = int(array.data[array.selected].id)
+    llama_cpp.llama_sampler_accept(smpl, token)
+    llama_cpp.llama_sampler_accept(grammar, token)
+    return token
 
 
 def completion_logprobs(model: Path, prompt: list[int], n: int, n_top: int,

@@ -87,9 +87,12 @@ def test_fields_that_would_change_the_answer_are_refused_by_name():
                ("top_logprobs", {"top_logprobs": 3}),
                ("logprobs", {"logprobs": "yes"}),
                ("response_format", {"response_format": {"type": "xml"}}),
-               ("response_format", {"response_format": {"type": "json_object"}}),
                ("response_format", {"response_format": {"type": "json_schema",
                                                         "json_schema": {"name": "x"}}}),
+               ("response_format", {"response_format": {"type": "json_object",
+                                                        "schema": "yes"}}),
+               ("grammar", {"grammar": 5}),
+               ("grammar", {"response_format": {"type": "json_object"}, "grammar": "x"}),
                ("tools", {"tools": [{"type": "function", "function": {"name": ""}}]}),
                ("tools", {"tools": [{"type": "function", "function": {"name": "f",
                                                                         "parameters": 3}}]}),
@@ -98,7 +101,6 @@ def test_fields_that_would_change_the_answer_are_refused_by_name():
                ("tool_choice", {"tool_choice": {"type": "function",
                                                 "function": {"name": "f"}}}),
                ("function_call", {"function_call": {"name": "f"}}),
-               ("grammar", {"grammar": "root ::= \"a\""}),
                ("mirostat", {"mirostat": 2}), ("typical_p", {"typical_p": 0.5}),
                ("n", {"n": -1}), ("frequency_penalty", {"frequency_penalty": 3}),
                ("repeat_penalty", {"repeat_penalty": 0}),
@@ -226,7 +228,8 @@ class FakeLanes:
     def n_free(self):
         return self.slots - len(self.active)
 
-    def start(self, request, sampling, owner, on_token, observe=None, cache_prompt=False):
+    def start(self, request, sampling, owner, on_token, observe=None, cache_prompt=False,
+              constraint=None):
         assert self.n_free > 0
         lane = SimpleNamespace(owner=owner, on_token=on_token, n=request.n_predict, given=0,
                                next_at=time.monotonic() + self.delay, finished=False,

@@ -300,3 +300,43 @@ def test_a_second_turn_reuses_the_first_turns_prompt(server, client, smollm2, to
     assert again.choices[0].message.content == expected(smollm2, tokenizer, p2, 40)[0]
     metrics = httpx.get(server.url + "/metrics", headers=AUTH).text
     assert f"pipeinfer_prompt_tokens_cached_total {float(reuse)}" in metrics
+
+
+class Person(__import__("pydantic").BaseModel):
+    name: str
+    age: int
+
+
+def test_structured_output_follows_the_grammar_exactly(server, client, smollm2, tokenizer):
+    """response_format json_object / json_schema (the openai SDK's parse() with a pydantic
+    model) and a GBNF grammar: the answer keeps to the grammar, and is llama.cpp's with its
+    grammar sampler (greedy, exact under speculation)."""
+    from llama_cpp.llama_grammar import JSON_GBNF, json_schema_to_gbnf
+
+    def oracle(messages, gbnf, n):
+        tokens, _ = chain_greedy(smollm2, chat_tokens(tokenizer, messages), n,
+                                 Chain(grammar=gbnf), n_ctx=N_CTX)
+        end = next((i for i, t in enumerate(tokens) if tokenizer.is_eog(t)), len(tokens))
+        return tokenizer.detokenize(tokens[:end])
+
+    ask = [{"role": "user", "content": "Give a JSON object describing a cat."}]
+    got = client.chat.completions.create(model="smollm2", messages=ask, max_tokens=60,
+                                         temperature=0,
+                                         response_format={"type": "json_object"})
+    assert got.choices[0].message.content == oracle(ask, JSON_GBNF, 60)
+    person = [{"role": "user", "content": "Invent a person: a name and an age."}]
+    parsed = client.chat.completions.parse(model="smollm2", messages=person, max_tokens=60,
+                                           temperature=0, response_format=Person)
+    assert isinstance(parsed.choices[0].message.parsed, Person)
+    schema = json_schema_to_gbnf(json.dumps(Person.model_json_schema()))
+    assert parsed.choices[0].message.content == oracle(person, schema, 60)
+    yes_no = 'root ::= ("yes" | "no") "."'
+    r = httpx.post(server.url + "/v1/chat/completions", headers=AUTH, json={
+        "messages": [{"role": "user", "content": "Is the sky blue?"}], "max_tokens": 8,
+        "temperature": 0, "grammar": yes_no})
+    choice = r.json()["choices"][0]
+    assert choice["message"]["content"] in ("yes.", "no.")
+    assert choice["finish_reason"] == "stop"   # the grammar ended: only the end was left
+    r = httpx.post(server.url + "/v1/chat/completions", headers=AUTH, json={
+        "messages": ask, "grammar": "root ::= ("})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "grammar"

@@ -33,7 +33,7 @@ from .driver import Driver
 from .generate import driver_for
 from .head import Pipeline
 from .prompt_cache import PromptCache
-from ..model.sampling import LogitObserver, Sampler, SamplingParams
+from ..model.sampling import Constraint, LogitObserver, Sampler, SamplingParams
 from ..schedule.events import Cancel, ResultArrived
 from ..schedule.generation import Generation, Request
 from ..schedule.options import ADAPTIVE, LANE_STRATEGIES
@@ -132,11 +132,12 @@ class Lanes:
 
     def start(self, request: Request, sampling: SamplingParams, owner: Any,
               on_token: Callable[[int], None], observe: LogitObserver | None = None,
-              cache_prompt: bool = False) -> Lane:
+              cache_prompt: bool = False, constraint: Constraint | None = None) -> Lane:
         """A generation of `request` in a free slot (its prefill goes out now); `observe`
         sees each generated position's logits and the token chosen (model/sampling.py);
         `cache_prompt`: the slot keeping the longest prefix of its prompt is taken and the
-        prefix is not evaluated again (prompt_cache.py)."""
+        prefix is not evaluated again (prompt_cache.py); `constraint`: a grammar its tokens
+        keep to."""
         slot, cached = self.cache.pick(self._free, request.prompt, cache_prompt)
         self._free.remove(slot)
         head = self.head
@@ -145,7 +146,7 @@ class Lanes:
         request = replace(request, cached=cached)
         gen = Generation(request, head.tokenizer.is_eog, on_token, run_ids=head.run_ids)
         strategy = self.strategy_now()
-        sampler = Sampler(sampling, history=gen.last, observe=observe)
+        sampler = Sampler(sampling, history=gen.last, observe=observe, constraint=constraint)
         driver = driver_for(strategy, pipe, gen, sampler, self.cfg,
                             self._drafters[slot], self.cfg.pool(), head.trace,
                             threaded_drafts=True)

@@ -12,7 +12,7 @@ prompt included, as llama-server feeds them to its sampler.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Callable, Protocol, Sequence
 
 import numpy as np
 
@@ -67,17 +67,27 @@ def penalize(logits: np.ndarray, window: Sequence[int], p: SamplingParams) -> np
     return logits
 
 
+class Constraint(Protocol):
+    """What a Sampler asks of a grammar (model/grammar.py)."""
+    def mask(self, logits: np.ndarray) -> np.ndarray: ...
+    def accept(self, token: int) -> None: ...
+
+
 class Sampler:
     """Tokens from logit rows. `history(n)`: the last n tokens before the position being
     sampled (needed when penalties are on); `observe(logits, token)`: told each raw row and
-    the token chosen from it (logprobs)."""
+    the token chosen from it (logprobs); `constraint`: the tokens allowed at each position
+    (a grammar, advanced with every token chosen), applied after the logit bias and
+    penalties, before top-k and the rest."""
 
     def __init__(self, params: SamplingParams,
                  history: Callable[[int], Sequence[int]] | None = None,
-                 observe: LogitObserver | None = None):
+                 observe: LogitObserver | None = None,
+                 constraint: Constraint | None = None):
         if params.penalized and history is None:
             raise ValueError("repetition penalties need the tokens before each position")
         self.params, self.history, self.observe = params, history, observe
+        self.constraint = constraint
         self.rng = np.random.default_rng(params.seed)
 
     def adjusted(self, logits: np.ndarray) -> np.ndarray:
@@ -122,11 +132,15 @@ class Sampler:
 
     def sample(self, logits: np.ndarray) -> int:
         adjusted = self.adjusted(logits)
+        if self.constraint is not None:
+            adjusted = self.constraint.mask(adjusted)
         if self.params.greedy:
             token = int(np.argmax(adjusted))
         else:
             probs = self.distribution(adjusted)
             token = int(self.rng.choice(probs.shape[0], p=probs))
+        if self.constraint is not None:
+            self.constraint.accept(token)
         if self.observe is not None:
             self.observe(logits, token)
         return token

@@ -11,6 +11,7 @@ import llama_cpp
 
 from . import llama_lib
 from .chat_template import ChatTemplate
+from .grammar import Grammar
 from .llama_lib import LlamaError
 
 
@@ -81,6 +82,14 @@ class Tokenizer:
     def _special_text(self, which) -> str:
         token = which(self._vocab)
         return "" if token < 0 else self.piece(token, special=True).decode("utf-8", "replace")
+
+    def grammar(self, gbnf: str) -> Grammar:
+        """A fresh state of the GBNF grammar `gbnf` over this vocabulary (GrammarError if it
+        does not parse)."""
+        eos = llama_cpp.llama_vocab_eos(self._vocab)
+        if eos < 0:
+            eos = llama_cpp.llama_vocab_eot(self._vocab)
+        return Grammar(self._vocab, self.n_vocab, eos, gbnf)
 
     def chat_tokens(self, messages: "Sequence[dict]", **context) -> list[int]:
         """The prompt of a conversation (dicts with role and content), as llama-server

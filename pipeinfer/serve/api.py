@@ -42,6 +42,8 @@ class Ask:
     n: int = 1
     cache_prompt: bool = True      # reuse a prefix a slot keeps (llama-server's field)
     tools: tuple[dict, ...] = ()   # rendered by the template; its answers' calls parsed
+    grammar: str | None = None     # GBNF the answer keeps to (json / schema / grammar)
+    grammar_param: str = ""        # the field it came from (named in errors)
 
     @property
     def n_choices(self) -> int:
@@ -110,6 +112,9 @@ def parse_chat(body: dict, defaults: SamplingParams, cache_prompt: bool = True) 
                        param="chat_template_kwargs")
     ask = _ask(dict(body, max_tokens=max_tokens), defaults, cache_prompt, chat=True,
                messages=pairs)
+    if tools and ask.grammar is not None:
+        raise ApiError(400, f"'{ask.grammar_param}' and 'tools' together are not supported",
+                       param=ask.grammar_param)
     return replace(ask, template_kwargs=kwargs or {}, tools=tools)
 
 
@@ -172,10 +177,12 @@ def _ask(body: dict, defaults: SamplingParams, cache_prompt: bool, chat: bool,
     model = body.get("model")
     if model is not None and not isinstance(model, str):
         raise ApiError(400, "'model' must be a string", param="model")
+    grammar, grammar_param = fields.constraint(body)
     return Ask(chat, prompts, messages, max_tokens, fields.sampling(body, defaults),
                _stops(body), stream, include_usage, model, fields.logprobs(body, chat),
                _boolean(body, "ignore_eos", False), n=n,
-               cache_prompt=_boolean(body, "cache_prompt", cache_prompt))
+               cache_prompt=_boolean(body, "cache_prompt", cache_prompt), grammar=grammar,
+               grammar_param=grammar_param)
 
 
 def _stops(body: dict) -> tuple[str, ...]:

@@ -28,6 +28,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from ..model.chat_template import ChatTemplateError
+from ..model.grammar import GrammarError
 from ..model.llama_lib import LlamaError
 from ..model.sampling import SamplingParams
 from . import api, text_api
@@ -225,8 +226,19 @@ def _tickets(service: Service, ask: Ask) -> list[Ticket]:
             sampling = replace(ask.sampling, seed=(ask.sampling.seed + j) % (1 << 64))
             tickets.append(Ticket(tokens, n_predict, sampling, ask.stop, loop, ask.logprobs,
                                   ask.ignore_eos, len(tickets), ask.cache_prompt, preserve,
-                                  events))
+                                  _grammar(service, ask), events))
     return tickets
+
+
+def _grammar(service: Service, ask: Ask):
+    """A fresh state of the request's grammar for one choice (400 if it does not parse)."""
+    if ask.grammar is None:
+        return None
+    try:
+        return service.head.tokenizer.grammar(ask.grammar)
+    except GrammarError as err:
+        raise ApiError(400, f"'{ask.grammar_param}': {err}", param=ask.grammar_param) \
+            from None
 
 
 async def _complete(service: Service, request: Request, chat: bool) -> Response:

@@ -15,6 +15,7 @@ import queue
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 from ..model.sampling import SamplingParams
 from .api import ApiError
@@ -70,6 +71,7 @@ class Ticket:
     index: int = 0                  # its choice in the request (n, several prompts)
     cache_prompt: bool = True       # reuse a prefix its slot keeps (prompt_cache.py)
     preserve: frozenset[int] = frozenset()   # special tokens whose text the answer keeps
+    constraint: Any = None          # its grammar's state (model/grammar.py), if any
     events: asyncio.Queue = field(default_factory=asyncio.Queue)   # (index, event), shared
                                                                    # by a request's tickets
     cancelled: threading.Event = field(default_factory=threading.Event)

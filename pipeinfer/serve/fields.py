@@ -12,6 +12,7 @@ import json
 import math
 from dataclasses import replace
 
+from ..model.grammar import GrammarError, json_grammar
 from ..model.sampling import SamplingParams
 from .errors import ApiError
 from .logprobs import MAX_TOP
@@ -21,7 +22,7 @@ BIAS_RANGE = (-100.0, 100.0)   # logit_bias values: -100 bans a token, +100 forc
 
 # Fields that change the answer and are not supported (yet), with their harmless values
 # (absent or null is harmless too).
-REFUSED = {"grammar": ("",), "json_schema": ({},), "functions": ([],),
+REFUSED = {"functions": ([],),
            "suffix": ("",), "mirostat": (0,), "typical_p": (1,), "dry_multiplier": (0,),
            "xtc_probability": (0,), "top_n_sigma": (-1,), "dynatemp_range": (0,),
            "n_probs": (0,)}
@@ -137,7 +138,6 @@ def refuse_unsupported(body: dict, chat: bool) -> None:
         if value is None or value in harmless:
             continue
         raise ApiError(400, f"'{name}' is not supported by this server", param=name)
-    _response_format(body.get("response_format"))
     if body.get("function_call") not in (None, "none", "auto"):
         raise ApiError(400, "'function_call' is not supported by this server (use 'tools')",
                        param="function_call")
@@ -153,14 +153,50 @@ def refuse_unsupported(body: dict, chat: bool) -> None:
                            param="best_of")
 
 
-def _response_format(value) -> None:
-    if value is None:
-        return
-    kind = value.get("type") if isinstance(value, dict) else None
-    if kind == "text":
-        return
-    if kind in ("json_object", "json_schema"):
-        raise ApiError(400, f"'response_format' of type {kind} (structured output) is not "
-                            "supported by this server yet", param="response_format")
+def constraint(body: dict) -> tuple[str | None, str]:
+    """(GBNF the answer must follow or None, the field it came from): `response_format`
+    {"type": "json_object"} (any JSON object; llama-server's "schema" in it too) or
+    {"type": "json_schema", "json_schema": {"schema": ...}}, llama-server's `json_schema`
+    and `grammar` fields. Unknown types and malformed values are a 400 naming the field."""
+    fmt, grammar, schema = body.get("response_format"), body.get("grammar"), \
+        body.get("json_schema")
+    given = [n for n, v in (("response_format", fmt), ("grammar", grammar),
+                            ("json_schema", schema)) if v not in (None, "", {})
+             and not (n == "response_format" and isinstance(v, dict)
+                      and v.get("type") == "text")]
+    if len(given) > 1:
+        raise ApiError(400, f"give one of {', '.join(given)}, not several", param=given[1])
+    if not given:
+        return None, ""
+    if given[0] == "grammar":
+        if not isinstance(grammar, str):
+            raise ApiError(400, "'grammar' must be a string (GBNF)", param="grammar")
+        return grammar, "grammar"
+    if given[0] == "json_schema":
+        return _schema_grammar(schema, "json_schema"), "json_schema"
+    return _format_grammar(fmt), "response_format"
+
+
+def _format_grammar(fmt) -> str:
+    kind = fmt.get("type") if isinstance(fmt, dict) else None
+    if kind == "json_object":
+        return _schema_grammar(fmt.get("schema"), "response_format", optional=True)
+    if kind == "json_schema":
+        spec = fmt.get("json_schema")
+        if not (isinstance(spec, dict) and isinstance(spec.get("schema"), dict)):
+            raise ApiError(400, "'response_format.json_schema' must be an object with a "
+                                "'schema'", param="response_format")
+        return _schema_grammar(spec["schema"], "response_format")
     raise ApiError(400, f"'response_format.type' must be 'text', 'json_object' or "
                         f"'json_schema', not {json.dumps(kind)}", param="response_format")
+
+
+def _schema_grammar(schema, param: str, optional: bool = False) -> str:
+    if schema is None and optional:
+        return json_grammar()
+    if not isinstance(schema, dict):
+        raise ApiError(400, f"'{param}': the JSON schema must be an object", param=param)
+    try:
+        return json_grammar(schema)
+    except GrammarError as err:
+        raise ApiError(400, f"'{param}': {err}", param=param) from None

@@ -79,6 +79,8 @@ class Completion:
         """The generation ended and its runs are back: the rest of the text and Done (or,
         for a client gone, nothing)."""
         ticket = self.ticket
+        if ticket.constraint is not None:
+            ticket.constraint.close()
         cached = gen.request.cached
         self.metrics.generation(len(ticket.prompt), self.n_tokens, gen.counters, cached)
         if ticket.cancelled.is_set():
@@ -178,7 +180,7 @@ def _start(lanes: Lanes, head: Head, bridge: Bridge, metrics: ServeMetrics,
     bridge.running.add(ticket)  # until it is done: a failure answers it too
     request = head.request(ticket.prompt, ticket.n_predict, ignore_eos=ticket.ignore_eos)
     lane = lanes.start(request, ticket.sampling, completion, completion.on_token,
-                       completion.observe, ticket.cache_prompt)
+                       completion.observe, ticket.cache_prompt, ticket.constraint)
     log.info("request %d: %d prompt tokens (%d kept in its slot), slot %d, %s (%d under way)",
              ticket.number, len(ticket.prompt), lane.gen.request.cached, lane.slot,
              lane.strategy, len(lanes.active))
