@@ -8,6 +8,7 @@ the distribution of generated tokens is the target's.
 
 from __future__ import annotations
 
+import ctypes
 import math
 import os
 from collections import Counter
@@ -350,3 +351,73 @@ def test_token_distribution_matches_target(tiny, rigs, strategy):
     counts = Counter(np.minimum((u * n_bins).astype(int), n_bins - 1).tolist())
     stat, df, bins = chi_square(counts, {b: 1 / n_bins for b in range(n_bins)}, len(u))
     assert stat < chi2_critical(df), (stat, df, bins)
+
+
+# --- llama.cpp's chain: logit bias, penalties, min-p ---------------------------------------------
+
+def _llama_cpp_adjusted(logits: np.ndarray, window: list[int], params: SamplingParams):
+    """The logits after llama.cpp's own logit-bias and penalties samplers (the window's
+    tokens accepted first, as llama-server feeds its sampler)."""
+    import llama_cpp
+
+    n = len(logits)
+    chain = llama_cpp.llama_sampler_chain_init(llama_cpp.llama_sampler_chain_default_params())
+    if params.logit_bias:
+        biases = (llama_cpp.llama_logit_bias * len(params.logit_bias))(
+            *(llama_cpp.llama_logit_bias(t, b) for t, b in params.logit_bias))
+        llama_cpp.llama_sampler_chain_add(chain, llama_cpp.llama_sampler_init_logit_bias(
+            n, len(params.logit_bias), biases))
+    llama_cpp.llama_sampler_chain_add(chain, llama_cpp.llama_sampler_init_penalties(
+        n, params.repeat_last_n, params.repeat_penalty, params.frequency_penalty,
+        params.presence_penalty))
+    for token in window:
+        llama_cpp.llama_sampler_accept(chain, token)
+    data = (llama_cpp.llama_token_data * n)(
+        *(llama_cpp.llama_token_data(i, float(x), 0.0) for i, x in enumerate(logits)))
+    arr = llama_cpp.llama_token_data_array(data, n, -1, False)
+    llama_cpp.llama_sampler_apply(chain, ctypes.byref(arr))
+    out = np.array([arr.data[i].logit for i in range(arr.size)], dtype=np.float32)
+    ids = np.array([arr.data[i].id for i in range(arr.size)])
+    llama_cpp.llama_sampler_free(chain)
+    return out[np.argsort(ids)]
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 2 ** 32 - 1), last_n=st.integers(1, 40),
+       repeat=st.floats(0.5, 2.0), freq=st.floats(-2, 2), presence=st.floats(-2, 2),
+       n_bias=st.integers(0, 3))
+def test_penalties_and_bias_equal_llama_cpps_samplers(seed, last_n, repeat, freq, presence,
+                                                      n_bias):
+    rng = np.random.default_rng(seed)
+    logits = (rng.standard_normal(64) * 4).astype(np.float32)
+    window = [int(t) for t in rng.integers(0, 64, 50)]
+    bias = tuple((int(t), float(b)) for t, b in zip(rng.integers(0, 64, n_bias),
+                                                    rng.uniform(-100, 100, n_bias)))
+    params = SamplingParams(repeat_penalty=repeat, frequency_penalty=freq,
+                            presence_penalty=presence, repeat_last_n=last_n, logit_bias=bias)
+    sampler = Sampler(params, history=lambda n: window[len(window) - n:])
+    np.testing.assert_array_equal(sampler.adjusted(logits),
+                                  _llama_cpp_adjusted(logits, window, params))
+
+
+def test_greedy_takes_the_adjusted_argmax_and_observers_see_raw_logits():
+    seen = []
+    params = SamplingParams(logit_bias=((3, -100.0),))   # bans the argmax (3)
+    sampler = Sampler(params, observe=lambda logits, token: seen.append((logits, token)))
+    assert sampler.sample(LOGITS) == 6
+    assert seen[0][0] is LOGITS and seen[0][1] == 6
+    params = SamplingParams(repeat_penalty=10.0, repeat_last_n=2)
+    assert Sampler(params, history=lambda n: [5, 3][-n:]).sample(LOGITS) == 6
+    with pytest.raises(ValueError):
+        Sampler(params)   # penalties need the tokens before each position
+
+
+def test_min_p_keeps_tokens_as_likely_as_a_share_of_the_best():
+    p = softmax(LOGITS)
+    for min_p in (0.05, 0.3, 0.6, 1.0):
+        d = Sampler(SamplingParams(temp=1.0, top_k=0, top_p=1.0, min_p=min_p)
+                    ).distribution(LOGITS)
+        keep = set(np.flatnonzero(p >= min_p * p.max() * (1 - 1e-6)).tolist())
+        assert set(np.flatnonzero(d).tolist()) == keep
+    hot = Sampler(SamplingParams(temp=2.0, top_k=0, top_p=1.0, min_p=0.3)).distribution(LOGITS)
+    assert set(np.flatnonzero(hot).tolist()) == set(np.flatnonzero(p >= 0.3 * p.max()).tolist())

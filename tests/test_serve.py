@@ -22,6 +22,7 @@ import httpx
 import pytest
 
 import mpi_util
+from test_chat_template import llama_chat_tokens
 from test_pipeline_mpi import llama_greedy
 
 pytestmark = pytest.mark.smollm2
@@ -89,7 +90,8 @@ class Server:
 def server(smollm2, tmp_path_factory):
     srv = Server(tmp_path_factory.mktemp("serve"), 3, "-m", str(smollm2), "-md", str(smollm2),
                  "--strategy", "pipeinfer", "--layer-split", "0,0.5,0.5", "-c", str(N_CTX),
-                 "--api-key", KEY, "--queue", "4", "--alias", "smollm2", "--parallel", "4")
+                 "--api-key", KEY, "--queue", "4", "--alias", "smollm2", "--parallel", "4",
+                 "--no-cache-prompt")   # every answer is compared with a fresh evaluation
     try:
         srv.wait_ready()
         yield srv
@@ -122,8 +124,9 @@ def expected(model, tokenizer, prompt_tokens: list[int], n: int) -> tuple[str, i
 
 
 def chat_tokens(tokenizer, messages) -> list[int]:
-    pairs = [(m["role"], m["content"]) for m in messages]
-    return tokenizer.tokenize(tokenizer.apply_chat_template(pairs))
+    """The chat's prompt as llama-cpp-python renders the GGUF's Jinja template (as
+    llama-server does with --jinja); `tokenizer` is the model's."""
+    return llama_chat_tokens(tokenizer.path, messages)
 
 
 def test_health_models_and_loading(server):
@@ -152,7 +155,9 @@ def test_chat_is_exact(server, client, smollm2, tokenizer):
                 {"role": "user", "content": "Name three colours of the rainbow."}]
     answer = client.chat.completions.create(model="smollm2", messages=messages,
                                             max_tokens=40, temperature=0)
-    text, n, reason = expected(smollm2, tokenizer, chat_tokens(tokenizer, messages), 40)
+    prompt = chat_tokens(tokenizer, messages)
+    text, n, reason = expected(smollm2, tokenizer, prompt, 40)
+    assert answer.usage.prompt_tokens == len(prompt)   # the template's system message too
     assert answer.choices[0].message.content == text
     assert answer.choices[0].message.role == "assistant"
     assert (answer.choices[0].finish_reason, answer.usage.completion_tokens) == (reason, n)
@@ -316,7 +321,7 @@ def test_errors(server):
     status, message = post(completions, json={"prompt": [1, 10 ** 9]})
     assert status == 400 and "outside the vocabulary" in message
     assert post(chat, json={"messages": []})[0] == 400
-    assert post(completions, json={"prompt": "x", "n": 2})[0] == 400
+    assert post(completions, json={"prompt": "x", "n": 5})[0] == 400   # > --parallel 4
     assert post(completions, json={"prompt": "x", "model": "gpt-4"})[0] == 404
     assert post(completions, content=b"x" * ((1 << 20) + 10))[0] == 413
     assert post(completions, headers={}, json={"prompt": "x"})[0] == 401

@@ -34,16 +34,18 @@ DEFAULTS = SamplingParams()
 def test_completion_fields_are_checked():
     ask = api.parse_completion({"prompt": "hi", "max_tokens": 5, "temperature": 0,
                                 "stop": "\n", "seed": 3, "stream": True}, DEFAULTS)
-    assert (ask.prompt, ask.max_tokens, ask.stop, ask.stream) == ("hi", 5, ("\n",), True)
+    assert (ask.prompts, ask.max_tokens, ask.stop, ask.stream) == (("hi",), 5, ("\n",), True)
     assert ask.sampling.temp == 0.0 and ask.sampling.seed == 3
-    assert api.parse_completion({"prompt": ["one"]}, DEFAULTS).prompt == "one"
-    assert api.parse_completion({"prompt": [5, 6]}, DEFAULTS).prompt == (5, 6)  # token ids
-    assert api.parse_completion({"prompt": [[5, 6]]}, DEFAULTS).prompt == (5, 6)
-    bad = [{}, {"prompt": ""}, {"prompt": 3}, {"prompt": ["a", "b"]}, {"prompt": []},
-           {"prompt": [[1], [2]]}, {"prompt": [1, "a"]}, {"prompt": [True]}, {"prompt": [[]]},
+    assert api.parse_completion({"prompt": ["one"]}, DEFAULTS).prompts == ("one",)
+    assert api.parse_completion({"prompt": [5, 6]}, DEFAULTS).prompts == ((5, 6),)  # ids
+    assert api.parse_completion({"prompt": [[5, 6]]}, DEFAULTS).prompts == ((5, 6),)
+    several = api.parse_completion({"prompt": ["a", [5], "b"], "n": 2}, DEFAULTS)
+    assert several.prompts == ("a", (5,), "b") and several.n_choices == 6
+    bad = [{}, {"prompt": ""}, {"prompt": 3}, {"prompt": ["a", ""]}, {"prompt": []},
+           {"prompt": [[1], [2.5]]}, {"prompt": [1, "a"]}, {"prompt": [True]}, {"prompt": [[]]},
            {"prompt": "x", "max_tokens": 0}, {"prompt": "x", "max_tokens": "5"},
            {"prompt": "x", "max_tokens": True}, {"prompt": "x", "temperature": "hot"},
-           {"prompt": "x", "temperature": 3}, {"prompt": "x", "n": 2},
+           {"prompt": "x", "temperature": 3}, {"prompt": "x", "n": 0},
            {"prompt": "x", "stop": [1]}, {"prompt": "x", "stop": ["a"] * 5},
            {"prompt": "x", "stream": "yes"}, {"prompt": "x", "top_p": 0},
            {"prompt": "x", "top_k": -1}, {"prompt": "x", "model": 7}]
@@ -54,14 +56,96 @@ def test_completion_fields_are_checked():
         assert err.value.body()["error"]["type"] == "invalid_request_error"
 
 
+def test_sampling_and_logprob_fields():
+    ask = api.parse_completion({"prompt": "x", "min_p": 0.1, "repeat_penalty": 1.3,
+                                "repeat_last_n": -1, "frequency_penalty": 0.5,
+                                "presence_penalty": -0.5, "logit_bias": {"7": -100, "9": 50,
+                                                                         "11": False},
+                                "logprobs": 2, "ignore_eos": True, "n_predict": 9}, DEFAULTS)
+    s = ask.sampling
+    assert (s.min_p, s.repeat_penalty, s.repeat_last_n) == (0.1, 1.3, -1)
+    assert (s.frequency_penalty, s.presence_penalty) == (0.5, -0.5)
+    assert s.logit_bias == ((7, -100.0), (9, 50.0), (11, float("-inf")))
+    assert (ask.logprobs, ask.ignore_eos, ask.max_tokens) == (2, True, 9)
+    chat = {"messages": [{"role": "user", "content": "hi"}]}
+    assert api.parse_chat(chat, DEFAULTS).logprobs is None
+    assert api.parse_chat(dict(chat, logprobs=True), DEFAULTS).logprobs == 0
+    assert api.parse_chat(dict(chat, logprobs=True, top_logprobs=20), DEFAULTS).logprobs == 20
+    harmless = [{"response_format": {"type": "text"}}, {"tools": []}, {"tool_choice": "none"},
+                {"tool_choice": "auto"},
+                {"typical_p": 1}, {"mirostat": 0}, {"user": "u"}, {"cache_prompt": True}]
+    for extra in harmless:
+        api.parse_chat(dict(chat, **extra), DEFAULTS)
+    kwargs = {"chat_template_kwargs": {"enable_thinking": False}}
+    assert api.parse_chat(dict(chat, **kwargs), DEFAULTS).template_kwargs == {
+        "enable_thinking": False}
+
+
+def test_fields_that_would_change_the_answer_are_refused_by_name():
+    chat = {"messages": [{"role": "user", "content": "hi"}]}
+    refused = [("top_logprobs", {"logprobs": True, "top_logprobs": 21}),
+               ("top_logprobs", {"top_logprobs": 3}),
+               ("logprobs", {"logprobs": "yes"}),
+               ("response_format", {"response_format": {"type": "xml"}}),
+               ("response_format", {"response_format": {"type": "json_schema",
+                                                        "json_schema": {"name": "x"}}}),
+               ("response_format", {"response_format": {"type": "json_object",
+                                                        "schema": "yes"}}),
+               ("grammar", {"grammar": 5}),
+               ("grammar", {"response_format": {"type": "json_object"}, "grammar": "x"}),
+               ("tools", {"tools": [{"type": "function", "function": {"name": ""}}]}),
+               ("tools", {"tools": [{"type": "function", "function": {"name": "f",
+                                                                        "parameters": 3}}]}),
+               ("tools", {"tools": {"f": 1}}),
+               ("tool_choice", {"tool_choice": "required"}),
+               ("tool_choice", {"tool_choice": {"type": "function",
+                                                "function": {"name": "f"}}}),
+               ("function_call", {"function_call": {"name": "f"}}),
+               ("mirostat", {"mirostat": 2}), ("typical_p", {"typical_p": 0.5}),
+               ("n", {"n": -1}), ("frequency_penalty", {"frequency_penalty": 3}),
+               ("repeat_penalty", {"repeat_penalty": 0}),
+               ("repeat_last_n", {"repeat_last_n": -2}), ("min_p", {"min_p": 1.5}),
+               ("logit_bias", {"logit_bias": {"hello": 1}}),
+               ("logit_bias", {"logit_bias": {"5": 101}}), ("logit_bias", {"logit_bias": [1]}),
+               ("messages", {"messages": [{"role": "assistant", "content": None, "tool_calls": [
+                   {"id": "1", "type": "function",
+                    "function": {"name": "f", "arguments": "{oops"}}]}]}),
+               ("chat_template_kwargs", {"chat_template_kwargs": "x"})]
+    for param, extra in refused:
+        with pytest.raises(ApiError) as err:
+            api.parse_chat(dict(chat, **extra), DEFAULTS)
+        assert (err.value.status, err.value.param) == (400, param), extra
+        assert param in err.value.message
+    for param, extra in [("logprobs", {"logprobs": 21}), ("echo", {"echo": True}),
+                         ("best_of", {"best_of": 3}), ("suffix", {"suffix": "}"}),
+                         ("prompt", {"prompt": ["a", 5]})]:
+        with pytest.raises(ApiError) as err:
+            api.parse_completion(dict({"prompt": "x"}, **extra), DEFAULTS)
+        assert (err.value.status, err.value.param) == (400, param), extra
+
+
 def test_chat_messages_are_checked():
     ask = api.parse_chat({"messages": [
         {"role": "system", "content": "Be brief."},
         {"role": "user", "content": [{"type": "text", "text": "hi "}, {"type": "text",
                                                                        "text": "there"}]}],
         "max_completion_tokens": 7}, DEFAULTS)
-    assert ask.messages == (("system", "Be brief."), ("user", "hi there"))
+    assert ask.messages == ({"role": "system", "content": "Be brief."},
+                            {"role": "user", "content": "hi there"})
     assert ask.max_tokens == 7 and ask.chat
+    calls = [{"id": "c1", "type": "function",
+              "function": {"name": "f", "arguments": '{"x": 1}'}}]
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {}}}]
+    ask = api.parse_chat({"messages": [
+        {"role": "user", "content": "go"},
+        {"role": "assistant", "content": None, "tool_calls": calls},
+        {"role": "tool", "tool_call_id": "c1", "content": "42"}], "tools": tools}, DEFAULTS)
+    assert ask.messages[1] == {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "c1", "type": "function", "function": {"name": "f", "arguments": {"x": 1}}}]}
+    assert ask.messages[2] == {"role": "tool", "content": "42", "tool_call_id": "c1"}
+    assert ask.tools == tuple(tools)
+    assert api.parse_chat({"messages": [{"role": "user", "content": "go"}], "tools": tools,
+                           "tool_choice": "none"}, DEFAULTS).tools == ()
     for body in [{}, {"messages": []}, {"messages": "hi"}, {"messages": [{"role": "user"}]},
                  {"messages": [{"role": "wizard", "content": "x"}]},
                  {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}]:
@@ -103,13 +187,16 @@ def test_stop_strings_are_cut_and_never_sent_in_part():
 
 # --- the app and the loop with a scripted head ------------------------------------------------
 class FakeTokenizer:
+    n_vocab = 0x110000
+
     def tokenize(self, text: str) -> list[int]:
         return [1] + [ord(c) for c in text]
 
-    def apply_chat_template(self, messages) -> str:
-        return "".join(f"<{role}>{content}" for role, content in messages) + "<assistant>"
+    def chat_tokens(self, messages, **context) -> list[int]:
+        return self.tokenize("".join(f"<{m['role']}>{m['content']}" for m in messages)
+                             + "<assistant>")
 
-    def piece(self, token: int) -> bytes:
+    def piece(self, token: int, special: bool = False) -> bytes:
         return chr(token).encode()
 
 
@@ -141,12 +228,13 @@ class FakeLanes:
     def n_free(self):
         return self.slots - len(self.active)
 
-    def start(self, request, sampling, owner, on_token):
+    def start(self, request, sampling, owner, on_token, observe=None, cache_prompt=False,
+              constraint=None):
         assert self.n_free > 0
         lane = SimpleNamespace(owner=owner, on_token=on_token, n=request.n_predict, given=0,
                                next_at=time.monotonic() + self.delay, finished=False,
                                gen=SimpleNamespace(counters=Counters(n_drafted=4, n_accepted=3),
-                                                   stop_reason=""))
+                                                   stop_reason="", request=request))
         lane.slot, lane.strategy, lane.rooted_runs = len(self.active), "scripted", 0
         self.active.append(lane)
         self.most_active = max(self.most_active, len(self.active))
@@ -182,10 +270,11 @@ def server():
     """Start the app on a free port with FakeLanes; yields (base url, service, errors)."""
     started = []
 
-    def start(lanes, queue=4, api_key=None):
+    def start(lanes, queue=4, api_key=None, cors=("*",)):
         head = FakeHead()
-        service = Service(Bridge(queue), ServeMetrics(), "fake", 64, DEFAULTS, api_key)
-        http = HttpThread(build_app(service), "127.0.0.1", 0)
+        service = Service(Bridge(queue), ServeMetrics(), "fake", 64, DEFAULTS, api_key,
+                          lanes.slots)
+        http = HttpThread(build_app(service, cors), "127.0.0.1", 0)
         ready(service, head)
         errors = []
 
@@ -214,7 +303,8 @@ def test_answers_stream_and_stop(server):
     r = httpx.post(url + "/v1/completions", json={"prompt": "x", "max_tokens": 5})
     body = r.json()
     assert r.status_code == 200 and body["choices"][0]["text"] == "abcde"
-    assert body["usage"] == {"prompt_tokens": 2, "completion_tokens": 5, "total_tokens": 7}
+    assert body["usage"] == {"prompt_tokens": 2, "completion_tokens": 5, "total_tokens": 7,
+                             "prompt_tokens_details": {"cached_tokens": 0}}
     assert body["choices"][0]["finish_reason"] == "length"
     r = httpx.post(url + "/v1/completions", json={"prompt": "x", "max_tokens": 9, "stop": "de"})
     assert r.json()["choices"][0]["text"] == "abc"
@@ -253,7 +343,24 @@ def test_errors_are_objects(server):
     r = httpx.get(url + "/v1/nothing", headers=key)
     assert r.status_code == 404 and "no such endpoint" in r.json()["error"]["message"]
     r = httpx.get(url + "/v1/completions", headers=key)
-    assert r.status_code == 405 and "error" in r.json()
+    assert r.status_code == 405 and r.json()["error"]["type"] == "invalid_request_error"
+    r = httpx.post(url + "/v1/completions", json={"prompt": [5, 1 << 30]}, headers=key)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "prompt"
+
+
+def test_cors_origin_restricts_browsers(server):
+    url, service, _ = server(FakeLanes(), api_key="sesame", cors=("http://ok.example",))
+    ask = {"Access-Control-Request-Method": "POST",
+           "Access-Control-Request-Headers": "authorization, content-type"}
+    r = httpx.options(url + "/v1/completions", headers={"Origin": "http://ok.example", **ask})
+    assert r.status_code == 200
+    assert r.headers["access-control-allow-origin"] == "http://ok.example"
+    r = httpx.options(url + "/v1/completions", headers={"Origin": "http://evil.example",
+                                                         **ask})
+    assert r.status_code == 400 and "access-control-allow-origin" not in r.headers
+    r = httpx.get(url + "/v1/models", headers={"Origin": "http://ok.example",
+                                               "Authorization": "Bearer sesame"})
+    assert r.headers["access-control-allow-origin"] == "http://ok.example"
 
 
 def test_a_rank_failing_answers_503_naming_it(server):
@@ -390,3 +497,31 @@ def test_busy_strategy_resolution():
     assert _busy("auto", "pipeinfer", 1) is None            # one at a time: never busy
     assert _busy("same", "pipeinfer", 4) is None
     assert _busy("iterative", "pipeinfer", 4) == "iterative"
+
+
+def test_n_choices_and_several_prompts(server):
+    """n = 2 and two prompts: one generation per choice, side by side; indices i*n + j;
+    usage counts each prompt once; more choices than slots is a 400 naming the field."""
+    url, service, _ = server(FakeLanes(slots=4, delay=0.01), queue=8)
+    r = httpx.post(url + "/v1/completions", json={"prompt": ["x", "yy"], "n": 2,
+                                                   "max_tokens": 3}).json()
+    assert [(c["index"], c["text"]) for c in r["choices"]] == [(i, "abc") for i in range(4)]
+    assert r["usage"] == {"prompt_tokens": 2 + 3, "completion_tokens": 12, "total_tokens": 17,
+                          "prompt_tokens_details": {"cached_tokens": 0}}
+    with httpx.stream("POST", url + "/v1/chat/completions", json={
+            "messages": [{"role": "user", "content": "hi"}], "n": 2, "max_tokens": 4,
+            "stream": True, "stream_options": {"include_usage": True}}) as s:
+        chunks = [json.loads(line[6:]) for line in s.iter_lines()
+                  if line and line != "data: [DONE]"]
+    texts, reasons = {0: "", 1: ""}, {}
+    for chunk in chunks:
+        for choice in chunk["choices"]:
+            texts[choice["index"]] += choice["delta"].get("content", "")
+            if choice["finish_reason"]:
+                reasons[choice["index"]] = choice["finish_reason"]
+    assert texts == {0: "abcd", 1: "abcd"} and reasons == {0: "length", 1: "length"}
+    assert chunks[-1]["usage"]["completion_tokens"] == 8
+    for body, param in (({"prompt": "x", "n": 5}, "n"),
+                        ({"prompt": ["a", "b", "c"], "n": 2}, "prompt")):
+        r = httpx.post(url + "/v1/completions", json=body)
+        assert r.status_code == 400 and r.json()["error"]["param"] == param

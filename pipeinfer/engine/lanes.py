@@ -18,7 +18,8 @@ requests' own runs keep the stages busy and a speculative run only delays them (
 head's one draft model is shared by every lane). Under --busy-strategy auto a pipeinfer lane
 goes further while others are under way: its drafts ride behind its pending token in that
 token's own run (schedule/adaptive.py). A lane whose generation ended is drained (its runs in flight come back and are
-discarded), then its slot's KV cells are cleared on every rank and its draft context reset,
+discarded), then its slot's KV cells but its prompt's are cleared on every rank (the prompt's
+stay for a later request sharing a prefix: prompt_cache.py) and its draft context reset,
 before the slot takes another request.
 """
 
@@ -31,11 +32,12 @@ from .drafter import Drafter
 from .driver import Driver
 from .generate import driver_for
 from .head import Pipeline
-from ..model.sampling import Sampler, SamplingParams
+from .prompt_cache import PromptCache
+from ..model.sampling import Constraint, LogitObserver, Sampler, SamplingParams
 from ..schedule.events import Cancel, ResultArrived
 from ..schedule.generation import Generation, Request
 from ..schedule.options import ADAPTIVE, LANE_STRATEGIES
-from ..schedule.transaction import DecodeTx, KvOp, seq_clear
+from ..schedule.transaction import DecodeTx, KvOp
 
 
 class SlotPipeline:
@@ -119,6 +121,7 @@ class Lanes:
                            for k in range(cfg.slots)] if isinstance(drafter, Drafter)
                           else [drafter] * cfg.slots)
         self._free = list(range(cfg.slots))
+        self.cache = PromptCache(cfg.slots)
         self._owners: dict[int, Lane] = {}   # run id in flight -> its lane
         self._share = PipelineShare(self)
         self.active: list[Lane] = []
@@ -128,14 +131,23 @@ class Lanes:
         return len(self._free)
 
     def start(self, request: Request, sampling: SamplingParams, owner: Any,
-              on_token: Callable[[int], None]) -> Lane:
-        """A generation of `request` in a free slot (its prefill goes out now)."""
-        slot = self._free.pop(0)
+              on_token: Callable[[int], None], observe: LogitObserver | None = None,
+              cache_prompt: bool = False, constraint: Constraint | None = None) -> Lane:
+        """A generation of `request` in a free slot (its prefill goes out now); `observe`
+        sees each generated position's logits and the token chosen (model/sampling.py);
+        `cache_prompt`: the slot keeping the longest prefix of its prompt is taken and the
+        prefix is not evaluated again (prompt_cache.py); `constraint`: a grammar its tokens
+        keep to."""
+        slot, cached = self.cache.pick(self._free, request.prompt, cache_prompt)
+        self._free.remove(slot)
         head = self.head
-        gen = Generation(request, head.tokenizer.is_eog, on_token, run_ids=head.run_ids)
         pipe = SlotPipeline(self.pipe, slot, self._owners)
+        pipe.kv(self.cache.take(slot, cached))
+        request = replace(request, cached=cached)
+        gen = Generation(request, head.tokenizer.is_eog, on_token, run_ids=head.run_ids)
         strategy = self.strategy_now()
-        driver = driver_for(strategy, pipe, gen, Sampler(sampling), self.cfg,
+        sampler = Sampler(sampling, history=gen.last, observe=observe, constraint=constraint)
+        driver = driver_for(strategy, pipe, gen, sampler, self.cfg,
                             self._drafters[slot], self.cfg.pool(), head.trace,
                             threaded_drafts=True)
         driver.sched.share = self._share
@@ -175,13 +187,15 @@ class Lanes:
 
     def reap(self) -> list[Lane]:
         """The lanes whose generations ended and whose runs are all back: their slots are
-        cleared (every rank's KV cells of the slot, the draft context) and free again."""
+        cleared (every rank's KV cells of the slot but the prompt's, the draft context) and
+        free again."""
         done = [lane for lane in self.active if lane.drained]
         for lane in done:
             self.active.remove(lane)
             if lane.driver.drafts is not None:
                 lane.driver.drafts.close()
-            lane.driver.pipe.kv([seq_clear()])   # (the lane's SlotPipeline: its slot)
+            lane.driver.pipe.kv(self.cache.release(   # (the lane's SlotPipeline: its slot)
+                lane.slot, lane.gen.request.prompt, prefilled=bool(lane.gen.tokens)))
             drafter = self._drafters[lane.slot]
             if isinstance(drafter, Drafter):
                 drafter.reset()

@@ -17,6 +17,7 @@ class Request:
     n_predict: int
     n_ctx: int
     ignore_eos: bool = False
+    cached: int = 0     # prompt positions [0, cached) already in sequence 0 (a kept prefix)
 
 
 @dataclass
@@ -43,6 +44,13 @@ class Generation:
     def accepted(self) -> list[int]:
         """Prompt and generated tokens; the last one is pending (not evaluated yet)."""
         return list(self.request.prompt) + self.tokens
+
+    def last(self, n: int) -> list[int]:
+        """The newest `n` accepted tokens, prompt included (the penalties' window)."""
+        tokens, prompt = self.tokens, self.request.prompt
+        if n <= len(tokens):
+            return tokens[len(tokens) - n:]
+        return list(prompt[max(0, len(prompt) - (n - len(tokens))):]) + tokens
 
     @property
     def pending(self) -> int:

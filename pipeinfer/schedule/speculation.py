@@ -47,7 +47,7 @@ class Speculation:
         # Cells are never reused within a generation (see partition_pool): count them.
         self.kv_free = kv_cells - len(gen.request.prompt)
         self.fifo: deque[Run] = deque()
-        self.c0 = 0                          # sequence 0 holds positions [0, c0)
+        self.c0 = gen.request.cached         # sequence 0 holds positions [0, c0)
         self.sources: dict[int, int] = {}    # run id -> run id it copied its context from
         self._out: list = []
 
@@ -100,8 +100,10 @@ class Speculation:
     # --- starting runs -----------------------------------------------------------------------
     def prefill(self, n_batch: int) -> None:
         """The prompt in chunks of at most n_batch tokens, all in flight at once, into
-        sequence 0; the last chunk's last row gives the first token."""
-        self.chain(self.gen.request.prompt, 0, len(self.gen.request.prompt), (CANONICAL_SEQ,),
+        sequence 0; the last chunk's last row gives the first token. A prefix whose cells
+        sequence 0 keeps (request.cached) is not evaluated again."""
+        request = self.gen.request
+        self.chain(request.prompt, request.cached, len(request.prompt), (CANONICAL_SEQ,),
                    n_batch, count_cells=False)
 
     def chain(self, tokens, start: int, end: int, seqs: tuple[int, ...], n_batch: int,

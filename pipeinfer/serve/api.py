@@ -1,59 +1,53 @@
-"""The OpenAI-style API's requests and errors, without any HTTP: a JSON body becomes a checked,
-frozen Ask or an ApiError carrying its status and an OpenAI/llama-server error object,
-`{"error": {"message", "type", "code"}}` (`code`: the HTTP status, as llama-server gives it).
+"""The OpenAI-style API's requests, without any HTTP: a JSON body becomes a checked, frozen
+Ask or an ApiError (errors.py) carrying its status and an OpenAI/llama-server error object.
 
-Field types are checked strictly (a boolean is not a number, a number not a string); fields
-the API knows but this server ignores (logprobs, presence_penalty, user, ...) and unknown ones
-are accepted and ignored, as llama-server does.
+Field types are checked strictly (a boolean is not a number, a number not a string). Fields
+that shape the answer are in fields.py: those supported work, the others get a 400 naming
+them; fields that do not change the answer (user, metadata, cache_prompt, ...) and unknown
+ones are accepted and ignored, as llama-server does.
 """
 
 from __future__ import annotations
 
 import json
-import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..model.sampling import SamplingParams
+from . import fields, tool_calls
+from .errors import ERROR_TYPES, ApiError  # noqa: F401 (the API's errors, from here too)
+from .fields import boolean as _boolean, integer as _integer
 
 MAX_BODY = 1 << 20      # bytes of a request body (413 beyond)
 MAX_STOPS = 4           # stop strings per request, as OpenAI allows
 ROLES = ("system", "user", "assistant", "tool", "developer")
 
-ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error",
-               404: "not_found_error", 413: "invalid_request_error",
-               500: "server_error", 503: "unavailable_error"}
-
-
-class ApiError(Exception):
-    """A request the server answers with an error object (`status`: the HTTP status)."""
-
-    def __init__(self, status: int, message: str, kind: str | None = None,
-                 param: str | None = None):
-        super().__init__(message)
-        self.status, self.message, self.param = status, message, param
-        self.kind = kind or ERROR_TYPES.get(status, "server_error")
-
-    def body(self) -> dict:
-        error = {"message": self.message, "type": self.kind, "code": self.status}
-        if self.param is not None:
-            error["param"] = self.param
-        return {"error": error}
-
-
 @dataclass(frozen=True)
 class Ask:
-    """One checked completion request. `prompt` (completions) or `messages` ((role, content)
-    pairs, chat) is set; `max_tokens` None means up to the context's end."""
+    """One checked completion request. `prompts` (completions: each text, or token ids as
+    given) or `messages` (dicts for the chat template) is set; `n` choices for each prompt;
+    `max_tokens` None means up to the context's end."""
     chat: bool
-    prompt: str | tuple[int, ...] | None   # text, or token ids as given
-    messages: tuple[tuple[str, str], ...] | None
+    prompts: tuple[str | tuple[int, ...], ...]
+    messages: tuple[dict, ...] | None
     max_tokens: int | None
     sampling: SamplingParams
     stop: tuple[str, ...] = ()
     stream: bool = False
     include_usage: bool = False
     model: str | None = None
+    logprobs: int | None = None    # None: not asked; else top tokens with each one
+    ignore_eos: bool = False
+    template_kwargs: dict = field(default_factory=dict)   # chat: extra template variables
+    n: int = 1
+    cache_prompt: bool = True      # reuse a prefix a slot keeps (llama-server's field)
+    tools: tuple[dict, ...] = ()   # rendered by the template; its answers' calls parsed
+    grammar: str | None = None     # GBNF the answer keeps to (json / schema / grammar)
+    grammar_param: str = ""        # the field it came from (named in errors)
+
+    @property
+    def n_choices(self) -> int:
+        return self.n * max(1, len(self.prompts))
 
 
 def _is_token(value) -> bool:
@@ -75,25 +69,34 @@ def parse_body(raw: bytes) -> dict:
     return body
 
 
-def parse_completion(body: dict, defaults: SamplingParams) -> Ask:
-    """POST /v1/completions: `prompt` is a non-empty string or array of token ids (or a list
-    of exactly one of those)."""
+def parse_completion(body: dict, defaults: SamplingParams, cache_prompt: bool = True) -> Ask:
+    """POST /v1/completions: `prompt` is a non-empty string or array of token ids, or a
+    list of those (one choice per prompt, `n` each)."""
     prompt = body.get("prompt")
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
-        prompt = prompt[0]
-    if isinstance(prompt, list) and prompt and all(_is_token(t) for t in prompt):
-        prompt = tuple(prompt)
-    elif isinstance(prompt, list):
-        raise ApiError(400, "'prompt' must be one string or one array of token ids: this "
-                            "server takes one prompt per request", param="prompt")
-    if not isinstance(prompt, (str, tuple)):
-        raise ApiError(400, "'prompt' is required and must be a string", param="prompt")
-    if not prompt:
-        raise ApiError(400, "'prompt' is empty", param="prompt")
-    return _ask(body, defaults, chat=False, prompt=prompt)
+    if isinstance(prompt, str) or _tokens(prompt):
+        prompts = [prompt]
+    elif isinstance(prompt, list) and prompt:
+        prompts = prompt
+    else:
+        raise ApiError(400, "'prompt' is required: a string, an array of token ids, or a "
+                            "list of those", param="prompt")
+    for i, one in enumerate(prompts):
+        if not (isinstance(one, str) or _tokens(one)):
+            raise ApiError(400, f"'prompt[{i}]' must be a string or an array of token ids",
+                           param="prompt")
+        if not one:
+            raise ApiError(400, "'prompt' is empty" if len(prompts) == 1 else
+                                f"'prompt[{i}]' is empty", param="prompt")
+    return _ask(body, defaults, cache_prompt, chat=False,
+                prompts=tuple(p if isinstance(p, str) else tuple(p) for p in prompts))
 
 
-def parse_chat(body: dict, defaults: SamplingParams) -> Ask:
+def _tokens(value) -> bool:
+    """Whether `value` is a non-empty array of token ids."""
+    return isinstance(value, list) and bool(value) and all(_is_token(t) for t in value)
+
+
+def parse_chat(body: dict, defaults: SamplingParams, cache_prompt: bool = True) -> Ask:
     """POST /v1/chat/completions: `messages`, a non-empty list of {role, content}."""
     messages = body.get("messages")
     if not isinstance(messages, list):
@@ -101,11 +104,23 @@ def parse_chat(body: dict, defaults: SamplingParams) -> Ask:
     if not messages:
         raise ApiError(400, "'messages' is empty", param="messages")
     pairs = tuple(_message(i, m) for i, m in enumerate(messages))
+    tools = tool_calls.parse_tools(body)
     max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
-    return _ask(dict(body, max_tokens=max_tokens), defaults, chat=True, messages=pairs)
+    kwargs = body.get("chat_template_kwargs")
+    if kwargs is not None and not isinstance(kwargs, dict):
+        raise ApiError(400, "'chat_template_kwargs' must be an object",
+                       param="chat_template_kwargs")
+    ask = _ask(dict(body, max_tokens=max_tokens), defaults, cache_prompt, chat=True,
+               messages=pairs)
+    if tools and ask.grammar is not None:
+        raise ApiError(400, f"'{ask.grammar_param}' and 'tools' together are not supported",
+                       param=ask.grammar_param)
+    return replace(ask, template_kwargs=kwargs or {}, tools=tools)
 
 
-def _message(i: int, message: Any) -> tuple[str, str]:
+def _message(i: int, message: Any) -> dict:
+    """One message for the template: role and content (text parts joined), and an
+    assistant's tool calls or a tool answer's id as given."""
     where = f"messages[{i}]"
     if not isinstance(message, dict):
         raise ApiError(400, f"{where} must be an object with 'role' and 'content'",
@@ -124,18 +139,32 @@ def _message(i: int, message: Any) -> tuple[str, str]:
                                param="messages")
             texts.append(part["text"])
         content = "".join(texts)
+    if message.get("function_call"):
+        raise ApiError(400, f"{where}: function_call is not supported (use tool_calls)",
+                       param="messages")
+    out: dict = {"role": role, "content": content}
+    if message.get("tool_calls"):
+        out["tool_calls"] = tool_calls.history_calls(where, message["tool_calls"])
     if content is None and role == "assistant":
-        content = ""
-    if not isinstance(content, str):
+        out["content"] = "" if "tool_calls" not in out else None
+    elif not isinstance(content, str):
         raise ApiError(400, f"{where}.content must be a string", param="messages")
-    return role, content
+    for key in ("tool_call_id", "name"):
+        if isinstance(message.get(key), str):
+            out[key] = message[key]
+    return out
 
 
-def _ask(body: dict, defaults: SamplingParams, chat: bool, prompt: str | None = None,
-         messages: tuple | None = None) -> Ask:
+def _ask(body: dict, defaults: SamplingParams, cache_prompt: bool, chat: bool,
+         prompts: tuple = (), messages: tuple | None = None) -> Ask:
     n = _integer(body, "n", 1)
-    if n != 1:
-        raise ApiError(400, f"'n' must be 1 (one choice per request), not {n}", param="n")
+    if n < 1:
+        raise ApiError(400, f"'n' must be at least 1, not {n}", param="n")
+    fields.refuse_unsupported(body, chat)
+    if body.get("max_tokens") is None and body.get("n_predict") is not None:
+        body = dict(body, max_tokens=body["n_predict"])   # llama-server's name, -1: no limit
+        if body["max_tokens"] == -1:
+            body["max_tokens"] = None
     max_tokens = _integer(body, "max_tokens", None)
     if max_tokens is not None and max_tokens <= 0:
         raise ApiError(400, f"'max_tokens' must be at least 1, not {max_tokens}",
@@ -148,20 +177,12 @@ def _ask(body: dict, defaults: SamplingParams, chat: bool, prompt: str | None = 
     model = body.get("model")
     if model is not None and not isinstance(model, str):
         raise ApiError(400, "'model' must be a string", param="model")
-    return Ask(chat, prompt, messages, max_tokens, _sampling(body, defaults), _stops(body),
-               stream, include_usage, model)
-
-
-def _sampling(body: dict, defaults: SamplingParams) -> SamplingParams:
-    temp = _number(body, "temperature", defaults.temp, 0.0, 2.0)
-    top_p = _number(body, "top_p", defaults.top_p, 0.0, 1.0)
-    if top_p == 0.0:
-        raise ApiError(400, "'top_p' must be above 0", param="top_p")
-    top_k = _integer(body, "top_k", defaults.top_k)
-    if top_k < 0:
-        raise ApiError(400, f"'top_k' must be 0 (off) or more, not {top_k}", param="top_k")
-    seed = _integer(body, "seed", defaults.seed)
-    return replace(defaults, temp=temp, top_p=top_p, top_k=top_k, seed=seed % (1 << 64))
+    grammar, grammar_param = fields.constraint(body)
+    return Ask(chat, prompts, messages, max_tokens, fields.sampling(body, defaults),
+               _stops(body), stream, include_usage, model, fields.logprobs(body, chat),
+               _boolean(body, "ignore_eos", False), n=n,
+               cache_prompt=_boolean(body, "cache_prompt", cache_prompt), grammar=grammar,
+               grammar_param=grammar_param)
 
 
 def _stops(body: dict) -> tuple[str, ...]:
@@ -177,37 +198,14 @@ def _stops(body: dict) -> tuple[str, ...]:
     return tuple(s for s in stops if s)
 
 
-def _integer(body: dict, name: str, default):
-    value = body.get(name)
-    if value is None:
-        return default
-    if isinstance(value, float) and value.is_integer():
-        value = int(value)
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ApiError(400, f"'{name}' must be an integer, not {json.dumps(value)}", param=name)
-    return value
-
-
-def _number(body: dict, name: str, default: float, low: float, high: float) -> float:
-    value = body.get(name)
-    if value is None:
-        return default
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise ApiError(400, f"'{name}' must be a number, not {json.dumps(value)}", param=name)
-    if not low <= value <= high:
-        raise ApiError(400, f"'{name}' must be between {low:g} and {high:g}, not {value:g}",
-                       param=name)
-    return float(value)
-
-
-def _boolean(body: dict, name: str, default: bool) -> bool:
-    value = body.get(name)
-    if value is None:
-        return default
-    if not isinstance(value, bool):
-        raise ApiError(400, f"'{name}' must be true or false, not {json.dumps(value)}",
-                       param=name)
-    return value
+def check_choices(ask: Ask, slots: int) -> None:
+    """400 when the request asks more choices (prompts x n) than requests are generated at
+    once (--parallel): they are generated side by side, each in a slot."""
+    if ask.n_choices > slots:
+        param = "n" if ask.n > slots or len(ask.prompts) <= 1 else "prompt"
+        raise ApiError(400, f"{ask.n_choices} choices ({max(1, len(ask.prompts))} prompt(s) x "
+                            f"n={ask.n}) are more than the {slots} this server generates at "
+                            "once (--parallel)", param=param)
 
 
 def check_model(asked: str | None, served: str) -> None:

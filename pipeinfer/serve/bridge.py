@@ -15,9 +15,11 @@ import queue
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 from ..model.sampling import SamplingParams
 from .api import ApiError
+from .logprobs import TokenLogprob
 
 
 class State(enum.Enum):
@@ -29,18 +31,21 @@ class State(enum.Enum):
 
 @dataclass(frozen=True)
 class Piece:
-    """Text of the completion (maybe empty while a stop string is possible) and the
-    number of tokens it took."""
+    """Text of the completion (maybe empty while a stop string is possible), the number of
+    tokens it took, and their logprobs if the request asked for them."""
     text: str
     n_tokens: int
+    logprobs: tuple[TokenLogprob, ...] = ()
 
 
 @dataclass(frozen=True)
 class Done:
-    """The completion ended: finish_reason "stop" or "length", and the token counts."""
+    """The completion ended: finish_reason "stop" or "length", and the token counts
+    (`cached_tokens`: the prompt's prefix reused from its slot, not evaluated again)."""
     finish_reason: str
     prompt_tokens: int
     completion_tokens: int
+    cached_tokens: int = 0
 
 
 @dataclass(frozen=True)
@@ -61,16 +66,22 @@ class Ticket:
     sampling: SamplingParams
     stop: tuple[str, ...]
     loop: asyncio.AbstractEventLoop
-    events: asyncio.Queue = field(default_factory=asyncio.Queue)
+    logprobs: int | None = None     # None: not asked; else how many top tokens with each
+    ignore_eos: bool = False
+    index: int = 0                  # its choice in the request (n, several prompts)
+    cache_prompt: bool = True       # reuse a prefix its slot keeps (prompt_cache.py)
+    preserve: frozenset[int] = frozenset()   # special tokens whose text the answer keeps
+    constraint: Any = None          # its grammar's state (model/grammar.py), if any
+    events: asyncio.Queue = field(default_factory=asyncio.Queue)   # (index, event), shared
+                                                                   # by a request's tickets
     cancelled: threading.Event = field(default_factory=threading.Event)
     arrived: float = field(default_factory=time.perf_counter)
     number: int = field(default_factory=lambda: next(_ids))
-    seen: float = field(default_factory=time.monotonic)  # the client last seen connected
 
     def send(self, event) -> None:
         """From the head's thread: hand an event to the request's handler."""
         try:
-            self.loop.call_soon_threadsafe(self.events.put_nowait, event)
+            self.loop.call_soon_threadsafe(self.events.put_nowait, (self.index, event))
         except RuntimeError:  # the event loop is closed: nobody is listening any more
             pass
 
@@ -103,6 +114,16 @@ class Bridge:
         except queue.Full:
             raise ApiError(503, f"the server is busy: {self.max_waiting} requests are "
                                 "waiting already; try again later") from None
+
+    def submit_all(self, tickets: list[Ticket]) -> None:
+        """Queue a request's tickets, all or none (ApiError 503 when they do not fit)."""
+        for i, ticket in enumerate(tickets):
+            try:
+                self.submit(ticket)
+            except ApiError:
+                for queued in tickets[:i]:
+                    queued.cancelled.set()   # (take() skips them)
+                raise
 
     def take(self, timeout: float) -> Ticket | None:
         """From the head: the next request not cancelled, waiting up to `timeout` seconds

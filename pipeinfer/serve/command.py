@@ -75,11 +75,21 @@ BUSY_CHOICES = ("auto", "same", "speculative", "iterative")
 @click.option("--api-key", default=None, envvar="PIPEINFER_API_KEY",
               help="Require `Authorization: Bearer KEY` on every endpoint but /health "
                    "(401 otherwise). Also from $PIPEINFER_API_KEY.", show_default=False)
+@click.option("--cache-prompt/--no-cache-prompt", default=True,
+              help="Whether requests that do not say `cache_prompt` reuse the longest prefix "
+                   "of their prompt that a slot keeps from its last request (its KV cells on "
+                   "every rank) and evaluate only the rest, as llama-server does. Greedy "
+                   "answers then equal llama.cpp's with that prefix kept (the rest evaluated "
+                   "in the same batches), which may differ in the last bits of the logits "
+                   "from a fresh evaluation of the whole prompt.")
+@click.option("--cors-origin", "cors_origins", multiple=True,
+              help="An origin (scheme://host[:port]) whose browser pages may call the API "
+                   "(CORS); repeat for several. [default: any origin, *]")
 @_verbosity("-v: progress of every rank, the head's scheduling and tracebacks; -vv: also "
             "llama.cpp's log.", "Only notices and errors on stderr.")
 def serve(model, draft, compact_draft, alias, n_ctx, n_batch, threads, split, profile, strategy,
           temp, top_k, top_p, seed, host, port, queue_size, parallel, busy_strategy, api_key,
-          verbose, quiet,
+          cache_prompt, cors_origins, verbose, quiet,
           **speculation):
     """Serve the model over HTTP with an OpenAI-compatible API, as one MPI job: rank 0 runs
     the HTTP server (and is the head, as for `run`), ranks 1..N-1 evaluate their slices of the
@@ -87,10 +97,17 @@ def serve(model, draft, compact_draft, alias, n_ctx, n_batch, threads, split, pr
 
       mpiexec -n 3 pipeinfer serve -m smollm2 --port 8080
 
-    Endpoints: POST /v1/completions and /v1/chat/completions (stream or not), GET /v1/models,
-    /health (503 while the model loads) and /metrics (Prometheus). Greedy answers
-    (temperature 0) are exactly single-node llama.cpp's, alone or with other requests in
-    flight. Up to --parallel requests are generated at once, their runs interleaved in the
+    Endpoints (also without /v1): POST /v1/completions and /v1/chat/completions (stream or
+    not; chat through the GGUF's own Jinja template, as llama-server --jinja renders it;
+    logprobs, logit_bias, repeat/frequency/presence penalties and min_p as llama.cpp's
+    sampler chain; tools with tool_choice auto for templates with tool support;
+    response_format json_object / json_schema and GBNF grammars through llama.cpp's grammar
+    sampler; fields not supported are a 400 naming them), POST /tokenize and
+    /detokenize, GET /v1/models and /v1/models/ID, /health (503 while the model loads) and
+    /metrics (Prometheus); CORS for browsers (--cors-origin). Greedy answers (temperature
+    0) are exactly single-node llama.cpp's, alone or with other requests in flight (with a
+    prompt prefix reused from a slot: llama.cpp's keeping that prefix, see --cache-prompt).
+    Up to --parallel requests are generated at once, their runs interleaved in the
     pipeline; SIGINT or SIGTERM ends the server and every rank.
     """
     from ..engine.config import RunConfig, resolve_draft_source
@@ -116,7 +133,8 @@ def serve(model, draft, compact_draft, alias, n_ctx, n_batch, threads, split, pr
                     slots=parallel, busy_strategy=_busy(busy_strategy, strategy, parallel),
                     compact_draft=compact_draft)
     _checked(cfg.check_drafts)
-    options = ServeOptions(host, port, queue_size, api_key, alias or _name(model), defaults)
+    options = ServeOptions(host, port, queue_size, api_key, alias or _name(model), defaults,
+                           tuple(cors_origins) or ("*",), cache_prompt)
     sys.exit(serve_main(cfg, options))
 
 

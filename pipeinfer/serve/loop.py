@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import deque
 from typing import Callable
 
 from ..engine.backoff import IdleBackoff
@@ -21,6 +22,7 @@ from ..engine.lanes import Lane, Lanes
 from ..model.tokenizer import TextStream
 from ..schedule.generation import Generation
 from .bridge import Bridge, Done, Piece, State, Ticket
+from .logprobs import TokenLogprob, measure
 from .metrics import ServeMetrics
 from .stop_text import StopText
 
@@ -35,16 +37,32 @@ class Completion:
     """One request's way from accepted tokens to its handler: text, stop strings, metrics."""
 
     def __init__(self, ticket: Ticket, tokenizer, metrics: ServeMetrics):
-        self.ticket, self.metrics = ticket, metrics
-        self.text, self.stops = TextStream(tokenizer), StopText(ticket.stop)
+        self.ticket, self.metrics, self.tokenizer = ticket, metrics, tokenizer
+        self.text = TextStream(tokenizer, ticket.preserve)
+        self.stops = StopText(ticket.stop)
         self.n_tokens, self.last = 0, None
+        self.measured: deque[TokenLogprob] = deque()   # sampled, not yet accepted
 
     @property
     def wants_end(self) -> bool:
         """A stop string was reached, or the client went away."""
         return self.stops.stopped or self.ticket.cancelled.is_set()
 
+    def observe(self, logits, token: int) -> None:
+        """The sampler chose `token` from `logits` (its generated position's row)."""
+        if self.ticket.logprobs is not None:
+            self.measured.append(measure(logits, token, self.ticket.logprobs,
+                                         self.tokenizer.piece))
+
+    def _logprobs(self, token: int) -> tuple[TokenLogprob, ...]:
+        while self.measured:
+            entry = self.measured.popleft()
+            if entry.token == token:
+                return (entry,)
+        return ()
+
     def on_token(self, token: int) -> None:
+        entry = self._logprobs(token)
         if self.wants_end:
             return  # (tokens accepted with the one that completed a stop string)
         now = time.perf_counter()
@@ -54,25 +72,30 @@ class Completion:
             self.metrics.itl.observe(now - self.last)
         self.n_tokens, self.last = self.n_tokens + 1, now
         piece = self.stops.push(self.text.push(token))
-        if piece or not self.stops.stopped:
-            self.ticket.send(Piece(piece, 1))
+        if piece or entry or not self.stops.stopped:
+            self.ticket.send(Piece(piece, 1, entry))
 
     def finish(self, gen: Generation) -> None:
         """The generation ended and its runs are back: the rest of the text and Done (or,
         for a client gone, nothing)."""
         ticket = self.ticket
-        self.metrics.generation(len(ticket.prompt), self.n_tokens, gen.counters)
+        if ticket.constraint is not None:
+            ticket.constraint.close()
+        cached = gen.request.cached
+        self.metrics.generation(len(ticket.prompt), self.n_tokens, gen.counters, cached)
         if ticket.cancelled.is_set():
             self.metrics.cancelled.inc()
             log.info("request %d cancelled by its client after %d tokens", ticket.number,
                      self.n_tokens)
             return
-        rest = self.stops.push(self.text.finish()) + self.stops.finish()
+        # an answer cut inside a character (max_tokens): its incomplete bytes are left
+        # out, streamed or whole, as llama-server does (no U+FFFD at the end)
+        rest = self.stops.push(self.text.finish(keep_incomplete=False)) + self.stops.finish()
         if rest:
             ticket.send(Piece(rest, 0))
         reason = ("stop" if self.stops.stopped
                   else FINISH_REASONS.get(gen.stop_reason, "length"))
-        ticket.send(Done(reason, len(ticket.prompt), self.n_tokens))
+        ticket.send(Done(reason, len(ticket.prompt), self.n_tokens, cached))
 
 
 class BusyProbe:
@@ -155,10 +178,12 @@ def _start(lanes: Lanes, head: Head, bridge: Bridge, metrics: ServeMetrics,
            ticket: Ticket) -> None:
     completion = Completion(ticket, head.tokenizer, metrics)
     bridge.running.add(ticket)  # until it is done: a failure answers it too
-    request = head.request(ticket.prompt, ticket.n_predict, ignore_eos=False)
-    lane = lanes.start(request, ticket.sampling, completion, completion.on_token)
-    log.info("request %d: %d prompt tokens, slot %d, %s (%d under way)", ticket.number,
-             len(ticket.prompt), lane.slot, lane.strategy, len(lanes.active))
+    request = head.request(ticket.prompt, ticket.n_predict, ignore_eos=ticket.ignore_eos)
+    lane = lanes.start(request, ticket.sampling, completion, completion.on_token,
+                       completion.observe, ticket.cache_prompt, ticket.constraint)
+    log.info("request %d: %d prompt tokens (%d kept in its slot), slot %d, %s (%d under way)",
+             ticket.number, len(ticket.prompt), lane.gen.request.cached, lane.slot,
+             lane.strategy, len(lanes.active))
 
 
 def _end(lane: Lane, bridge: Bridge) -> None:

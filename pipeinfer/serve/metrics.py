@@ -21,6 +21,11 @@ class ServeMetrics:
                                 "and status", ["endpoint", "status"], registry=r)
         self.prompt_tokens = Counter(PREFIX + "prompt_tokens", "Prompt tokens of the "
                                      "completions generated", registry=r)
+        self.cached_tokens = Counter(PREFIX + "prompt_tokens_cached", "Prompt tokens whose "
+                                     "KV cells were reused from their slot (not evaluated)",
+                                     registry=r)
+        self.evaluated_tokens = Counter(PREFIX + "prompt_tokens_evaluated", "Prompt tokens "
+                                        "evaluated", registry=r)
         self.completion_tokens = Counter(PREFIX + "completion_tokens", "Tokens generated",
                                          registry=r)
         self.cancelled = Counter(PREFIX + "requests_cancelled", "Generations cancelled "
@@ -44,9 +49,12 @@ class ServeMetrics:
         self.itl = Histogram(PREFIX + "inter_token_latency_seconds", "Between consecutive "
                              "tokens of a completion", buckets=LATENCY_BUCKETS, registry=r)
 
-    def generation(self, n_prompt: int, n_tokens: int, counters) -> None:
-        """A generation ended (whatever way): its tokens and speculation counters."""
+    def generation(self, n_prompt: int, n_tokens: int, counters, cached: int = 0) -> None:
+        """A generation ended (whatever way): its tokens (`cached` of the prompt reused) and
+        speculation counters."""
         self.prompt_tokens.inc(n_prompt)
+        self.cached_tokens.inc(cached)
+        self.evaluated_tokens.inc(n_prompt - cached)
         self.completion_tokens.inc(n_tokens)
         self.drafted.inc(counters.n_drafted)
         self.accepted.inc(counters.n_accepted)

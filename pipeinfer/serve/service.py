@@ -51,20 +51,23 @@ class ServeOptions:
     api_key: str | None = None
     model_name: str = ""
     defaults: SamplingParams = SamplingParams()
+    cors_origins: tuple[str, ...] = ("*",)
+    cache_prompt: bool = True
 
 
 def main(cfg: RunConfig, options: ServeOptions) -> int:
     """This rank's part of the server; its exit status."""
     rank = Link().rank
     service = Service(Bridge(options.queue), ServeMetrics(), options.model_name, cfg.n_ctx,
-                      options.defaults, options.api_key)
+                      options.defaults, options.api_key, cfg.slots, options.cache_prompt)
     http: list[HttpThread] = []
     if rank == 0:
         signal.signal(JOB_LOST, lambda signum, frame: threading.Thread(
             target=_job_lost, args=(service,), daemon=True).start())
 
     def listen() -> None:
-        http.append(HttpThread(build_app(service), options.host, options.port))
+        http.append(HttpThread(build_app(service, options.cors_origins), options.host,
+                               options.port))
         log.info("listening on http://%s:%d (loading the model)", options.host, http[0].port)
 
     try:

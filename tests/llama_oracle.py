@@ -1,0 +1,129 @@
+"""Single-node llama.cpp (llama-cpp-python) as the oracle of what the server computes beyond
+plain greedy decoding: tokens chosen through llama.cpp's own sampler chain (logit bias, then
+the penalties sampler fed the prompt first, as llama-server feeds it, then greedy), one token
+per decode as `llama_greedy` does, and each position's logprobs from the raw logits
+(llama-cpp-python's Llama.logits_to_logprobs)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Chain:
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    repeat_penalty: float = 1.0
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    repeat_last_n: int = 64
+    grammar: str | None = None      # GBNF: llama.cpp's grammar sampler before the chain
+
+
+def _sampler(chain: Chain, n_vocab: int, n_ctx: int):
+    import llama_cpp
+
+    smpl = llama_cpp.llama_sampler_chain_init(llama_cpp.llama_sampler_chain_default_params())
+    if chain.logit_bias:
+        biases = (llama_cpp.llama_logit_bias * len(chain.logit_bias))(
+            *(llama_cpp.llama_logit_bias(t, b) for t, b in chain.logit_bias))
+        llama_cpp.llama_sampler_chain_add(smpl, llama_cpp.llama_sampler_init_logit_bias(
+            n_vocab, len(chain.logit_bias), biases))
+    last_n = n_ctx if chain.repeat_last_n == -1 else chain.repeat_last_n
+    llama_cpp.llama_sampler_chain_add(smpl, llama_cpp.llama_sampler_init_penalties(
+        n_vocab, last_n, chain.repeat_penalty, chain.frequency_penalty,
+        chain.presence_penalty))
+    llama_cpp.llama_sampler_chain_add(smpl, llama_cpp.llama_sampler_init_greedy())
+    return smpl
+
+
+def chain_greedy(model: Path, prompt: list[int], n: int, chain: Chain = Chain(),
+                 n_ctx: int = 512, repack: bool = True, n_top: int = 0,
+                 kept: list[int] | None = None):
+    """(tokens, logprobs): n tokens (not stopping at EOS) chosen by llama.cpp's sampler
+    chain, and per position (the chosen token's logprob, {token id: logprob} of the n_top
+    most likely). `kept`: a prompt evaluated first, whose common prefix with `prompt` (all
+    but prompt's last token at most) stays in the KV cache while the rest of `prompt` is
+    evaluated after it in n_batch chunks (a server's prompt cache)."""
+    import llama_cpp
+    from llama_cpp import Llama
+
+    from pipeinfer.model.llama_lib import llama_repacking
+
+    with llama_repacking(repack):
+        llm = Llama(model_path=str(model), n_ctx=n_ctx, n_threads=1, flash_attn=True,
+                    verbose=False)
+    smpl = _sampler(chain, llm.n_vocab(), n_ctx)
+    grammar = None if chain.grammar is None else llama_cpp.llama_sampler_init_grammar(
+        llama_cpp.llama_model_get_vocab(llm.model), chain.grammar.encode(), b"root")
+    try:
+        for token in prompt:
+            llama_cpp.llama_sampler_accept(smpl, token)
+        if kept:
+            llm.eval(kept)
+            shared = next((i for i, (a, b) in enumerate(zip(kept, prompt)) if a != b),
+                          min(len(kept), len(prompt)))
+            llm.n_tokens = min(shared, len(prompt) - 1)   # (eval drops the cells beyond)
+            llm.eval(prompt[llm.n_tokens:])
+        else:
+            llm.eval(prompt)
+        tokens, logprobs = [], []
+        for _ in range(n):
+            row = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(llm._ctx.ctx, -1),
+                                        shape=(llm.n_vocab(),)).copy()
+            if grammar is None:
+                token = int(llama_cpp.llama_sampler_sample(smpl, llm._ctx.ctx, -1))
+            else:   # the grammar first, then the chain (llama.cpp's grammar-first path)
+                token = _constrained(grammar, smpl, row)
+            lp = Llama.logits_to_logprobs(row)
+            best = np.argsort(-lp, kind="stable")[:n_top]
+            logprobs.append((float(lp[token]), {int(t): float(lp[t]) for t in best}))
+            tokens.append(token)
+            llm.eval([token])
+    finally:
+        llama_cpp.llama_sampler_free(smpl)
+        if grammar is not None:
+            llama_cpp.llama_sampler_free(grammar)
+        llm.close()
+    return tokens, logprobs
+
+
+def _constrained(grammar, smpl, row: np.ndarray) -> int:
+    """The chain's token from `row` after the grammar sampler; both advance past it."""
+    import ctypes
+
+    import llama_cpp
+
+    data = (llama_cpp.llama_token_data * len(row))()
+    view = np.ctypeslib.as_array(data).view(
+        np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)]))
+    view["id"], view["logit"], view["p"] = np.arange(len(row)), row, 0.0
+    array = llama_cpp.llama_token_data_array(data, len(row), -1, False)
+    llama_cpp.llama_sampler_apply(grammar, ctypes.byref(array))
+    llama_cpp.llama_sampler_apply(smpl, ctypes.byref(array))
+    token = int(array.data[array.selected].id)
+    llama_cpp.llama_sampler_accept(smpl, token)
+    llama_cpp.llama_sampler_accept(grammar, token)
+    return token
+
+
+def completion_logprobs(model: Path, prompt: list[int], n: int, n_top: int,
+                        n_ctx: int = 512, repack: bool = True) -> dict:
+    """llama-cpp-python's own greedy completion with `logprobs` (a Llama with logits_all,
+    as it requires): its choices[0]["logprobs"] and text."""
+    from llama_cpp import Llama
+
+    from pipeinfer.model.llama_lib import llama_repacking
+
+    with llama_repacking(repack):
+        llm = Llama(model_path=str(model), n_ctx=n_ctx, n_threads=1, flash_attn=True,
+                    verbose=False, logits_all=True)
+    try:
+        out = llm.create_completion(prompt, max_tokens=n, temperature=0, logprobs=n_top,
+                                    repeat_penalty=1.0)
+    finally:
+        llm.close()
+    return out["choices"][0]
+

@@ -1,0 +1,99 @@
+"""The served chat prompt is the GGUF's own Jinja template rendered as llama-server (--jinja)
+and llama-cpp-python's Jinja2ChatFormatter render it: the prompt tokens equal
+llama-cpp-python's for the same messages and template (SmolLM2's template adds a default
+system message, which llama.cpp's built-in C++ rendering of "chatml" leaves out)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from pipeinfer.model import models
+from pipeinfer.model.chat_template import ChatTemplate, ChatTemplateError
+from pipeinfer.model.tokenizer import Tokenizer
+
+CONVERSATIONS = [
+    [{"role": "user", "content": "Hello!"}],
+    [{"role": "system", "content": "You are terse."},
+     {"role": "user", "content": "Name a prime."},
+     {"role": "assistant", "content": "7"},
+     {"role": "user", "content": "Another, in Ελληνικά please."}],
+    [{"role": "user", "content": "def f(x):\n    return x  # fix me\n"}],
+]
+
+_ORACLES: dict[str, tuple] = {}
+
+
+def llama_chat_tokens(model: Path, messages: list[dict], tools: list | None = None) -> list[int]:
+    """llama-cpp-python's prompt for `messages` with the GGUF's template: its
+    Jinja2ChatFormatter with the BOS / EOS texts it reads from the vocabulary, tokenized as
+    its chat handler does (no BOS added: the template's own special tokens are parsed)."""
+    from llama_cpp import Llama
+    from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+
+    if str(model) not in _ORACLES:
+        llm = Llama(model_path=str(model), vocab_only=True, verbose=False)
+        bos, eos = llm.token_bos(), llm.token_eos()
+        formatter = Jinja2ChatFormatter(
+            template=llm.metadata["tokenizer.chat_template"],
+            eos_token=llm._model.token_get_text(eos) if eos != -1 else "",
+            bos_token=llm._model.token_get_text(bos) if bos != -1 else "")
+        _ORACLES[str(model)] = (llm, formatter)
+    llm, formatter = _ORACLES[str(model)]
+    result = formatter(messages=messages, tools=tools)
+    return llm.tokenize(result.prompt.encode("utf-8"), add_bos=not result.added_special,
+                        special=True)
+
+
+def _qwen() -> Path:
+    try:
+        return models.resolve_model("qwen-coder-0.5b", fetch_missing=False)
+    except models.ModelError as err:
+        pytest.skip(f"Qwen2.5-Coder 0.5B is not cached: {err}")
+
+
+@pytest.mark.smollm2
+@pytest.mark.parametrize("which", ["smollm2", "qwen"])
+def test_chat_prompt_equals_llama_cpp_python_jinja(which, smollm2):
+    model = smollm2 if which == "smollm2" else _qwen()
+    tokenizer = Tokenizer(model)
+    try:
+        for messages in CONVERSATIONS:
+            assert tokenizer.chat_tokens(messages) == llama_chat_tokens(model, messages)
+    finally:
+        tokenizer.close()
+
+
+@pytest.mark.smollm2
+def test_smollm2_template_adds_its_default_system_message(smollm2):
+    tokenizer = Tokenizer(smollm2)
+    try:
+        tokens = tokenizer.chat_tokens(CONVERSATIONS[0])
+        text = tokenizer.detokenize(tokens)
+        builtin = tokenizer.tokenize(tokenizer.apply_chat_template([("user", "Hello!")]))
+    finally:
+        tokenizer.close()
+    assert "You are a helpful AI assistant named SmolLM" in text
+    assert len(tokens) == len(builtin) + 21   # its default system message: 21 tokens more
+    assert tokens[-len(builtin):] == builtin
+
+
+def test_template_helpers_and_errors():
+    source = ("{{ bos_token }}{% for m in messages %}{% if m.role == 'tool' %}"
+              "{{ raise_exception('no tools here') }}{% endif %}[{{ m.role }}]{{ m.content }}"
+              "{{ eos_token }}{% endfor %}{% if add_generation_prompt %}[assistant]{% endif %}"
+              "{{ {'k': 'é'} | tojson }}")
+    template = ChatTemplate(source, "<s>", "</s>")
+    text = template.render([{"role": "user", "content": "hi"}])
+    assert text == '<s>[user]hi</s>[assistant]{"k": "é"}'
+    thinking = ChatTemplate("{% if enable_thinking is defined and not enable_thinking %}"
+                            "/no_think{% endif %}{{ messages[0].content }}", "", "")
+    assert thinking.render([{"role": "user", "content": "x"}], enable_thinking=False) \
+        == "/no_think" + "x"   # llama-server's chat_template_kwargs
+    with pytest.raises(ChatTemplateError, match="no tools here"):
+        template.render([{"role": "tool", "content": "x"}])
+    with pytest.raises(ChatTemplateError, match="does not compile"):
+        ChatTemplate("{% for %}", "", "")
+    with pytest.raises(ChatTemplateError):   # the sandbox refuses attribute games
+        ChatTemplate("{{ messages.__class__.__mro__ }}", "", "").render([])

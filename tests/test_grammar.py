@@ -1,0 +1,50 @@
+"""llama.cpp's grammar sampler on the head (model/grammar.py): the mask it puts on a row of
+logits, its state advancing with each token, and the Sampler keeping to it."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from pipeinfer.model.grammar import GrammarError, json_grammar
+from pipeinfer.model.sampling import Sampler, SamplingParams
+from pipeinfer.model.tokenizer import Tokenizer
+
+pytestmark = pytest.mark.smollm2
+
+
+@pytest.fixture(scope="module")
+def tokenizer(smollm2):
+    tok = Tokenizer(smollm2)
+    yield tok
+    tok.close()
+
+
+def test_the_mask_allows_what_the_grammar_allows(tokenizer):
+    grammar = tokenizer.grammar('root ::= ("yes" | "no") "."')
+    rng = np.random.default_rng(0)
+    text = b""
+    sampler = Sampler(SamplingParams(temp=0.0), constraint=grammar)
+    for _ in range(6):
+        logits = rng.standard_normal(tokenizer.n_vocab).astype(np.float32)
+        masked = grammar.mask(logits)
+        allowed = np.flatnonzero(np.isfinite(masked))
+        pieces = {tokenizer.piece(int(t)) for t in allowed}
+        assert all((text + p).startswith(b"yes.") or b"yes.".startswith(text + p)
+                   or (text + p).startswith(b"no.") or b"no.".startswith(text + p)
+                   or p == b"" for p in pieces)
+        token = sampler.sample(logits)       # (the sampler advances the grammar)
+        if tokenizer.is_eog(token):
+            break
+        text += tokenizer.piece(token)
+    assert text in (b"yes.", b"no.") and tokenizer.is_eog(token)
+    grammar.close()
+    grammar.close()   # (twice is fine)
+
+
+def test_bad_grammars_and_schemas_are_errors(tokenizer):
+    with pytest.raises(GrammarError):
+        tokenizer.grammar("root ::= (")
+    assert "root" in json_grammar() and "root" in json_grammar({"type": "integer"})
+    with pytest.raises(GrammarError):
+        json_grammar({"type": "object", "properties": {"a": {"$ref": "#/nowhere"}}})
