@@ -11,8 +11,8 @@ Per repeat, in this order (each system's second start right after its first):
   an untimed warm-up start makes sure);
   its log gives the transfer phase (first byte to the last verified slice);
 - pipeinfer second start: the same disks, nothing travels;
-- pipeinfer first start again, rank 0 serving every rank at once (PIPEINFER_WEIGHTS_AT_ONCE=0)
-  instead of one at a time, the largest file first (its default);
+- pipeinfer first start again, rank 0 serving one rank at a time, the largest file first
+  (PIPEINFER_WEIGHTS_AT_ONCE=1) instead of all at once (its default);
 - llama.cpp RPC without -c: rpc-servers on nodes 1..N-1, llama-completion on node 0 sends every
   tensor at each start;
 - llama.cpp RPC with -c, first start (empty tensor caches) and second start (cached).
@@ -115,8 +115,8 @@ def one_repeat(args, bin_dir: Path | None, prompt: str, scratch: Path) -> dict[s
     rows["pipeinfer first"] = pipeinfer_start(args, disks, prompt)
     rows["pipeinfer second"] = pipeinfer_start(args, disks, prompt)
     shutil.rmtree(disks, ignore_errors=True)
-    rows["pipeinfer first, all"] = pipeinfer_start(args, disks, prompt,
-                                                   {"PIPEINFER_WEIGHTS_AT_ONCE": "0"})
+    rows["pipeinfer first, 1 by 1"] = pipeinfer_start(args, disks, prompt,
+                                                      {"PIPEINFER_WEIGHTS_AT_ONCE": "1"})
     shutil.rmtree(disks, ignore_errors=True)
     if bin_dir is not None:
         rows["llama-rpc"] = rpc_start(args, bin_dir, prompt, None)
