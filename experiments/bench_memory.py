@@ -20,9 +20,11 @@ import argparse
 import json
 import os
 import re
+import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -38,10 +40,13 @@ PEAKS = re.compile(r"peak memory per node \(MB\): ([\d., ?]+); limits [^;]+; tim
 
 def run(args, limits: str, mmap: bool) -> dict:
     cmd = [sys.executable, str(HERE / "cluster.py"), "--nodes", str(args.nodes), "--cpu",
-           str(args.cpu), "--mem", limits, "--drop-caches", "--",
+           str(args.cpu), "--mem", limits, "--drop-caches"]
+    if args.disk_root:  # only node 0 has the model files: the others receive their slices
+        cmd += ["--disks", "private", "--disk-root", args.disk_root]
+    cmd += ["--",
            str(Path(sys.executable).parent / "pipeinfer"), "run", "-m", args.model, "-md",
            args.draft, "--chat", "-p", PROMPT, "-n", str(args.n), "--ignore-eos", "--strategy",
-           args.strategy, "--layer-split", args.split, "--json"]
+           args.strategy, "--layer-split", args.split, "-c", str(args.ctx), "--json"]
     env = dict(os.environ, **({"PIPEINFER_MMAP": "1"} if mmap else {}))
     out = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT,
                          timeout=args.timeout)
@@ -50,7 +55,9 @@ def run(args, limits: str, mmap: bool) -> dict:
            if peaks else [], "at_limit": [int(c) for c in peaks.group(2).split(",")]
            if peaks and peaks.group(2).strip() else []}
     if out.returncode != 0:
-        return {**row, "error": (out.stderr.strip().splitlines() or ["?"])[-1]}
+        lines = out.stderr.strip().splitlines() or ["?"]
+        errors = [line for line in lines if "error" in line.lower()]
+        return {**row, "error": (errors or lines)[0]}
     result = json.loads(out.stdout.strip().splitlines()[-1])
     return {**row, "speed": result["speed_tps"], "tokens": result["tokens"],
             "rss": [s.get("peak_rss_mb") for s in result["rank_stats"]]}
@@ -85,10 +92,24 @@ def main() -> int:
     parser.add_argument("--strategy", default="pipeinfer")
     parser.add_argument("--split", default="0,0.34,0.33,0.33")
     parser.add_argument("-n", type=int, default=48)
+    parser.add_argument("-c", "--ctx", type=int, default=2048, help="run's -c (the KV cache: "
+                        "4x this many cells for the speculative strategies, on every rank)")
     parser.add_argument("-k", type=int, default=3)
     parser.add_argument("--mmap", action="store_true", help="also with PIPEINFER_MMAP=1")
+    parser.add_argument("--private-disks", action="store_true", help="every node but node 0 "
+                        "has a disk of its own (cluster.py --disks private), kept across the "
+                        "runs: the first start sends the slices, the others find them")
     parser.add_argument("--timeout", type=float, default=900)
     args = parser.parse_args()
+    args.disk_root = tempfile.mkdtemp(prefix="bench-memory-") if args.private_disks else None
+    try:
+        return measure(args)
+    finally:
+        if args.disk_root:
+            shutil.rmtree(args.disk_root, ignore_errors=True)
+
+
+def measure(args) -> int:
     settings = [("unlimited", "0", False), (f"limits {args.limits}", args.limits, False)]
     if args.mmap:
         settings += [("mmap unlimited", "0", True), (f"mmap limits {args.limits}",
@@ -101,8 +122,9 @@ def main() -> int:
             print(f"# rep {k + 1} {name}: {r.get('speed', r.get('error'))} t/s, peaks "
                   f"{r['peak_mb']}", file=sys.stderr, flush=True)
     print(f"# host: {host_cpu()}; {args.nodes} ranks x {args.cpu:g} core, {args.model} + "
-          f"{args.draft}, {args.strategy}, split {args.split}, {args.n} tokens, K={args.k}, "
-          "cold page cache each start")
+          f"{args.draft}, {args.strategy}, split {args.split}, {args.n} tokens, -c {args.ctx}, "
+          f"K={args.k}, cold page cache each start"
+          + (", only node 0 holding the model files" if args.disk_root else ""))
     tokens = {tuple(r["tokens"]) for rs in rows.values() for r in rs if "tokens" in r}
     print(f"# outputs: {len(tokens)} distinct token sequence(s) over every run")
     base = None

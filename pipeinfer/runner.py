@@ -42,7 +42,7 @@ def main(cfg: RunConfig, summary: bool = True) -> int:
         log.info("ready: %s", "; ".join(f"rank {r} pid {pid} on {host}"
                                         for r, host, pid, *_ in job.statuses))
     try:
-        return _run_head(cfg, job.head, summary) if job.is_head else job.serve()
+        return _run_head(job.cfg, job.head, summary) if job.is_head else job.serve()
     except KeyboardInterrupt:
         return _interrupted(rank)
 

@@ -36,7 +36,7 @@ from .worker import Idle, Worker
 from .config import RunConfig
 from .generate import driver_for
 from .setup import (SETUP_ERRORS, HeadSetup, draft_rank_file, head_setup,
-                    load_draft_rank_stage, load_stage, own_stage_file, plan)
+                    load_draft_rank_stage, load_stage, own_stage_file, plan, prompt_tokens)
 from .transfer import TransferError
 from .weights import Manifest, WeightsError, draft_need, obtain, target_needs
 from ..model.stage_cache import content_digest
@@ -93,11 +93,31 @@ def _plan_phase(link: Link, cfg: RunConfig, check: Callable[[], None] | None):
     failure = link.bcast(first_failure(statuses) if rank == 0 else None)
     if failure:
         raise StartFailed(failure)
-    return cfg, link.bcast(shared)
+    model, ranges, manifest, kv_cells = link.bcast(shared)
+    if kv_cells:
+        cfg = dataclasses.replace(cfg, spec=dataclasses.replace(cfg.spec, kv_size=kv_cells))
+    return cfg, (model, ranges, manifest)
+
+
+def job_kv_cells(cfg: RunConfig, model: Path) -> int:
+    """The KV cells every stage of a `run` job reserves: what its generation can use, not
+    what -c allows (llama.cpp zeroes, so keeps resident, every cell it reserves). A
+    speculative strategy gets 4x the prompt plus -n (rejected tokens keep their cells: the
+    ratio the default 4 x -c has), plus 512, in whole 256-cell blocks, at most 4 x -c; 0 (as
+    configured) for serve, an explicit --kv-size, and strategies without speculation."""
+    if cfg.prompt is None or cfg.spec.kv_size or not cfg.speculates:
+        return 0
+    tokenizer = Tokenizer(model)
+    try:
+        n_prompt = len(prompt_tokens(cfg, tokenizer))
+    finally:
+        tokenizer.close()
+    cells = 4 * (n_prompt + cfg.n_predict) + 512
+    return min(cfg.kv_size, -(-cells // 256) * 256)
 
 
 def _manifest(cfg: RunConfig, size: int):
-    """Rank 0: (model, ranges, Manifest) of the job."""
+    """Rank 0: (model, ranges, Manifest, KV cells) of the job."""
     ranges, model = plan(cfg, size)
     n_pipeline = cfg.n_pipeline(size)
     needs = target_needs(model, ranges, n_pipeline)
@@ -109,7 +129,7 @@ def _manifest(cfg: RunConfig, size: int):
         finally:
             tokenizer.close()
     manifest = Manifest(str(model), str(cfg.model), content_digest(model), needs)
-    return model, ranges, manifest
+    return model, ranges, manifest, job_kv_cells(cfg, model)
 
 
 class Job:

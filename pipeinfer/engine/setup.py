@@ -129,7 +129,7 @@ def own_stage_file(model: Path, rng: StageRange, size: int) -> Path | None:
 def head_setup(cfg: RunConfig, model: Path, stage: Stage | None, size: int,
                chain: list[int] | None = None) -> HeadSetup:
     tokenizer = Tokenizer(model)
-    prompt = [] if cfg.prompt is None else _prompt_tokens(cfg, tokenizer)
+    prompt = [] if cfg.prompt is None else prompt_tokens(cfg, tokenizer)
     n_pipeline = cfg.n_pipeline(size)
     if cfg.draft_ranks:
         drafter = RemoteHierarchy(DraftLink(), range(n_pipeline, size),
@@ -146,7 +146,7 @@ def head_setup(cfg: RunConfig, model: Path, stage: Stage | None, size: int,
                      drafter, cfg.pool())
 
 
-def _prompt_tokens(cfg: RunConfig, tokenizer: Tokenizer) -> list[int]:
+def prompt_tokens(cfg: RunConfig, tokenizer: Tokenizer) -> list[int]:
     text = tokenizer.apply_chat_template(cfg.prompt) if cfg.chat else cfg.prompt
     prompt = tokenizer.tokenize(text)
     if not prompt or not cfg.prompt:
