@@ -60,7 +60,28 @@ def run(args, limits: str, mmap: bool) -> dict:
         return {**row, "error": (errors or lines)[0]}
     result = json.loads(out.stdout.strip().splitlines()[-1])
     return {**row, "speed": result["speed_tps"], "tokens": result["tokens"],
+            "prompt_tokens": result["prompt_tokens"],
             "rss": [s.get("peak_rss_mb") for s in result["rank_stats"]]}
+
+
+def oracle(model: str, prompt: list[int], n: int) -> list[int]:
+    """llama.cpp's greedy tokens on one node (llama-cpp-python, the stages' weight layout)."""
+    sys.path.insert(0, str(ROOT))
+    from llama_cpp import Llama
+
+    from pipeinfer.model.llama_lib import llama_repacking
+    from pipeinfer.model.models import resolve_model
+
+    with llama_repacking(True):
+        llm = Llama(model_path=str(resolve_model(model)), n_ctx=2048, n_threads=1,
+                    flash_attn=True, verbose=False)
+    out = []
+    for token in llm.generate(prompt, temp=0.0, repeat_penalty=1.0):
+        out.append(int(token))
+        if len(out) >= n:
+            break
+    llm.close()
+    return out
 
 
 def table(args, name: str, rows: list[dict], base: float | None) -> float | None:
@@ -96,6 +117,8 @@ def main() -> int:
                         "4x this many cells for the speculative strategies, on every rank)")
     parser.add_argument("-k", type=int, default=3)
     parser.add_argument("--mmap", action="store_true", help="also with PIPEINFER_MMAP=1")
+    parser.add_argument("--oracle", action="store_true", help="compare the output with "
+                        "llama.cpp's greedy output on one node (llama-cpp-python)")
     parser.add_argument("--private-disks", action="store_true", help="every node but node 0 "
                         "has a disk of its own (cluster.py --disks private), kept across the "
                         "runs: the first start sends the slices, the others find them")
@@ -127,6 +150,10 @@ def measure(args) -> int:
           + (", only node 0 holding the model files" if args.disk_root else ""))
     tokens = {tuple(r["tokens"]) for rs in rows.values() for r in rs if "tokens" in r}
     print(f"# outputs: {len(tokens)} distinct token sequence(s) over every run")
+    done = [r for rs in rows.values() for r in rs if "tokens" in r]
+    if args.oracle and done:
+        same = list(tokens) == [tuple(oracle(args.model, done[0]["prompt_tokens"], args.n))]
+        print(f"# equal to llama.cpp's greedy output (llama-cpp-python, one node): {same}")
     base = None
     for name, _, mmap in settings:
         if name.endswith("unlimited"):

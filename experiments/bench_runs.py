@@ -116,7 +116,7 @@ def _links(job: str, spec: RunSpec):
 def pipeinfer_command(spec: RunSpec) -> list[str]:
     cmd = [str(Path(sys.executable).parent / "pipeinfer"), "run", "-m", spec.model,
            "-p", spec.prompt, "-n", str(spec.n), "--ignore-eos", "-t", "1", "--json",
-           "--strategy", spec.strategy]
+           "--strategy", spec.strategy, "-c", "4096"]  # the peers' context (peer_command)
     if spec.system == spec.strategy:
         cmd += ["--layer-split", ",".join(repr(f) for f in spec.split)]
     if spec.uses_draft:
