@@ -86,33 +86,47 @@ class Server:
         self.proc.wait(10)
 
 
+def serving(srv: Server, timeout: float = 150):
+    """A module fixture's server: ready, then killed when the module is done."""
+    try:
+        srv.wait_ready(timeout)
+        yield srv
+    finally:
+        srv.kill()
+
+
+def openai_client(srv: Server, timeout: float = 120):
+    from openai import OpenAI
+
+    return OpenAI(base_url=srv.url + "/v1", api_key=KEY, max_retries=0, timeout=timeout)
+
+
+def open_tokenizer(model):
+    """A module fixture's tokenizer of `model`, closed when the module is done."""
+    from pipeinfer.model.tokenizer import Tokenizer
+
+    tok = Tokenizer(model)
+    yield tok
+    tok.close()
+
+
 @pytest.fixture(scope="module")
 def server(smollm2, tmp_path_factory):
     srv = Server(tmp_path_factory.mktemp("serve"), 3, "-m", str(smollm2), "-md", str(smollm2),
                  "--strategy", "pipeinfer", "--layer-split", "0,0.5,0.5", "-c", str(N_CTX),
                  "--api-key", KEY, "--queue", "4", "--alias", "smollm2", "--parallel", "4",
                  "--no-cache-prompt")   # every answer is compared with a fresh evaluation
-    try:
-        srv.wait_ready()
-        yield srv
-    finally:
-        srv.kill()
+    yield from serving(srv)
 
 
 @pytest.fixture(scope="module")
 def client(server):
-    from openai import OpenAI
-
-    return OpenAI(base_url=server.url + "/v1", api_key=KEY, max_retries=0, timeout=120)
+    return openai_client(server)
 
 
 @pytest.fixture(scope="module")
 def tokenizer(smollm2):
-    from pipeinfer.model.tokenizer import Tokenizer
-
-    tok = Tokenizer(smollm2)
-    yield tok
-    tok.close()
+    yield from open_tokenizer(smollm2)
 
 
 def expected(model, tokenizer, prompt_tokens: list[int], n: int) -> tuple[str, int, str]:

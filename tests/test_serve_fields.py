@@ -15,7 +15,8 @@ import pytest
 
 from llama_oracle import Chain, chain_greedy, completion_logprobs
 from pipeinfer.engine.prompt_cache import common_prefix
-from test_serve import AUTH, KEY, N_CTX, Server, chat_tokens, expected
+from test_serve import (AUTH, KEY, N_CTX, Server, chat_tokens, expected, open_tokenizer,
+                        openai_client, serving)
 
 pytestmark = pytest.mark.smollm2
 
@@ -28,27 +29,17 @@ def server(smollm2, tmp_path_factory):
                  str(smollm2), "--strategy", "pipeinfer", "--layer-split", "0,0.5,0.5",
                  "-c", str(N_CTX), "--api-key", KEY, "--alias", "smollm2", "--parallel", "2",
                  "--no-cache-prompt")   # answers compared with fresh evaluations; but one test
-    try:
-        srv.wait_ready()
-        yield srv
-    finally:
-        srv.kill()
+    yield from serving(srv)
 
 
 @pytest.fixture(scope="module")
 def client(server):
-    from openai import OpenAI
-
-    return OpenAI(base_url=server.url + "/v1", api_key=KEY, max_retries=0, timeout=120)
+    return openai_client(server)
 
 
 @pytest.fixture(scope="module")
 def tokenizer(smollm2):
-    from pipeinfer.model.tokenizer import Tokenizer
-
-    tok = Tokenizer(smollm2)
-    yield tok
-    tok.close()
+    yield from open_tokenizer(smollm2)
 
 
 def test_completion_logprobs_equal_llama_cpp_pythons(server, client, smollm2, tokenizer):

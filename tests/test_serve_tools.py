@@ -13,7 +13,7 @@ from pipeinfer.model import models
 from pipeinfer.serve.tool_calls import extract
 from test_chat_template import llama_chat_tokens
 from test_pipeline_mpi import llama_greedy
-from test_serve import KEY, Server
+from test_serve import KEY, Server, open_tokenizer, openai_client, serving
 
 N_CTX = 1024
 WEATHER = [{"type": "function", "function": {
@@ -38,27 +38,17 @@ def server(qwen, tmp_path_factory):
                  str(qwen[1]), "--strategy", "pipeinfer", "--layer-split", "0,0.5,0.5",
                  "-c", str(N_CTX), "--api-key", KEY, "--alias", "qwen", "--parallel", "1",
                  "--no-cache-prompt")
-    try:
-        srv.wait_ready(240)
-        yield srv
-    finally:
-        srv.kill()
+    yield from serving(srv, 240)
 
 
 @pytest.fixture(scope="module")
 def client(server):
-    from openai import OpenAI
-
-    return OpenAI(base_url=server.url + "/v1", api_key=KEY, max_retries=0, timeout=240)
+    return openai_client(server, 240)
 
 
 @pytest.fixture(scope="module")
 def tokenizer(qwen):
-    from pipeinfer.model.tokenizer import Tokenizer
-
-    tok = Tokenizer(qwen[0])
-    yield tok
-    tok.close()
+    yield from open_tokenizer(qwen[0])
 
 
 def llama_answer(model, tokenizer, prompt: list[int], n: int) -> str:

@@ -93,6 +93,8 @@ def check_stage_file(src: GGUFReader, path: Path, first: int, last: int, final: 
                 expected.add(f"blk.{int(layer) - first}.{rest}")
         else:
             expected.add(name)
+    if final and "output.weight" in src_t:  # the output head under the embeddings' name
+        expected.discard("output.weight")
     assert set(st_t) == expected
     for name, t in st_t.items():
         if name.startswith("blk."):
@@ -106,11 +108,7 @@ def check_stage_file(src: GGUFReader, path: Path, first: int, last: int, final: 
             assert not np.any(t.data)
             continue
         if final and name == "token_embd.weight" and "output.weight" in src_t:
-            # never read by a final stage (its output head is output.weight): zeros of the
-            # smallest block type, at the shape llama.cpp requires
-            assert list(t.shape) == list(s.shape)
-            assert t.n_bytes < s.n_bytes and not np.any(np.asarray(t.data).view(np.uint8))
-            continue
+            s = src_t["output.weight"]  # a llama: llama.cpp ties a missing head to it
         assert t.tensor_type == s.tensor_type and list(t.shape) == list(s.shape), name
         assert np.array_equal(np.asarray(t.data).view(np.uint8), np.asarray(s.data).view(np.uint8))
 
@@ -386,3 +384,23 @@ def test_stage_cache_unwritable(tiny_model: Path, tmp_path: Path, monkeypatch):
     monkeypatch.setenv("PIPEINFER_CACHE", str(ro))
     with pytest.raises(ModelError, match="is not writable"):
         stage_cache.stage_file(tiny_model, StageRange(0, 0, 2, False))
+
+
+def test_final_stage_of_other_archs_zeroes_its_embeddings(tiny_model: Path):
+    """Where llama.cpp is not known to tie a missing output head to the embeddings, a final
+    stage keeps output.weight and gets zeroed embeddings of the smallest type that fits."""
+    import dataclasses
+
+    from pipeinfer.model.partition import StageRange
+    from pipeinfer.model.slicing import _stage_tensors, model_info, read_model
+
+    header = read_model(tiny_model)
+    info = dataclasses.replace(model_info(header, tiny_model), arch="not-tied")
+    tensors = {name: (dims, ttype, data) for name, dims, ttype, data in
+               _stage_tensors(header, info, StageRange(1, 1, 2, True))}
+    source = header.tensors["token_embd.weight"]
+    dims, ttype, data = tensors["token_embd.weight"]
+    assert list(dims) == list(source.shape) and ttype != source.ggml_type
+    assert isinstance(data, bytes) and not any(data) and len(data) < source.n_bytes
+    assert tensors["output.weight"][2] == (header.tensors["output.weight"].offset,
+                                           header.tensors["output.weight"].n_bytes)

@@ -19,8 +19,8 @@ from .models import ModelError, cache_dir, locked
 from .partition import StageRange
 from .slicing import model_info, open_model, write_stage
 
-SLICER_VERSION = 2  # bump when the stage file layout changes (2: a final stage's unused
-#                    token embeddings are zeros of the smallest type)
+SLICER_VERSION = 3  # bump when the stage file layout changes (3: a final stage's output head
+#                    stands in for its unused token embeddings, slicing.TIED_OUTPUT_ARCHS)
 
 log = logging.getLogger(__name__)
 
