@@ -35,11 +35,13 @@ AUTH = {"Authorization": f"Bearer {KEY}"}
 class Server:
     """`mpiexec -n N pipeinfer serve ...` in a session of its own, output in files."""
 
-    def __init__(self, tmp: Path, n: int, *args: str):
+    def __init__(self, tmp: Path, n: int, *args: str, launcher: list[str] | None = None):
+        """`launcher`: a command that launches the ranks itself (experiments/cluster.py ...
+        --), instead of `mpiexec -n n`."""
         self.url = ""   # once the server has said where it listens (--port 0: a free port)
         self.err_path = tmp / "stderr.txt"
-        cmd = mpi_util.mpi_command(n, [str(mpi_util.PIPEINFER), "serve", "--port", "0",
-                                       *args])
+        serve = [str(mpi_util.PIPEINFER), "serve", "--port", "0", *args]
+        cmd = launcher + serve if launcher else mpi_util.mpi_command(n, serve)
         with open(tmp / "stdout.txt", "w") as out, open(self.err_path, "w") as err:
             self.proc = subprocess.Popen(cmd, stdout=out, stderr=err, env=mpi_util.mpi_env(),
                                          start_new_session=True, stdin=subprocess.DEVNULL)

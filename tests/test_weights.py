@@ -232,3 +232,37 @@ def test_full_disk_names_rank_host_and_space(tmp_path: Path, tiny8: Path):
     assert any("rank 1 (" in line and "not enough space" in line and str(stages) in line
                for line in lines), result.describe()
     assert "Traceback" not in result.stderr
+
+
+@needs_cgroups
+@pytest.mark.smollm2
+def test_serve_without_model_on_workers_is_exact(tmp_path: Path, smollm2: Path):
+    """`serve` starts the same way: the workers receive their slices, answers stay exact."""
+    import httpx
+
+    from test_serve import Server
+
+    launcher = [str(PYTHON), str(CLUSTER), "--nodes", "3", "--cpu", "1", "--disks", "private",
+                "--disk-root", str(tmp_path / "disks"), "--"]
+    srv = Server(tmp_path, 3, "-m", str(smollm2), "--layer-split", "0.2,0.4,0.4",
+                 "--no-cache-prompt", launcher=launcher)
+    try:
+        srv.wait_ready(180)
+        prompt = "The capital of France is"
+        answer = httpx.post(srv.url + "/v1/completions", timeout=120, json={
+            "prompt": prompt, "max_tokens": 12, "temperature": 0, "ignore_eos": True}).json()
+        assert any(node_files(tmp_path / "disks", r) for r in (1, 2))
+    finally:
+        srv.proc.send_signal(signal.SIGTERM)  # cluster.py removes its cgroups and mounts
+        try:
+            srv.proc.wait(30)
+        finally:
+            srv.kill()
+    from pipeinfer.model.tokenizer import Tokenizer
+
+    tok = Tokenizer(smollm2)
+    try:
+        want = tok.detokenize(llama_greedy(smollm2, tok.tokenize(prompt), 12))
+    finally:
+        tok.close()
+    assert answer["choices"][0]["text"] == want, answer
