@@ -10,7 +10,9 @@ latency): grouped bars, one panel per model pair and prompt, the cluster setting
 axis (by node count, then in the order they first appear) and one bar per strategy, the mean
 over repeated runs with the standard deviation as the error bar. ablation.png when the CSV
 holds PipeInfer ablation variants (paper Fig. 8), peers.png when it holds llama.cpp rows of
-experiments/bench_peers.py (speed per system and node count), acceptance.png when it holds acceptance
+experiments/bench_peers.py (speed per system and node count), scaling.png when those rows
+have three or more node counts at one CPU per node (bench_peers --cpu-per-node: t/s against
+nodes, a line per system), acceptance.png when it holds acceptance
 rates, verified_acceptance.png when it holds verified acceptance rates (the share of the
 drafted tokens the target did verify that it accepted). summary.txt holds the table that is
 also printed (pipeinfer/results.py): means +- standard deviation over the repeats, and speed
@@ -27,6 +29,7 @@ from __future__ import annotations
 import argparse
 import csv
 import math
+import re
 import statistics
 import sys
 from collections import defaultdict
@@ -203,6 +206,52 @@ def ablation_chart(plt, rows: list[Row], variants: list[str], path: Path) -> boo
     return True
 
 
+SETTING = re.compile(r"^(\d+)n-([\d.]+)c")   # bench_runs.RunSpec.setting: nodes, cores each
+
+
+def scaling_series(rows: list[Row]) -> tuple[str | None, dict[str, dict[int, float]]]:
+    """The CPU per node with the most node counts, and per system {nodes: median t/s} there
+    (a system with several variants, llama.cpp's speculative decoding per draft max: its
+    best at each node count)."""
+    speeds = defaultdict(lambda: defaultdict(list))   # cpu -> (variant, nodes) -> t/s
+    for r in rows:
+        m, tps = SETTING.match(r.setting), r.values.get("speed_tps")
+        if m and tps:
+            speeds[m.group(2)][r.variant, int(m.group(1))].append(tps)
+    if not speeds:
+        return None, {}
+    cpu = max(speeds, key=lambda c: len({n for _, n in speeds[c]}))
+    series = defaultdict(dict)
+    for (variant, nodes), values in speeds[cpu].items():
+        system = re.sub(r"-d\d+$", "", variant)
+        series[system][nodes] = max(series[system].get(nodes, 0.0), statistics.median(values))
+    return cpu, dict(series)
+
+
+def scaling_chart(plt, rows: list[Row], path: Path) -> bool:
+    """scaling.png: t/s against the number of nodes at a fixed CPU per node (bench_peers
+    --cpu-per-node), one line per system; False if the CSV has fewer than 3 node counts."""
+    cpu, series = scaling_series(rows)
+    if cpu is None or len({n for s in series.values() for n in s}) < 3:
+        return False
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    colors = colors_for(list(series))
+    for system, points in series.items():
+        nodes = sorted(points)
+        ax.plot(nodes, [points[n] for n in nodes], marker="o", label=system,
+                color=colors[system])
+    ax.set_xticks(sorted({n for points in series.values() for n in points}))
+    ax.set_xlabel(f"nodes ({cpu} core each)")
+    ax.set_ylabel("tokens/s")
+    ax.set_title("Speed as nodes are added")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
 def csv_charts(plt, rows: list[Row], out: Path, csv_name: str) -> list[Path]:
     """The charts of a results CSV (and summary.txt, whose table is also printed)."""
     variants = variant_order(r.variant for r in rows)
@@ -226,6 +275,8 @@ def csv_charts(plt, rows: list[Row], out: Path, csv_name: str) -> list[Path]:
     if peers and bar_chart(plt, rows, METRICS["speed"], peers + base, out / "peers.png",
                            "pipeinfer and llama.cpp RPC: generation speed"):
         written.append(out / "peers.png")
+    if scaling_chart(plt, rows, out / "scaling.png"):
+        written.append(out / "scaling.png")
     if ablations:
         abl = (["pipeinfer"] if "pipeinfer" in variants else []) + ablations
         if ablation_chart(plt, rows, abl, out / "ablation.png"):

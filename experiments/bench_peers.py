@@ -6,9 +6,11 @@ the same with llama.cpp's speculative decoding (llama-speculative, the draft on 
 
     python experiments/bench_peers.py --nodes 2,4,8 -k 3 -n 128 --out peers.csv
     python plot.py peers.csv --out figures/          # peers.png among the charts
+    python experiments/bench_peers.py --nodes 2,3,4,6,8 --cpu-per-node 0.25 -k 3 --out s.csv
+    python plot.py s.csv --out figures/              # scaling.png: t/s against nodes
 
 Every system gets the same nodes: N nodes share --cpu-total cores evenly (2 cores: 2 x 1,
-4 x 0.5, 8 x 0.25), one CPU quota per node (experiments/cluster.py's cgroups), 1 thread per
+4 x 0.5, 8 x 0.25), or each has --cpu-per-node cores, one CPU quota per node (experiments/cluster.py's cgroups), 1 thread per
 node; node 0 is the head / main host and holds no target layers, the other nodes split the
 target's layers evenly (llama.cpp: -ts 1,1,...; pipeinfer: --layer-split 0,1/(N-1),...);
 the extra system pipeinfer-default-split is pipeinfer without --layer-split (its default). The
@@ -102,6 +104,21 @@ def summarize(results: dict) -> None:
             print(f"  pipeinfer / best peer ({best[0]}): {pipe / best[1]:.2f}x")
         if rpc and it:
             print(f"  pipeinfer iterative / llama-rpc: {it / rpc:.2f}x")
+    _scaling(by_nodes)
+
+
+def _scaling(by_nodes: dict) -> None:
+    """Each system's speed at every node count over its speed at the fewest nodes."""
+    counts = sorted(by_nodes)
+    if len(counts) < 2:
+        return
+    print(f"\nspeed over the same system at {counts[0]} nodes:")
+    for variant in by_nodes[counts[0]]:
+        base = by_nodes[counts[0]][variant][0]
+        ratios = [by_nodes[n].get(variant, (None,))[0] for n in counts]
+        if base:
+            print(f"  {variant:22} " + "  ".join(f"{n}n {'-' if r is None else f'{r / base:.2f}x'}"
+                                               for n, r in zip(counts, ratios)))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -111,6 +128,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--nodes", default="2,4,8", help="node counts (comma-separated)")
     parser.add_argument("--cpu-total", type=float, default=2.0,
                         help="cores shared evenly by the nodes of each setting (default 2)")
+    parser.add_argument("--cpu-per-node", type=float, default=None,
+                        help="cores of every node whatever their number (instead of "
+                             "--cpu-total): the machines a user adds, e.g. --nodes 2,3,4,6,8 "
+                             "--cpu-per-node 0.25; plot.py draws scaling.png from the CSV")
     parser.add_argument("-n", type=int, default=128, help="tokens to generate")
     parser.add_argument("-k", type=int, default=3, help="repeats (interleaved)")
     parser.add_argument("--systems", default=",".join(PEER_SYSTEMS + PIPEINFER_SYSTEMS),
@@ -127,17 +148,22 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [s for s in systems if s not in PEER_SYSTEMS + PIPEINFER_SYSTEMS + EXTRA_SYSTEMS]
     if unknown:
         parser.error(f"unknown system(s) {', '.join(unknown)}")
+    node_counts = [int(n) for n in args.nodes.split(",")]
+    if args.cpu_per_node and args.cpu_per_node * max(node_counts) > (os.cpu_count() or 1):
+        parser.error(f"{max(node_counts)} nodes x {args.cpu_per_node:g} core need more than "
+                     f"this machine's {os.cpu_count()} cores")
     bin_dir = peer_binaries(systems)
     if bin_dir is None:
         systems = [s for s in systems if s not in PEER_SYSTEMS]
     prompt = render_prompt(args.model, CODE_PROMPT)
     results = defaultdict(list)
     for rep in range(args.k):
-        for nodes in [int(n) for n in args.nodes.split(",")]:
+        for nodes in node_counts:
             for variant, system, draft_max in variants(systems, [int(d) for d in
                                                                 args.draft_max.split(",")]):
                 spec = RunSpec(system=system, variant=variant, nodes=nodes,
-                               cpu=args.cpu_total / nodes, model=args.model, draft=args.draft,
+                               cpu=args.cpu_per_node or args.cpu_total / nodes,
+                               model=args.model, draft=args.draft,
                                prompt=prompt, n=args.n, link=args.link, draft_max=draft_max,
                                timeout=args.timeout)
                 t0 = time.time()

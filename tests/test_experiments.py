@@ -201,6 +201,37 @@ def test_plot_orders_settings_by_node_count(tmp_path):
         ["2n-slow", "2n-none", "4n-none", "4n-slow", "4n-het", "8n-none", "local"]
 
 
+def test_plot_scaling_chart_from_fixed_cpu_per_node(tmp_path):
+    """bench_peers --cpu-per-node rows (settings Nn-0.25c): scaling.png, a line per system,
+    llama.cpp's speculative decoding at its best draft max per node count."""
+    import sys
+
+    sys.path.insert(0, str(PLOT.parent))
+    from plot import scaling_series
+
+    from pipeinfer.results import read_rows
+
+    path = tmp_path / "scaling.csv"
+    rows = [("llama-rpc", n, 1.0 + n / 10) for n in (2, 3, 4)] + \
+        [("pipeinfer", n, float(n)) for n in (2, 3, 4)] + \
+        [("llama-rpc-spec-d4", n, 2.0) for n in (2, 3, 4)] + \
+        [("llama-rpc-spec-d8", n, 2.5 if n == 3 else 1.0) for n in (2, 3, 4)] + \
+        [("pipeinfer", 4, 9.0), ("pipeinfer", 8, 1.0)]   # 8 nodes at another CPU: not drawn
+    with open(path, "w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["strategy", "speed_tps", "ttft_s", "itl_s", "label"])
+        for variant, nodes, tps in rows:
+            cpu = "1c" if nodes == 8 else "0.25c"
+            writer.writerow([variant, tps, 0.1, 1 / tps, f"pair=p;prompt=code;setting="
+                             f"{nodes}n-{cpu};variant={variant}"])
+    cpu, series = scaling_series(read_rows(path))
+    assert cpu == "0.25" and series["llama-rpc-spec"] == {2: 2.0, 3: 2.5, 4: 2.0}
+    assert series["pipeinfer"] == {2: 2.0, 3: 3.0, 4: 6.5}   # medians of 4 and 9
+    result = launch([PYTHON, PLOT, path, "--out", tmp_path / "fig"], timeout=120)
+    assert result.rc == 0 and (tmp_path / "fig" / "scaling.png").stat().st_size > 0, \
+        result.describe()
+
+
 def test_plot_missing_csv_is_a_clear_error(tmp_path):
     result = launch([PYTHON, PLOT, tmp_path / "nope.csv", "--out", tmp_path / "fig"])
     assert result.rc == 2

@@ -53,6 +53,15 @@ def drop_page_cache(path: str) -> None:
         os.close(fd)
 
 
+def trim_heap() -> None:
+    """Give the C heap's free memory back to the system (glibc): loading leaves freed read
+    buffers below the heap's top, ~11 MB of Qwen2.5's last stage."""
+    try:
+        ctypes.CDLL(None).malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
 class StageAborted(Exception):
     """A decode was cancelled mid-way; the KV cache is as it was before it."""
 
@@ -101,6 +110,7 @@ class Stage:
         self.final = self.n_vocab > 1 if final is None else final
         for _ in range(self.config.n_slots):
             self._slots.append(_Context(self))
+        trim_heap()
 
     def close(self) -> None:
         """Free the contexts, then the model. Safe to call twice."""
