@@ -241,12 +241,15 @@ class Head:
         return self.setup.tokenizer
 
     def request(self, prompt: Sequence[int] | None = None, n_predict: int | None = None,
-                ignore_eos: bool | None = None) -> Request:
-        """A Request of this job: the job's prompt, -n and --ignore-eos unless given."""
+                ignore_eos: bool | None = None, resumed: Sequence[int] = ()) -> Request:
+        """A Request of this job: the job's prompt, -n and --ignore-eos unless given;
+        `resumed`: the tokens an earlier job generated for it before it ended (the generation
+        goes on after them, as it would have: n_predict counts them)."""
         cfg = self.cfg
         return Request(tuple(self.setup.prompt if prompt is None else prompt),
                        cfg.n_predict if n_predict is None else n_predict, cfg.n_ctx,
-                       cfg.ignore_eos if ignore_eos is None else ignore_eos)
+                       cfg.ignore_eos if ignore_eos is None else ignore_eos,
+                       resumed=tuple(int(t) for t in resumed))
 
     def generate(self, on_token: Callable[[int], None] = lambda t: None,
                  request: Request | None = None,
@@ -256,7 +259,7 @@ class Head:
         counters, stop reason)."""
         self.gen = self._generation(on_token, request)
         cfg = self.cfg
-        STRATEGIES[cfg.strategy](self.setup.pipeline, self.gen, Sampler(sampling or cfg.sampling),
+        STRATEGIES[cfg.strategy](self.setup.pipeline, self.gen, self._sampler(sampling),
                                  cfg, self.setup.drafter, self.setup.pool, trace=self.trace)
         return self.gen
 
@@ -268,8 +271,13 @@ class Head:
         self.gen = self._generation(lambda t: None, request)
         cfg = self.cfg
         yield from driver_for(cfg.strategy, self.setup.pipeline, self.gen,
-                              Sampler(sampling or cfg.sampling), cfg, self.setup.drafter,
+                              self._sampler(sampling), cfg, self.setup.drafter,
                               self.setup.pool, self.trace).stream()
+
+    def _sampler(self, sampling: SamplingParams | None) -> Sampler:
+        """The current generation's sampler (its draws keyed by position: a resumed
+        generation draws on from where it stopped)."""
+        return Sampler(sampling or self.cfg.sampling, position=len(self.gen.request.resumed))
 
     def _generation(self, on_token: Callable[[int], None],
                     request: Request | None) -> Generation:

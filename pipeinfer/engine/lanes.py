@@ -146,7 +146,8 @@ class Lanes:
         request = replace(request, cached=cached)
         gen = Generation(request, head.tokenizer.is_eog, on_token, run_ids=head.run_ids)
         strategy = self.strategy_now()
-        sampler = Sampler(sampling, history=gen.last, observe=observe, constraint=constraint)
+        sampler = Sampler(sampling, history=gen.last, observe=observe, constraint=constraint,
+                          position=len(gen.request.resumed))
         driver = driver_for(strategy, pipe, gen, sampler, self.cfg,
                             self._drafters[slot], self.cfg.pool(), head.trace,
                             threaded_drafts=True)

@@ -4,8 +4,9 @@ logit bias, repetition penalties, then top-k, top-p, min-p, temperature and the 
 (top-k, top-p and min-p never remove the most likely token).
 
 The same logits and seed give the same tokens however the model is split over ranks, since
-stage outputs are bit-identical to the whole model's. A Sampler is asked for one token per
-generated position, in order; penalties need the tokens before that position (`history`), the
+stage outputs are bit-identical to the whole model's, and the same on a job that resumes the
+generation part-way: the draw at each position is keyed by (seed, position). A Sampler is asked
+for one token per generated position, in order; penalties need the tokens before that position (`history`), the
 prompt included, as llama-server feeds them to its sampler.
 """
 
@@ -83,12 +84,19 @@ class Sampler:
     def __init__(self, params: SamplingParams,
                  history: Callable[[int], Sequence[int]] | None = None,
                  observe: LogitObserver | None = None,
-                 constraint: Constraint | None = None):
+                 constraint: Constraint | None = None, position: int = 0):
+        """`position`: how many tokens the generation has before the first one this sampler
+        draws (a generation resumed after k tokens: k)."""
         if params.penalized and history is None:
             raise ValueError("repetition penalties need the tokens before each position")
         self.params, self.history, self.observe = params, history, observe
         self.constraint = constraint
-        self.rng = np.random.default_rng(params.seed)
+        self.position = position
+
+    def rng(self) -> np.random.Generator:
+        """The draw's generator for the token at `position`: keyed by (seed, position) alone,
+        not by the draws before it, so a generation resumed on another job draws the same."""
+        return np.random.default_rng([self.params.seed, self.position])
 
     def adjusted(self, logits: np.ndarray) -> np.ndarray:
         """The logits after the chain's logit bias and penalties (a float32 copy if they
@@ -138,7 +146,8 @@ class Sampler:
             token = int(np.argmax(adjusted))
         else:
             probs = self.distribution(adjusted)
-            token = int(self.rng.choice(probs.shape[0], p=probs))
+            token = int(self.rng().choice(probs.shape[0], p=probs))
+        self.position += 1
         if self.constraint is not None:
             self.constraint.accept(token)
         if self.observe is not None:

@@ -18,6 +18,9 @@ class Request:
     n_ctx: int
     ignore_eos: bool = False
     cached: int = 0     # prompt positions [0, cached) already in sequence 0 (a kept prefix)
+    # Tokens generated before (by a job that ended): evaluated after the prompt in runs of
+    # the exact run size, as they were when generated, then the generation goes on from them.
+    resumed: tuple[int, ...] = ()
 
 
 @dataclass
@@ -33,6 +36,10 @@ class Generation:
     stop_reason: str = ""
     run_ids: itertools.count = field(default_factory=itertools.count)
     extras: dict = field(default_factory=dict)  # strategy-specific results for the JSON
+
+    def __post_init__(self) -> None:
+        if self.request.resumed and not self.tokens:
+            self.tokens = list(self.request.resumed)  # (never handed to on_token again)
 
     @property
     def n_past(self) -> int:

@@ -45,7 +45,7 @@ class Speculation:
         self.cancel_enabled = cancel
         self.max_run = max_run               # most tokens of a speculative run (options.py)
         # Cells are never reused within a generation (see partition_pool): count them.
-        self.kv_free = kv_cells - len(gen.request.prompt)
+        self.kv_free = kv_cells - len(gen.request.prompt) - len(gen.request.resumed)
         self.fifo: deque[Run] = deque()
         self.c0 = gen.request.cached         # sequence 0 holds positions [0, c0)
         self.sources: dict[int, int] = {}    # run id -> run id it copied its context from
@@ -103,17 +103,23 @@ class Speculation:
         sequence 0; the last chunk's last row gives the first token. A prefix whose cells
         sequence 0 keeps (request.cached) is not evaluated again."""
         request = self.gen.request
-        self.chain(request.prompt, request.cached, len(request.prompt), (CANONICAL_SEQ,),
-                   n_batch, count_cells=False)
+        tokens, n_prompt = request.prompt + request.resumed, len(request.prompt)
+        self.chain(tokens, request.cached, n_prompt, (CANONICAL_SEQ,), n_batch,
+                   count_cells=False, final=not request.resumed)
+        # Tokens generated before a restart: in runs of at most the exact run size, which
+        # compute as one-token decoding did (options.py), so every cell is as it was.
+        self.chain(tokens, n_prompt, len(tokens), (CANONICAL_SEQ,), self.max_run,
+                   count_cells=False)
 
     def chain(self, tokens, start: int, end: int, seqs: tuple[int, ...], n_batch: int,
-              ops: list = (), tree_ids: tuple[int, ...] = (), count_cells: bool = True) -> None:
+              ops: list = (), tree_ids: tuple[int, ...] = (), count_cells: bool = True,
+              final: bool = True) -> None:
         """Runs of tokens[start:end] at their positions in sequences `seqs`, in chunks of at
         most n_batch (after KV ops `ops`); only the last chunk's last row is output (its
-        tree node: `tree_ids`)."""
+        tree node: `tree_ids`), unless not `final` (more follow)."""
         for first in range(start, end, n_batch):
             chunk = tokens[first:min(first + n_batch, end)]
-            last = first + len(chunk) == end
+            last = final and first + len(chunk) == end
             run = Run(self.gen.next_run_id(), first, tuple(tokens[:first]),
                       [Node(t, i - 1, i, seqs) for i, t in enumerate(chunk)],
                       speculative=False, prefill=True, final_chunk=last,
