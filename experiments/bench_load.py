@@ -47,7 +47,7 @@ from cluster import LINK_PRESETS  # noqa: E402
 from cpu_quota import PERIOD_US, CpuQuotas, host_cpu  # noqa: E402
 from peers import PeerCluster, last_line, peak_rss_mb  # noqa: E402
 
-SENT = re.compile(r"sent (\d+) MB of weights in ([\d.]+) s")
+SENT = re.compile(r"sent ([\d.]+) MB of weights in ([\d.]+) s")
 LINK_MB_S = {"gigabit": 125.0, "slow": 12.5}
 
 
@@ -81,7 +81,7 @@ def pipeinfer_start(args, disks: Path, prompt: str, env: dict | None = None) -> 
     sent = SENT.search(err)
     return {"launch_to_token_s": ttft, "wall_s": time.monotonic() - t0,
             "transfer_s": float(sent.group(2)) if sent else 0.0,
-            "sent_mb": int(sent.group(1)) if sent else 0}
+            "sent_mb": float(sent.group(1)) if sent else 0}
 
 
 def rpc_start(args, bin_dir: Path, prompt: str, cache: list[Path] | None) -> dict:

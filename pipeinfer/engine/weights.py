@@ -161,8 +161,8 @@ def _serve(link: Link, manifest: Manifest, ranks: list[int]) -> None:
     offers = deque(sorted(((r, *_offer(manifest, manifest.needs[r])) for r in ranks),
                           key=lambda o: -o[1].size))
     t0 = time.monotonic()  # (the files are cut and hashed: what follows is the transfer)
-    log.info("sending %.0f MB of weights to rank(s) %s", sum(o.size for _, o, _ in offers)
-             / 1e6, ", ".join(map(str, ranks)))
+    log.info("sending %s MB of weights to rank(s) %s", _mb(sum(o.size for _, o, _ in offers)),
+             ", ".join(map(str, ranks)))
     at_once = int(os.environ.get(AT_ONCE_VAR, "0") or 0) or len(offers)
     senders: list[Sender] = []
     backoff, last = Backoff(limit=1e-3), t0
@@ -177,8 +177,8 @@ def _serve(link: Link, manifest: Manifest, ranks: list[int]) -> None:
             log.info("weights: %s", "; ".join(_progress(s, last - t0) for s in senders))
     elapsed = max(time.monotonic() - t0, 1e-9)
     sent = sum(s.sent_bytes for s in senders)
-    log.info("sent %.0f MB of weights in %.1f s (%.0f MB/s)", sent / 1e6, elapsed,
-             sent / elapsed / 1e6)
+    log.info("sent %s MB of weights in %.1f s (%s MB/s)", _mb(sent), elapsed,
+             _mb(sent / elapsed))
     errors = [f"rank {s.dest}: {s.error}" for s in senders if s.error and not s.reported]
     if errors:  # (a receiver's own failure it reports itself, naming its host)
         raise TransferError("; ".join(errors))
@@ -188,11 +188,14 @@ def _progress(sender: Sender, elapsed: float) -> str:
     """'rank 2: 120 of 276 MB, 110 MB/s, ETA 1 s' (what rank 0 has handed to MPI)."""
     size, sent = sender.offer.size, sender.sent_bytes
     if sender.done:
-        return f"rank {sender.dest}: " + ("failed" if sender.error else f"{size / 1e6:.0f} MB done")
+        return f"rank {sender.dest}: " + ("failed" if sender.error else f"{_mb(size)} MB done")
     rate = sent / max(elapsed, 1e-9)
     eta = f"{(size * sender.tries - sent) / rate:.0f} s" if rate else "?"
-    return (f"rank {sender.dest}: {sent / 1e6:.0f} of {size / 1e6:.0f} MB, {rate / 1e6:.0f} "
-            f"MB/s, ETA {eta}")
+    return f"rank {sender.dest}: {_mb(sent)} of {_mb(size)} MB, {_mb(rate)} MB/s, ETA {eta}"
+
+
+def _mb(n: float) -> str:
+    return f"{n / 1e6:.0f}" if n >= 1e8 else f"{n / 1e6:.1f}"
 
 
 def _offer(manifest: Manifest, need: Need) -> tuple[Offer, Path | None]:
