@@ -85,7 +85,7 @@ def _plan_phase(link: Link, cfg: RunConfig, check: Callable[[], None] | None):
             cfg = dataclasses.replace(cfg, split=auto_split(link, cfg), leave_empty=True)
         if rank == 0:
             shared = _manifest(cfg, size)
-    except SETUP_ERRORS as err:
+    except SETUP_ERRORS + (WeightsError, TransferError) as err:  # (auto: calibration's)
         error = str(err)
     except Exception as err:
         error = describe(err, cfg.verbose)

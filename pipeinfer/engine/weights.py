@@ -27,7 +27,6 @@ from pathlib import Path
 from ..model.models import ModelError, resolve_model
 from ..model.partition import StageRange
 from ..model.stage_cache import cached_file, content_digest, stage_file, stage_key, stages_dir
-from ..schedule.transaction import Tag  # noqa: F401  (the transfer's tags live there)
 from .backoff import Backoff
 from .mpi_transport import Link, hostname
 from .transfer import PROGRESS_EVERY_S, Offer, Sender, TransferError, receive
