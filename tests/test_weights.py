@@ -266,3 +266,18 @@ def test_serve_without_model_on_workers_is_exact(tmp_path: Path, smollm2: Path):
     finally:
         tok.close()
     assert answer["choices"][0]["text"] == want, answer
+
+
+@needs_cgroups
+def test_rank0_read_error_mid_transfer_ends_cleanly(tmp_path: Path, tiny8: Path):
+    """Rank 0's disk fails while it streams a slice: the receiver is not left waiting for
+    bytes that never come; one error says what rank 0 could not read; nothing is kept."""
+    disks = tmp_path / "disks"
+    t0 = time.monotonic()
+    result = private(disks, tiny8, nodes=2, split="0.5,0.5", timeout=60,
+                     env={"PIPEINFER_WEIGHTS_CHUNK": "4096",
+                          "PIPEINFER_TEST_READ_FAIL_CHUNK": "3"})
+    assert result.rc != 0 and not result.timed_out, result.describe()
+    assert "cannot read" in result.stderr and "Traceback" not in result.stderr, \
+        result.describe()
+    assert node_files(disks, 1) == [] and time.monotonic() - t0 < 60

@@ -44,6 +44,8 @@ PROGRESS_EVERY_S = 2.0
 CORRUPT_VAR = "PIPEINFER_TEST_CORRUPT_CHUNK"
 # Tests: seconds to wait before sending each chunk (so a transfer can be cut mid-way).
 SLOW_VAR = "PIPEINFER_TEST_CHUNK_DELAY"
+# Tests: rank 0 fails to read the chunk numbered by this variable (its disk failing).
+READ_FAIL_VAR = "PIPEINFER_TEST_READ_FAIL_CHUNK"
 
 
 class TransferError(RuntimeError):
@@ -81,6 +83,8 @@ class _Faults:
         self.corrupt_left = int(times) if times.isdigit() else (1 if chunk.isdigit() else 0)
         delay = environ.get(SLOW_VAR, "")
         self.delay = float(delay) if delay else 0.0
+        fail = environ.get(READ_FAIL_VAR, "")
+        self.read_fail = int(fail) if fail.isdigit() else None
 
     def corrupt(self, i: int) -> bool:
         return self.corrupt_chunk == i and self.corrupt_left > 0
@@ -97,6 +101,7 @@ class Sender:
         self.link, self.dest, self.offer, self.path = link, dest, offer, path
         self.tries, self.error, self.done = 0, None, False
         self.reported = False  # the receiver reports the error itself (with its host)
+        self.read_error: str | None = None   # rank 0 could not read the file it offered
         self.sent_bytes, self.started = 0, time.monotonic()
         self._file = None
         self._next = 0
@@ -120,6 +125,11 @@ class Sender:
         kind = answer[0]
         if kind == "ready":
             self._begin()
+        elif kind == "corrupt" and self.read_error:  # what was sent stood for unread bytes
+            self._finish_stream()
+            self.done, self.error = True, self.read_error
+            self.link.isend_obj(dataclasses.replace(self.offer, error=self.error),
+                                self.dest, Tag.WEIGHTS_CTL)
         elif kind == "corrupt" and self.tries <= RESENDS:
             log.warning("rank %d: %s arrived corrupt (checksum mismatch); sending it again",
                         self.dest, self.offer.key)
@@ -138,8 +148,26 @@ class Sender:
 
     def _begin(self) -> None:
         self.tries += 1
-        self._file = open(self.path, "rb")
+        try:
+            self._file = open(self.path, "rb")
+        except OSError as err:
+            self._file, self.read_error = None, f"cannot read {self.path}: {err.strerror}"
         self._next, self._streaming = 0, True
+
+    def _read(self, n: int) -> np.ndarray:
+        """The next n bytes of the file; zeros once it cannot be read (the receiver then
+        finds the checksum wrong and is told why: it must not wait for bytes never sent)."""
+        data = b""
+        if self._file is not None and not self.read_error:
+            try:
+                if FAULTS.read_fail == self._next:
+                    raise OSError(5, "Input/output error (injected)")
+                data = self._file.read(n)
+                if len(data) < n:
+                    raise OSError(0, "the file is shorter than offered")
+            except OSError as err:
+                self.read_error = f"cannot read {self.path}: {err.strerror or err}"
+        return np.frombuffer(bytearray(data if len(data) == n else bytes(n)), np.uint8)
 
     def _stream(self) -> None:
         while self._inflight and self._inflight[0][0]():
@@ -148,7 +176,7 @@ class Sender:
         while self._next < offer.n_chunks and len(self._inflight) < WINDOW:
             if FAULTS.delay:
                 time.sleep(FAULTS.delay)
-            buf = np.frombuffer(bytearray(self._file.read(offer.chunk_len(self._next))), np.uint8)
+            buf = self._read(offer.chunk_len(self._next))
             if FAULTS.corrupt(self._next):
                 FAULTS.corrupt_left -= 1
                 buf[0] ^= 0xFF

@@ -178,7 +178,8 @@ def _serve(link: Link, manifest: Manifest, ranks: list[int]) -> None:
     sent = sum(s.sent_bytes for s in senders)
     log.info("sent %s MB of weights in %.1f s (%s MB/s)", _mb(sent), elapsed,
              _mb(sent / elapsed))
-    errors = [f"rank {s.dest}: {s.error}" for s in senders if s.error and not s.reported]
+    errors = [f"sending rank {s.dest} {s.offer.key}.gguf: {s.error}" for s in senders
+              if s.error and not s.reported]
     if errors:  # (a receiver's own failure it reports itself, naming its host)
         raise TransferError("; ".join(errors))
 
