@@ -2,7 +2,8 @@
 
 Sends are non-blocking with buffers owned until completion. Nothing here waits in a blocking
 MPI call: on a box with fewer cores than ranks, MPI's busy-waiting would steal the core a
-computing rank needs, so waits poll with Iprobe/Test and back off with short sleeps.
+computing rank needs, so waits poll with Iprobe/Test and back off with short sleeps, which a
+wake-up from the sender ends (engine/wakeup.py; every send wakes its destination).
 """
 
 from __future__ import annotations
@@ -16,7 +17,9 @@ from typing import Any
 
 import numpy as np
 
+from . import wakeup
 from .backoff import Backoff
+from .wakeup import Channel
 from ..schedule.transaction import (HEADER_LEN, DecodeTx, KvOp, ResultFlag, RunResult, Tag,
                                     TxType, encode_kv_ops, make_header)
 
@@ -43,11 +46,24 @@ CANCEL_END = -1
 CLOCK_ROUNDS = 8
 CLOCK_WAIT_S = 50e-6
 CLOCK_IDLE_WAIT_S = 2e-3
+# A rank with sends not yet complete sleeps at most this long: a large message moves only
+# while its sender calls into MPI.
+SEND_PROGRESS_S = 250e-6
 
 
 def _now() -> float:
     """The clock the trace uses (a function of its own so a test can skew one rank's)."""
     return time.monotonic()
+
+
+# Payloads follow their begin message (or result header) at once, and the receiver asks for
+# them right after it: only the first message of a transaction wakes its receiver.
+_PAYLOADS = frozenset({Tag.DECODE_META, Tag.ACTIVATIONS, Tag.KV_OPS, Tag.LOGITS})
+
+
+def _wake(dest: int, tag: Tag) -> None:
+    if tag not in _PAYLOADS:
+        wakeup.notify(dest, Channel.CANCEL if tag == Tag.CANCEL else Channel.MAIN)
 
 
 class RankFailed(RuntimeError):
@@ -100,6 +116,19 @@ class Link:
     def bcast(self, obj: Any) -> Any:
         self.barrier()
         return self.comm.bcast(obj, root=HEAD)
+
+    def allgather(self, obj: Any) -> list[Any]:
+        self.barrier()
+        return self.comm.allgather(obj)
+
+    def sleep(self, seconds: float, channel: Channel = Channel.MAIN) -> bool:
+        """A back-off's sleep that also keeps this link's sends moving (capped while any is
+        incomplete); True if a wake-up ended it."""
+        with self._lock:
+            self._pending = [(r, b) for r, b in self._pending if not r.Test()]
+            if self._pending:
+                seconds = min(seconds, SEND_PROGRESS_S)
+        return wakeup.sleep(seconds, channel)
 
     def barrier(self) -> None:
         """MPI barrier that waits with Test and sleeps instead of spinning."""
@@ -159,11 +188,13 @@ class Link:
         with self._lock:
             self._pending.append((req, buf))
             self._reap_locked()
+        _wake(dest, tag)
 
     def isend_obj(self, obj: Any, dest: int, tag: Tag) -> None:
         req = self.comm.isend(obj, dest=dest, tag=int(tag))
         with self._lock:
             self._pending.append((req, obj))
+        _wake(dest, tag)
 
     def _reap_locked(self) -> None:
         if len(self._pending) > 8:
