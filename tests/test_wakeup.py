@@ -108,6 +108,7 @@ WAKE_JOB = textwrap.dedent('''
     idle for a while, sends it a busy probe and sleeps until the answer wakes it, repeatedly."""
     import json, os, sys, time
     from pipeinfer.engine import wakeup
+    from pipeinfer.engine.backoff import IdleBackoff
     from pipeinfer.engine.mpi_transport import HeadTransport, Link, WorkerLink
     from pipeinfer.engine.worker import Worker
 
@@ -135,8 +136,9 @@ WAKE_JOB = textwrap.dedent('''
                 time.sleep(idle)
                 t0 = time.monotonic()
                 head.send_busy_probe()
+                backoff = IdleBackoff()                # as the head's driver waits
                 while head.poll_busy() is None:
-                    wakeup.sleep(0.1)                  # (a spinning head would take a core)
+                    backoff.wait()
                 out["pickup"].append(time.monotonic() - t0)
         out["stats"] = head.shutdown()
         print(json.dumps(out), flush=True)

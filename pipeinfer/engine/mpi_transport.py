@@ -56,14 +56,8 @@ def _now() -> float:
     return time.monotonic()
 
 
-# Payloads follow their begin message (or result header) at once, and the receiver asks for
-# them right after it: only the first message of a transaction wakes its receiver.
-_PAYLOADS = frozenset({Tag.DECODE_META, Tag.ACTIVATIONS, Tag.KV_OPS, Tag.LOGITS})
-
-
 def _wake(dest: int, tag: Tag) -> None:
-    if tag not in _PAYLOADS:
-        wakeup.notify(dest, Channel.CANCEL if tag == Tag.CANCEL else Channel.MAIN)
+    wakeup.notify(dest, Channel.CANCEL if tag == Tag.CANCEL else Channel.MAIN)
 
 
 class RankFailed(RuntimeError):
@@ -183,12 +177,19 @@ class Link:
 
     # --- sends ------------------------------------------------------------------------------
     def isend(self, buf: np.ndarray, dest: int, tag: Tag) -> None:
-        buf = np.ascontiguousarray(buf)
-        req = self.comm.Isend(buf, dest=dest, tag=int(tag))
+        self.send(dest, (buf, tag))
+
+    def send(self, dest: int, *messages: tuple[np.ndarray, Tag]) -> None:
+        """Post `messages` to `dest` in order, then wake it once: woken earlier, it could
+        take the core from this rank before the rest is posted, and wait for it."""
+        posted = []
+        for buf, tag in messages:
+            buf = np.ascontiguousarray(buf)
+            posted.append((self.comm.Isend(buf, dest=dest, tag=int(tag)), buf))
         with self._lock:
-            self._pending.append((req, buf))
+            self._pending += posted
             self._reap_locked()
-        _wake(dest, tag)
+        _wake(dest, messages[0][1])
 
     def isend_obj(self, obj: Any, dest: int, tag: Tag) -> None:
         req = self.comm.isend(obj, dest=dest, tag=int(tag))
@@ -258,22 +259,21 @@ class HeadTransport(Link):
 
     def send_decode(self, tx: DecodeTx, activations: np.ndarray) -> None:
         meta = tx.encode_meta()
-        self.isend(tx.header(meta_len=len(meta)), self.first, Tag.BEGIN)
-        self.isend(meta, self.first, Tag.DECODE_META)
-        self.isend(activations.astype(np.float32, copy=False).reshape(-1), self.first,
-                   Tag.ACTIVATIONS)
+        self.send(self.first, (tx.header(meta_len=len(meta)), Tag.BEGIN),
+                  (meta, Tag.DECODE_META),
+                  (activations.astype(np.float32, copy=False).reshape(-1), Tag.ACTIVATIONS))
 
     def send_kv(self, ops: list[KvOp]) -> None:
-        self.isend(make_header(TxType.KV, n_items=len(ops)), self.first, Tag.BEGIN)
-        self.isend(encode_kv_ops(ops), self.first, Tag.KV_OPS)
+        self.send(self.first, (make_header(TxType.KV, n_items=len(ops)), Tag.BEGIN),
+                  (encode_kv_ops(ops), Tag.KV_OPS))
 
     def send_cancel(self, run_ids: list[int]) -> None:
         self.isend(np.array(run_ids, dtype=np.int64), self.last, Tag.CANCEL)
 
     def send_busy_probe(self) -> None:
         """Ask every worker for its busy seconds so far (after what it was sent before)."""
-        self.isend(make_header(TxType.BUSY), self.first, Tag.BEGIN)
-        self.isend(np.zeros(0, dtype=np.float64), self.first, Tag.BUSY)
+        self.send(self.first, (make_header(TxType.BUSY), Tag.BEGIN),
+                  (np.zeros(0, dtype=np.float64), Tag.BUSY))
 
     def poll_busy(self) -> np.ndarray | None:
         """The answer to a busy probe, if it is back: seconds per worker, rank 1 first."""
@@ -333,9 +333,7 @@ class WorkerLink(Link):
         return self.recv_array(self.prev, tag, dtype)
 
     def forward(self, header: np.ndarray, *payload: tuple[np.ndarray, Tag]) -> None:
-        self.isend(header, self.next, Tag.BEGIN)
-        for buf, tag in payload:
-            self.isend(buf, self.next, tag)
+        self.send(self.next, (header, Tag.BEGIN), *payload)
 
     def send_result(self, run_id: int, logits: np.ndarray | None, argmax_only: bool) -> None:
         """Send a run's logits to the head (only each row's argmax if `argmax_only`)."""
@@ -346,9 +344,8 @@ class WorkerLink(Link):
             flags, payload = ResultFlag.ARGMAX, np.argmax(logits, axis=1).astype(np.int32)
         else:
             flags, payload = ResultFlag.NONE, logits.reshape(-1)
-        self.isend(make_header(TxType.LOGITS, run_id, n_rows, flags=int(flags)), HEAD, Tag.RESULT)
-        if payload is not None:
-            self.isend(payload, HEAD, Tag.LOGITS)
+        header = make_header(TxType.LOGITS, run_id, n_rows, flags=int(flags))
+        self.send(HEAD, (header, Tag.RESULT), *([] if payload is None else [(payload, Tag.LOGITS)]))
 
     def poll_cancel(self) -> np.ndarray | None:
         return self.recv_array(self.cancel_source, Tag.CANCEL, np.int64, wait=False)
