@@ -98,7 +98,7 @@ class Wakeups:
         """After every rank greeted (a barrier): the ranks heard on every channel, i.e. the
         ranks that can wake this one. Clears the sockets."""
         heard = [set(self._drain(sock)) for sock in self._socks]
-        self.wakes_from = frozenset(set.intersection(*heard))
+        self.wakes_from = frozenset(set.intersection(*heard)) if heard else frozenset()
         return self.wakes_from
 
     # --- use -------------------------------------------------------------------------------
@@ -133,7 +133,8 @@ class Wakeups:
         sock = self._socks[channel]
         try:
             ready, _, _ = select.select([sock], [], [], max(0.0, timeout))
-        except (OSError, ValueError):  # closed meanwhile (shutdown)
+        except (OSError, ValueError):  # closed meanwhile (shutdown): sleep all the same
+            time.sleep(max(0.0, timeout))
             return False
         if not ready:
             return False
