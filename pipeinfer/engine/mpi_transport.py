@@ -344,8 +344,10 @@ class WorkerLink(Link):
             flags, payload = ResultFlag.ARGMAX, np.argmax(logits, axis=1).astype(np.int32)
         else:
             flags, payload = ResultFlag.NONE, logits.reshape(-1)
-        header = make_header(TxType.LOGITS, run_id, n_rows, flags=int(flags))
-        self.send(HEAD, (header, Tag.RESULT), *([] if payload is None else [(payload, Tag.LOGITS)]))
+        messages = [(make_header(TxType.LOGITS, run_id, n_rows, flags=int(flags)), Tag.RESULT)]
+        if payload is not None:
+            messages.append((payload, Tag.LOGITS))
+        self.send(HEAD, *messages)
 
     def poll_cancel(self) -> np.ndarray | None:
         return self.recv_array(self.cancel_source, Tag.CANCEL, np.int64, wait=False)

@@ -46,7 +46,7 @@ class Worker:
         self._cancel_lock = threading.Lock()  # one thread at a time receives cancellations
         self._cancels_ended = False           # CANCEL_END received (and passed upstream)
         self._rss_trace_mb: list[float] = []
-        self.woken = woken_by(link, link.prev, link.cancel_source)
+        self.woken = woken_by(link.prev, link.cancel_source)
 
     def _backoff(self, channel: Channel) -> IdleBackoff:
         return idle_backoff(self.link, channel, self.woken)
@@ -170,7 +170,7 @@ class Idle:
 
     def run(self) -> dict:
         started = time.monotonic()
-        backoff = idle_backoff(self.link, Channel.MAIN, woken_by(self.link, self.link.prev))
+        backoff = idle_backoff(self.link, Channel.MAIN, woken_by(self.link.prev))
         while True:
             header = self.link.poll_begin()
             if header is not None and TxType(int(header[0])) == TxType.SHUTDOWN:
@@ -186,7 +186,7 @@ class Idle:
         return stats
 
 
-def woken_by(link: WorkerLink, *ranks: int) -> bool:
+def woken_by(*ranks: int) -> bool:
     """Whether every one of `ranks` wakes this rank when it sends to it."""
     wakeups = wakeup.current()
     return wakeups is not None and set(ranks) <= wakeups.wakes_from
