@@ -2,7 +2,7 @@ import csv, statistics, sys
 from collections import defaultdict
 d = defaultdict(list)
 for name in sys.argv[1:]:
-    tag = name.rsplit("/", 1)[-1].removesuffix(".csv")
+    tag = name.rsplit("/", 1)[-1].removesuffix(".csv").rstrip("0123456789")  # base2 -> base
     for row in csv.DictReader(open(name)):
         if row["speed_tps"]:
             d[(int(row["ranks"]), tag, row["strategy"])].append(float(row["speed_tps"]))
