@@ -77,6 +77,15 @@ def test_closed_wakeups_remove_their_files() -> None:
     a.notify(0)  # harmless
 
 
+def test_directories_left_by_killed_processes_are_removed(pair) -> None:
+    a, _ = pair
+    dead = Wakeups(5)
+    for sock in dead._socks:   # as if killed: the files stay, nobody holds the sockets
+        sock.close()
+    assert wakeup.remove_stale() >= 1
+    assert not os.path.exists(dead.dir) and os.path.exists(a.paths[0])
+
+
 def test_a_woken_backoff_starts_again_from_short_sleeps(pair) -> None:
     a, b = pair
     a.heard(), b.heard()

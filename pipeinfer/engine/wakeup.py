@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import atexit
 import enum
+import glob
 import os
 import select
 import shutil
@@ -169,11 +170,31 @@ class Wakeups:
 _current: Wakeups | None = None
 
 
+def remove_stale() -> int:
+    """Remove the socket directories of processes that ended without closing them (killed,
+    or torn down by MPI_Abort): a socket file that no process holds refuses a datagram (a live
+    one just gets a spurious wake-up). The number removed."""
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    probe.setblocking(False)
+    removed = 0
+    for directory in glob.glob(os.path.join(tempfile.gettempdir(), "pipeinfer-wake-*")):
+        try:
+            probe.sendto(b"", os.path.join(directory, Channel.MAIN.name.lower()))
+        except ConnectionRefusedError:
+            shutil.rmtree(directory, ignore_errors=True)
+            removed += 1
+        except OSError:
+            pass  # being set up, another user's, full: not ours to judge
+    probe.close()
+    return removed
+
+
 def connect(link) -> frozenset[int]:
     """Collective over `link`'s ranks (an mpi_transport.Link), once at start-up: this
     process's wake-ups, greeted by the ranks of its host; from then on every send wakes its
     destination and every wait listens. Returns the ranks that can wake this one."""
     try:
+        remove_stale()
         wakeups = Wakeups(link.rank)
     except OSError:  # no Unix sockets here: this rank polls as before
         wakeups = None
