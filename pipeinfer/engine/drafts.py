@@ -15,9 +15,11 @@ import queue
 import threading
 from typing import Callable, Sequence
 
+from . import wakeup
 from .drafter import WARM_STEP, DraftParams
 from ..schedule.actions import DraftJob
 from ..schedule.events import DraftInterrupted, DraftReady
+from .wakeup import Channel
 
 
 class _Job:
@@ -137,6 +139,7 @@ class ThreadedDrafts:
                 continue
             item.run(self.drafter, self.params, item.stop.is_set)
             self._done.put(item)
+            wakeup.wake_self(Channel.MAIN)  # the driver may be sleeping: the draft is ready
 
     def _warm_up(self, tokens: list[int]) -> None:
         try:

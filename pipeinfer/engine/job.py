@@ -26,6 +26,7 @@ from typing import Callable, Iterator, Sequence
 from .hierarchy import Level
 from .hierarchy_remote import DraftRank
 from ..model.llama_lib import LlamaError
+from . import wakeup
 from .mpi_transport import DraftLink, Link, RankFailed, WorkerLink, hostname
 from ..model.sampling import Sampler, SamplingParams
 from ..schedule.generation import Generation, Request
@@ -184,6 +185,7 @@ class Job:
         if failure:
             raise StartFailed(failure)
         offsets = link.clock_offsets()
+        wakeup.connect(link)  # from now on a message wakes the rank waiting for it
         head = Head(cfg, setup, ranges, size, offsets or {}) if rank == 0 else None
         if head is not None:
             head.weights_received = [s[4] for s in statuses]

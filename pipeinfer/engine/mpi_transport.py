@@ -2,7 +2,8 @@
 
 Sends are non-blocking with buffers owned until completion. Nothing here waits in a blocking
 MPI call: on a box with fewer cores than ranks, MPI's busy-waiting would steal the core a
-computing rank needs, so waits poll with Iprobe/Test and back off with short sleeps.
+computing rank needs, so waits poll with Iprobe/Test and back off with short sleeps, which a
+wake-up from the sender ends (engine/wakeup.py; every send wakes its destination).
 """
 
 from __future__ import annotations
@@ -16,7 +17,9 @@ from typing import Any
 
 import numpy as np
 
+from . import wakeup
 from .backoff import Backoff
+from .wakeup import Channel
 from ..schedule.transaction import (HEADER_LEN, DecodeTx, KvOp, ResultFlag, RunResult, Tag,
                                     TxType, encode_kv_ops, make_header)
 
@@ -43,11 +46,18 @@ CANCEL_END = -1
 CLOCK_ROUNDS = 8
 CLOCK_WAIT_S = 50e-6
 CLOCK_IDLE_WAIT_S = 2e-3
+# A rank with sends not yet complete sleeps at most this long: a large message moves only
+# while its sender calls into MPI.
+SEND_PROGRESS_S = 250e-6
 
 
 def _now() -> float:
     """The clock the trace uses (a function of its own so a test can skew one rank's)."""
     return time.monotonic()
+
+
+def _wake(dest: int, tag: Tag) -> None:
+    wakeup.notify(dest, Channel.CANCEL if tag == Tag.CANCEL else Channel.MAIN)
 
 
 class RankFailed(RuntimeError):
@@ -100,6 +110,19 @@ class Link:
     def bcast(self, obj: Any) -> Any:
         self.barrier()
         return self.comm.bcast(obj, root=HEAD)
+
+    def allgather(self, obj: Any) -> list[Any]:
+        self.barrier()
+        return self.comm.allgather(obj)
+
+    def sleep(self, seconds: float, channel: Channel = Channel.MAIN) -> bool:
+        """A back-off's sleep that also keeps this link's sends moving (capped while any is
+        incomplete); True if a wake-up ended it."""
+        with self._lock:
+            self._pending = [(r, b) for r, b in self._pending if not r.Test()]
+            if self._pending:
+                seconds = min(seconds, SEND_PROGRESS_S)
+        return wakeup.sleep(seconds, channel)
 
     def barrier(self) -> None:
         """MPI barrier that waits with Test and sleeps instead of spinning."""
@@ -154,11 +177,19 @@ class Link:
 
     # --- sends ------------------------------------------------------------------------------
     def isend(self, buf: np.ndarray, dest: int, tag: Tag) -> None:
-        buf = np.ascontiguousarray(buf)
-        req = self.comm.Isend(buf, dest=dest, tag=int(tag))
+        self.send(dest, (buf, tag))
+
+    def send(self, dest: int, *messages: tuple[np.ndarray, Tag]) -> None:
+        """Post `messages` to `dest` in order, then wake it once: woken earlier, it could
+        take the core from this rank before the rest is posted, and wait for it."""
+        posted = []
+        for buf, tag in messages:
+            buf = np.ascontiguousarray(buf)
+            posted.append((self.comm.Isend(buf, dest=dest, tag=int(tag)), buf))
         with self._lock:
-            self._pending.append((req, buf))
+            self._pending += posted
             self._reap_locked()
+        _wake(dest, messages[0][1])
 
     def isend_tracked(self, buf: np.ndarray, dest: int, tag: Tag):
         """Send `buf` without waiting; a function that says whether the send has completed
@@ -170,6 +201,7 @@ class Link:
         req = self.comm.isend(obj, dest=dest, tag=int(tag))
         with self._lock:
             self._pending.append((req, obj))
+        _wake(dest, tag)
 
     def _reap_locked(self) -> None:
         if len(self._pending) > 8:
@@ -258,22 +290,21 @@ class HeadTransport(Link):
 
     def send_decode(self, tx: DecodeTx, activations: np.ndarray) -> None:
         meta = tx.encode_meta()
-        self.isend(tx.header(meta_len=len(meta)), self.first, Tag.BEGIN)
-        self.isend(meta, self.first, Tag.DECODE_META)
-        self.isend(activations.astype(np.float32, copy=False).reshape(-1), self.first,
-                   Tag.ACTIVATIONS)
+        self.send(self.first, (tx.header(meta_len=len(meta)), Tag.BEGIN),
+                  (meta, Tag.DECODE_META),
+                  (activations.astype(np.float32, copy=False).reshape(-1), Tag.ACTIVATIONS))
 
     def send_kv(self, ops: list[KvOp]) -> None:
-        self.isend(make_header(TxType.KV, n_items=len(ops)), self.first, Tag.BEGIN)
-        self.isend(encode_kv_ops(ops), self.first, Tag.KV_OPS)
+        self.send(self.first, (make_header(TxType.KV, n_items=len(ops)), Tag.BEGIN),
+                  (encode_kv_ops(ops), Tag.KV_OPS))
 
     def send_cancel(self, run_ids: list[int]) -> None:
         self.isend(np.array(run_ids, dtype=np.int64), self.last, Tag.CANCEL)
 
     def send_busy_probe(self) -> None:
         """Ask every worker for its busy seconds so far (after what it was sent before)."""
-        self.isend(make_header(TxType.BUSY), self.first, Tag.BEGIN)
-        self.isend(np.zeros(0, dtype=np.float64), self.first, Tag.BUSY)
+        self.send(self.first, (make_header(TxType.BUSY), Tag.BEGIN),
+                  (np.zeros(0, dtype=np.float64), Tag.BUSY))
 
     def poll_busy(self) -> np.ndarray | None:
         """The answer to a busy probe, if it is back: seconds per worker, rank 1 first."""
@@ -333,9 +364,7 @@ class WorkerLink(Link):
         return self.recv_array(self.prev, tag, dtype)
 
     def forward(self, header: np.ndarray, *payload: tuple[np.ndarray, Tag]) -> None:
-        self.isend(header, self.next, Tag.BEGIN)
-        for buf, tag in payload:
-            self.isend(buf, self.next, tag)
+        self.send(self.next, (header, Tag.BEGIN), *payload)
 
     def send_result(self, run_id: int, logits: np.ndarray | None, argmax_only: bool) -> None:
         """Send a run's logits to the head (only each row's argmax if `argmax_only`)."""
@@ -346,9 +375,10 @@ class WorkerLink(Link):
             flags, payload = ResultFlag.ARGMAX, np.argmax(logits, axis=1).astype(np.int32)
         else:
             flags, payload = ResultFlag.NONE, logits.reshape(-1)
-        self.isend(make_header(TxType.LOGITS, run_id, n_rows, flags=int(flags)), HEAD, Tag.RESULT)
+        messages = [(make_header(TxType.LOGITS, run_id, n_rows, flags=int(flags)), Tag.RESULT)]
         if payload is not None:
-            self.isend(payload, HEAD, Tag.LOGITS)
+            messages.append((payload, Tag.LOGITS))
+        self.send(HEAD, *messages)
 
     def poll_cancel(self) -> np.ndarray | None:
         return self.recv_array(self.cancel_source, Tag.CANCEL, np.int64, wait=False)

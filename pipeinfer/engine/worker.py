@@ -5,6 +5,11 @@ forwards them; this module is only the MPI side of it.
 Cancellations arrive on a side thread (they travel backwards, independent of the begin
 stream) and go to the core, which may abort the decode the main thread is in.
 
+With wake-ups from both the previous rank and the rank cancellations come from
+(engine/wakeup.py), the watcher waits for cancellations all the time, each thread sleeps until
+a message for it is sent, and an idle worker costs next to no CPU; without them the main loop
+polls for cancellations while idle and the watcher only while a decode runs.
+
 Spans are in the worker's own time.monotonic() clock; they go to the head with the statistics
 at shutdown, where the trace converts them with this rank's clock offset (Link.clock_offsets).
 """
@@ -16,12 +21,14 @@ import time
 
 import numpy as np
 
-from .backoff import Backoff, IdleBackoff
+from . import wakeup
+from .backoff import WOKEN_LATENCY_SHARE, WOKEN_MAX_SLEEP_S, Backoff, IdleBackoff
 from .worker_core import COMPUTED, StageCore
 from ..metrics import peak_rss_mb, rss_mb
 from .mpi_transport import CANCEL_END, WorkerLink
 from ..model.stage import Stage
 from ..schedule.transaction import DecodeFlag, DecodeTx, Tag, TxType, decode_kv_ops
+from .wakeup import Channel
 
 # The cancel watcher polls (fast) only while a decode it may have to abort is running.
 WATCH_FAST_S = 500e-6
@@ -39,19 +46,24 @@ class Worker:
         self._cancel_lock = threading.Lock()  # one thread at a time receives cancellations
         self._cancels_ended = False           # CANCEL_END received (and passed upstream)
         self._rss_trace_mb: list[float] = []
+        self.woken = woken_by(link.prev, link.cancel_source)
+
+    def _backoff(self, channel: Channel) -> IdleBackoff:
+        return idle_backoff(self.link, channel, self.woken)
 
     # --- main loop --------------------------------------------------------------------------
     def run(self) -> dict:
         watcher = threading.Thread(target=self._watch_cancels, name="cancel-watcher", daemon=True)
         watcher.start()
-        started = time.monotonic()
+        started, cpu0 = time.monotonic(), time.process_time()
         handlers = {TxType.DECODE: self._decode, TxType.KV: self._kv, TxType.BUSY: self._busy}
-        backoff = IdleBackoff()
+        backoff = self._backoff(Channel.MAIN)
         try:
             while True:
                 header = self.link.poll_begin()
                 if header is None:
-                    self._poll_cancels()
+                    if not self.woken:  # else the watcher waits for them
+                        self._poll_cancels()
                     backoff.wait()
                     continue
                 backoff.reset()
@@ -67,13 +79,15 @@ class Worker:
         finally:
             self._stop.set()
             self._computing.set()
+            wakeup.wake_self(Channel.CANCEL)
             watcher.join()
-        backoff = IdleBackoff()
+        backoff = self._backoff(Channel.CANCEL)
         while not self._cancels_ended:  # cancellations still on their way: pass them on
             if not self._poll_cancels():
                 backoff.wait()
         stats = {"rank": self.link.rank, **self.core.stats, "rss_trace_mb": self._rss_trace_mb,
                  "wall_s": time.monotonic() - started,
+                 "cpu_s": time.process_time() - cpu0,  # every thread's, computing or not
                  "peak_rss_mb": peak_rss_mb(),
                  "spans": list(self.core.spans)}
         self.link.send_stats(stats)
@@ -112,12 +126,14 @@ class Worker:
 
     # --- cancellations ----------------------------------------------------------------------
     def _watch_cancels(self) -> None:
-        """Side thread: receives cancellations while a decode runs (it may have to abort it).
-        While nothing is computed the main loop polls for them itself, so an idle worker has
-        one polling thread, not two."""
-        backoff = Backoff(limit=WATCH_FAST_S)
+        """Side thread: receives cancellations while a decode runs (it may have to abort it);
+        with wake-ups also while idle (it sleeps until one is sent). Without them the main
+        loop polls for them while nothing is computed, so an idle worker has one polling
+        thread, not two."""
+        backoff = self._backoff(Channel.CANCEL) if self.woken else Backoff(
+            limit=WATCH_FAST_S, channel=Channel.CANCEL)
         while not self._stop.is_set():
-            if not self._computing.is_set():
+            if not self.woken and not self._computing.is_set():
                 self._computing.wait()
                 backoff.reset()
                 continue
@@ -154,7 +170,7 @@ class Idle:
 
     def run(self) -> dict:
         started = time.monotonic()
-        backoff = IdleBackoff()
+        backoff = idle_backoff(self.link, Channel.MAIN, woken_by(self.link.prev))
         while True:
             header = self.link.poll_begin()
             if header is not None and TxType(int(header[0])) == TxType.SHUTDOWN:
@@ -168,3 +184,18 @@ class Idle:
         self.link.send_stats(stats)
         self.link.flush()
         return stats
+
+
+def woken_by(*ranks: int) -> bool:
+    """Whether every one of `ranks` wakes this rank when it sends to it."""
+    wakeups = wakeup.current()
+    return wakeups is not None and set(ranks) <= wakeups.wakes_from
+
+
+def idle_backoff(link: WorkerLink, channel: Channel, woken: bool) -> IdleBackoff:
+    """A worker's idle wait on `channel`: its sleeps keep the link's sends moving, and with
+    wake-ups from every rank it waits for they may grow long (a message ends them)."""
+    if not woken:
+        return IdleBackoff(channel=channel, sleep=lambda seconds: link.sleep(seconds, channel))
+    return IdleBackoff(max_limit=WOKEN_MAX_SLEEP_S, share=WOKEN_LATENCY_SHARE, channel=channel,
+                       sleep=lambda seconds: link.sleep(seconds, channel))

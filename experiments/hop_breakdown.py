@@ -1,0 +1,91 @@
+#!/usr/bin/env python3
+"""Where a token's time goes between the stages of a plain pipeline (issue 34, per-hop cost):
+reads a `pipeinfer run --strategy iterative --trace FILE` trace and prints, per hop, the median
+gap between one stage's end and the next one's start (send, wake-up, receive and the Python
+around the decode call), each stage's median compute, and the head's turnaround (result taken
+in -> next run sent).
+
+    python experiments/hop_breakdown.py trace.jsonl [--skip 2]
+
+Spans of every rank are in the head's clock (offsets measured at start-up, to within half a
+round trip). Runs are the generated tokens' runs (the prefill and the first --skip runs left
+out); a run whose spans are not one per stage is skipped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from collections import defaultdict
+
+
+def load(path: str) -> tuple[dict, dict, dict]:
+    """(run -> {rank: (start, end)}, run -> StartRun time, run -> ResultArrived time)."""
+    spans, sent, arrived = defaultdict(dict), {}, {}
+    with open(path) as f:
+        for line in f:
+            rec = json.loads(line)
+            if rec.get("type") == "span":
+                spans[rec["run"]][rec["rank"]] = (rec["start"], rec["end"])
+            elif rec.get("name") == "StartRun":
+                sent[rec["run"]] = rec["t"]
+            elif rec.get("name") == "ResultArrived":
+                arrived[rec["run"]] = rec["t"]
+    return spans, sent, arrived
+
+
+def breakdown(spans: dict, sent: dict, arrived: dict, skip: int) -> dict[str, list[float]]:
+    """Per labelled segment, its durations over the runs (seconds)."""
+    out: dict[str, list[float]] = defaultdict(list)
+    runs = sorted(r for r in spans if r in sent and r in arrived)[1 + skip:]
+    n_ranks = max((len(spans[r]) for r in runs), default=0)
+    for run in runs:
+        by_rank = spans[run]
+        if len(by_rank) != n_ranks:
+            continue
+        order = sorted(by_rank, key=lambda rank: by_rank[rank][0])
+        t = sent[run]
+        for rank in order:
+            start, end = by_rank[rank]
+            out[f"hop -> {rank}"].append(start - t)
+            out[f"compute {rank}"].append(end - start)
+            t = end
+        out["hop -> head"].append(arrived[run] - t)
+        if run + 1 in sent:
+            out["head turnaround"].append(sent[run + 1] - arrived[run])
+        if run + 1 in arrived:
+            out["token"].append(arrived[run + 1] - arrived[run])
+    return out
+
+
+def report(segments: dict[str, list[float]]) -> str:
+    lines = [f"{'segment':18} {'median ms':>10} {'p90 ms':>8} {'runs':>5}"]
+    hops = 0.0
+    for label, values in segments.items():
+        values = sorted(values)
+        med = statistics.median(values)
+        if label.startswith("hop") or label == "head turnaround":
+            hops += med
+        p90 = values[min(len(values) - 1, int(0.9 * len(values)))]
+        lines.append(f"{label:18} {med * 1e3:10.2f} {p90 * 1e3:8.2f} {len(values):5d}")
+    lines.append(f"{'sum of hop medians':18} {hops * 1e3:10.2f}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("trace")
+    parser.add_argument("--skip", type=int, default=2, help="generated runs left out first")
+    args = parser.parse_args(argv)
+    segments = breakdown(*load(args.trace), args.skip)
+    if not segments:
+        print("hop_breakdown: no complete runs in the trace", file=sys.stderr)
+        return 1
+    print(report(segments))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

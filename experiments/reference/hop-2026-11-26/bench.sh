@@ -1,0 +1,12 @@
+#!/bin/bash
+# Interleaved: per repeat, base (c8ae6d2) iterative+pipeinfer, llama.cpp RPC, this branch iterative+pipeinfer.
+out=/work/wt-hop/experiments/reference/hop-2026-11-26
+for rep in 1 2 3; do
+  echo "=== rep $rep base $(date -u +%H:%M:%S)"
+  (cd /work/wt-hop-base && flock /tmp/cpu.lock .venv/bin/python experiments/bench_peers.py --nodes 4,8 -n 128 -k 1 --systems iterative,pipeinfer --out $out/base.csv)
+  echo "=== rep $rep rpc $(date -u +%H:%M:%S)"
+  (cd /work/wt-hop && flock /tmp/cpu.lock .venv/bin/python experiments/bench_peers.py --nodes 4,8 -n 128 -k 1 --systems llama-rpc --out $out/rpc.csv)
+  echo "=== rep $rep branch $(date -u +%H:%M:%S)"
+  (cd /work/wt-hop && flock /tmp/cpu.lock .venv/bin/python experiments/bench_peers.py --nodes 4,8 -n 128 -k 1 --systems iterative,pipeinfer --out $out/branch.csv)
+done
+echo "=== done $(date -u +%H:%M:%S)"
