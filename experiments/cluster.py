@@ -202,6 +202,8 @@ def rank_shim(args: argparse.Namespace) -> None:
         join_quota(Path(args.cgroup), rank)
     if args.memcg:
         node_disks.join_memory(Path(args.memcg), rank)
+    if args.host_id:  # a machine of its own: no wake-ups through this kernel from the others
+        os.environ["PIPEINFER_HOST_ID"] = f"{args.host_id}-node{rank}"
     if args.disk_root and rank > 0:
         try:
             node_disks.private_disk(rank, Path(args.disk_root), args.hide or [])
@@ -267,6 +269,8 @@ def launch(args: argparse.Namespace) -> int:
         quotas.create()
         shim += ["--cgroup", str(quotas.root)]
         shim += node_disks.setup(args, job, cleanup)
+        if not args.shared_kernel:
+            shim += ["--host-id", job]
         if args.link != "none":
             links = Links(job, args.nodes, rate, delay, jitter, args.shaper)
             cleanup.callback(links.remove)
@@ -318,7 +322,7 @@ def _run_job(proc: subprocess.Popen, timeout: float, links: Links | None) -> int
 
 def _shim_parser() -> argparse.ArgumentParser:
     shim = argparse.ArgumentParser(prog="cluster.py _rank")
-    for flag in ("--cgroup", "--netns", "--memcg", "--disk-root", "--launcher"):
+    for flag in ("--cgroup", "--netns", "--memcg", "--disk-root", "--launcher", "--host-id"):
         shim.add_argument(flag)
     shim.add_argument("--hide", action="append")
     shim.add_argument("command", nargs=argparse.REMAINDER)
@@ -358,6 +362,10 @@ def main(argv: list[str] | None = None) -> int:
                              "netem), htb (rate limit only, no delay); auto = netem if the "
                              "kernel has it, else tap, else htb")
     node_disks.add_arguments(parser)
+    parser.add_argument("--shared-kernel", action="store_true",
+                        help="let ranks wake each other through this kernel's sockets "
+                             "(engine/wakeup.py), as ranks on one host do; by default every "
+                             "node is a machine of its own, whose ranks poll each other")
     parser.add_argument("--mpiexec", help="mpiexec to use (default: the one beside python)")
     parser.add_argument("--timeout", type=float, default=3600, help="seconds before the job is "
                         "interrupted")

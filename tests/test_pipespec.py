@@ -343,7 +343,7 @@ def test_mpi_other_strategies_use_the_first_draft(tiny, drafts):
 # --- draft models on ranks of their own (hierarchy_remote.py) -----------------------------------
 
 class ThreadNet:
-    """An in-process stand-in for mpi_transport.DraftLink: one inbox per rank; draft ranks run
+    """An in-process stand-in for draft_link.DraftLink: one inbox per rank; draft ranks run
     in threads (llama.cpp releases the GIL while it computes)."""
 
     def __init__(self, ranks):

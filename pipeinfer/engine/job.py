@@ -27,7 +27,8 @@ from .hierarchy import Level
 from .hierarchy_remote import DraftRank
 from ..model.llama_lib import LlamaError
 from . import wakeup
-from .mpi_transport import DraftLink, Link, RankFailed, WorkerLink, hostname
+from .draft_link import DraftLink
+from .mpi_transport import Link, RankFailed, WorkerLink, hostname
 from ..model.sampling import Sampler, SamplingParams
 from ..schedule.generation import Generation, Request
 from ..schedule.transaction import seq_clear

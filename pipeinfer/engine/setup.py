@@ -14,7 +14,8 @@ from .head import Pipeline
 from .hierarchy_remote import RemoteHierarchy
 from ..model.llama_lib import LlamaError
 from ..model.models import ModelError, check_gguf, resolve_model
-from .mpi_transport import DraftLink, HeadTransport
+from .draft_link import DraftLink
+from .mpi_transport import HeadTransport
 from ..model.balance import balanced_split
 from ..model.partition import PartitionError, StageRange, partition
 from ..schedule.partition_pool import PartitionPool

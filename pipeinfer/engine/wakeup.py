@@ -43,6 +43,12 @@ class Channel(enum.IntEnum):
     CANCEL = 1
 
 
+# Names the machine a rank stands for where that is not its kernel: experiments/cluster.py
+# sets it per emulated node, so that ranks of different "machines" do not wake each other
+# through this kernel's sockets, as ranks on real machines cannot.
+HOST_VAR = "PIPEINFER_HOST_ID"
+
+
 def host_key() -> str:
     """Names this kernel: ranks with equal keys can reach each other's socket files."""
     try:
@@ -50,7 +56,7 @@ def host_key() -> str:
             boot = f.read().strip()
     except OSError:
         boot = "?"
-    return f"{socket.gethostname()}/{boot}"
+    return f"{socket.gethostname()}/{boot}/{os.environ.get(HOST_VAR, '')}"
 
 
 class Wakeups:
