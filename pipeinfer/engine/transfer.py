@@ -9,9 +9,11 @@ Protocol, per file (all on Tag.WEIGHTS_CTL except the chunks):
 
 A corrupt file (its sha256 is not the offer's) is offered once more, then it is an error.
 Memory is bounded on both sides by the chunk size: rank 0 keeps at most WINDOW chunks in
-flight per receiver, a receiver two. The receiver writes to a part file of its own and renames
-it into the cache only once the checksum matched: a transfer cut short by a dead rank leaves a
-part file that nothing trusts (the next receiver of the same key deletes it).
+flight per receiver, a receiver one. The receiver writes to a part file of its own and
+renames it into the cache only once the checksum matched (and the file is on disk): a
+transfer cut short by a dead rank leaves a part file that nothing trusts (the next receiver of
+the same key deletes it). If rank 0 cannot read a file while it streams it, zeros stand in
+for the rest, the receiver finds the checksum wrong, and rank 0's next offer says why.
 """
 
 from __future__ import annotations
