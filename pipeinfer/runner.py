@@ -14,7 +14,7 @@ import sys
 import time
 
 from .engine.config import RunConfig
-from .engine.job import Head, Job, StartFailed, describe, first_failure
+from .engine.job import Head, Job, StartFailed, describe
 from .metrics import CsvRow, append_csv, peak_rss_mb, rss_mb
 from .engine.mpi_transport import Link, abort_job, hostname
 from .report import result_json, summary_line
@@ -58,8 +58,7 @@ def abandon_start(message: str) -> None:
     command line) with `message`, so that every rank of the job ends: the others would wait
     for this one forever. Rank 0 leaves the printing to its caller."""
     link = Link()
-    statuses = link.gather((link.rank, hostname(), os.getpid(), message))
-    link.bcast(first_failure(statuses) if link.rank == 0 else None)
+    link.agree((link.rank, hostname(), os.getpid(), message))
 
 
 def _check_writable(path: str) -> None:

@@ -66,19 +66,12 @@ def describe(err: Exception, verbose: int = 0, known: tuple = RUN_ERRORS) -> str
                                                              " (run with -v for the traceback)")
 
 
-def first_failure(statuses) -> str | None:
-    for rank, host, _pid, error, *_ in statuses:
-        if error:
-            return error if rank == 0 else f"rank {rank} ({host}): {error}"
-    return None
-
-
 def _plan_phase(link: Link, cfg: RunConfig, check: Callable[[], None] | None):
     """Collective: rank 0 checks, plans the split (auto: every rank takes part) and names
-    every rank's file; every rank gets (model, ranges, manifest) and the settled config, or
-    StartFailed. Its gather and broadcast are the ones abandon_start (runner.py) answers."""
+    every rank's file; every rank gets the settled config and (model, ranges, manifest), rank
+    0 the target's tokenizer too (None elsewhere), or StartFailed. Its gather and broadcast are the ones abandon_start (runner.py) answers."""
     rank, size = link.rank, link.size
-    shared, error = None, None
+    shared, tokenizer, error = None, None, None
     try:
         if rank == 0 and check is not None:
             check()
@@ -86,22 +79,23 @@ def _plan_phase(link: Link, cfg: RunConfig, check: Callable[[], None] | None):
             from ..plan.auto import auto_split
             cfg = dataclasses.replace(cfg, split=auto_split(link, cfg), leave_empty=True)
         if rank == 0:
-            shared = _manifest(cfg, size)
+            shared, tokenizer = _manifest(cfg, size)
     except SETUP_ERRORS + (WeightsError, TransferError) as err:  # (auto: calibration's)
         error = str(err)
     except Exception as err:
         error = describe(err, cfg.verbose)
-    statuses = link.gather((rank, hostname(), os.getpid(), error))
-    failure = link.bcast(first_failure(statuses) if rank == 0 else None)
+    _, failure = link.agree((rank, hostname(), os.getpid(), error))
     if failure:
+        if tokenizer is not None:
+            tokenizer.close()
         raise StartFailed(failure)
     model, ranges, manifest, kv_cells = link.bcast(shared)
     if kv_cells:
         cfg = dataclasses.replace(cfg, spec=dataclasses.replace(cfg.spec, kv_size=kv_cells))
-    return cfg, (model, ranges, manifest)
+    return cfg, (model, ranges, manifest), tokenizer
 
 
-def job_kv_cells(cfg: RunConfig, model: Path) -> int:
+def job_kv_cells(cfg: RunConfig, tokenizer: Tokenizer) -> int:
     """The KV cells every stage of a `run` job reserves: what its generation can use, not
     what -c allows (llama.cpp zeroes, so keeps resident, every cell it reserves). A
     speculative strategy gets 4x the prompt plus -n (rejected tokens keep their cells: the
@@ -109,29 +103,27 @@ def job_kv_cells(cfg: RunConfig, model: Path) -> int:
     configured) for serve, an explicit --kv-size, and strategies without speculation."""
     if cfg.prompt is None or cfg.spec.kv_size or not cfg.speculates:
         return 0
-    tokenizer = Tokenizer(model)
-    try:
-        n_prompt = len(prompt_tokens(cfg, tokenizer))
-    finally:
-        tokenizer.close()
-    cells = 4 * (n_prompt + cfg.n_predict) + 512
+    cells = 4 * (len(prompt_tokens(cfg, tokenizer)) + cfg.n_predict) + 512
     return min(cfg.kv_size, -(-cells // 256) * 256)
 
 
 def _manifest(cfg: RunConfig, size: int):
-    """Rank 0: (model, ranges, Manifest, KV cells) of the job."""
+    """Rank 0: (model, ranges, Manifest, KV cells) of the job, and the target's tokenizer,
+    opened once for the draft ranks' checks, the KV size and the head (head_setup)."""
     ranges, model = plan(cfg, size)
     n_pipeline = cfg.n_pipeline(size)
-    needs = target_needs(model, ranges, n_pipeline)
-    if cfg.draft_ranks:
-        tokenizer = Tokenizer(model)
-        try:
-            for i, rank in enumerate(range(n_pipeline, size)):
-                needs[rank] = draft_need(draft_rank_file(cfg, tokenizer, i), cfg.drafts[i])
-        finally:
-            tokenizer.close()
-    manifest = Manifest(str(model), str(cfg.model), content_digest(model), needs)
-    return model, ranges, manifest, job_kv_cells(cfg, model)
+    digest = content_digest(model)
+    needs = target_needs(model, digest, ranges, n_pipeline)
+    tokenizer = Tokenizer(model)
+    try:
+        for i, rank in enumerate(range(n_pipeline, size)):
+            needs[rank] = draft_need(draft_rank_file(cfg, tokenizer, i), cfg.drafts[i])
+        kv_cells = job_kv_cells(cfg, tokenizer)
+    except BaseException:
+        tokenizer.close()
+        raise
+    manifest = Manifest(str(model), str(cfg.model), digest, needs)
+    return (model, ranges, manifest, kv_cells), tokenizer
 
 
 class Job:
@@ -160,7 +152,7 @@ class Job:
         ranks (for traces). `check` runs first on the head (e.g. that an output file is
         writable); what it raises fails the start."""
         link = Link()
-        cfg, shared = _plan_phase(link, cfg, check)
+        cfg, shared, tokenizer = _plan_phase(link, cfg, check)
         model, ranges, manifest = shared
         rank, size = link.rank, link.size
         stage, setup, error, received = None, None, None, 0
@@ -172,7 +164,8 @@ class Job:
             elif rank == 0:
                 stage = load_stage(cfg, own_stage_file(model, ranges[0], n_pipeline),
                                    ranges[0], n_pipeline)
-                setup = head_setup(cfg, model, stage, size, chain(ranges[:n_pipeline]))
+                setup = head_setup(cfg, model, stage, size, chain(ranges[:n_pipeline]),
+                                   tokenizer)
             elif path is not None:
                 stage = load_stage(cfg, path, ranges[rank], n_pipeline)
         except WeightsError as err:  # raised on every rank alike: the start fails here
@@ -181,8 +174,9 @@ class Job:
             error = str(err)
         except Exception as err:  # a bug: still take part in the gather, or the others hang
             error = describe(err, cfg.verbose)
-        statuses = link.gather((rank, hostname(), os.getpid(), error, received))
-        failure = link.bcast(first_failure(statuses) if rank == 0 else None)
+        if setup is None and tokenizer is not None:  # (head_setup did not take it)
+            tokenizer.close()
+        statuses, failure = link.agree((rank, hostname(), os.getpid(), error, received))
         if failure:
             raise StartFailed(failure)
         offsets = link.clock_offsets()

@@ -68,6 +68,15 @@ class RankFailed(RuntimeError):
         self.rank, self.host = rank, host
 
 
+def first_failure(statuses) -> str | None:
+    """The message of the first failed rank in gathered statuses (rank, host, _, error,
+    ...): rank 0's as it is, another's prefixed with its rank and host; None if none."""
+    for rank, host, _, error, *_ in statuses:
+        if error:
+            return error if rank == 0 else f"rank {rank} ({host}): {error}"
+    return None
+
+
 def world() -> tuple[int, int]:
     comm = MPI.COMM_WORLD
     return comm.Get_rank(), comm.Get_size()
@@ -110,6 +119,12 @@ class Link:
     def bcast(self, obj: Any) -> Any:
         self.barrier()
         return self.comm.bcast(obj, root=HEAD)
+
+    def agree(self, status: tuple) -> tuple[list | None, str | None]:
+        """Collective: every rank's `status` (rank, host, _, error, ...) gathered on the head,
+        and on every rank the first failure's message (first_failure; None: all well)."""
+        statuses = self.gather(status)
+        return statuses, self.bcast(first_failure(statuses) if self.rank == HEAD else None)
 
     def allgather(self, obj: Any) -> list[Any]:
         self.barrier()
@@ -195,6 +210,7 @@ class Link:
         """Send `buf` without waiting; a function that says whether the send has completed
         (the caller keeps `buf` alive until then, and bounds how many it has in flight)."""
         req = self.comm.Isend(buf, dest=dest, tag=int(tag))
+        _wake(dest, tag)
         return req.Test
 
     def isend_obj(self, obj: Any, dest: int, tag: Tag) -> None:
@@ -260,7 +276,7 @@ class Link:
     def poll_obj(self, source: int, tag: Tag) -> tuple[int, Any] | None:
         """(sender, object) of a waiting pickled message from `source` (None: any rank),
         else None."""
-        status = self.probe(MPI.ANY_SOURCE if source is None else source, tag)
+        status = self.probe(source, tag)
         if status is None:
             return None
         sender = status.Get_source()

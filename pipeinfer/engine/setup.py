@@ -128,8 +128,10 @@ def own_stage_file(model: Path, rng: StageRange, size: int) -> Path | None:
 
 
 def head_setup(cfg: RunConfig, model: Path, stage: Stage | None, size: int,
-               chain: list[int] | None = None) -> HeadSetup:
-    tokenizer = Tokenizer(model)
+               chain: list[int] | None = None,
+               tokenizer: Tokenizer | None = None) -> HeadSetup:
+    """The head's part; `tokenizer`, the target's if already open (it is the head's now)."""
+    tokenizer = tokenizer or Tokenizer(model)
     prompt = [] if cfg.prompt is None else prompt_tokens(cfg, tokenizer)
     n_pipeline = cfg.n_pipeline(size)
     if cfg.draft_ranks:

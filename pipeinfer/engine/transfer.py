@@ -28,7 +28,6 @@ import time
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 
@@ -104,7 +103,7 @@ class Sender:
         self.tries, self.error, self.done = 0, None, False
         self.reported = False  # the receiver reports the error itself (with its host)
         self.read_error: str | None = None   # rank 0 could not read the file it offered
-        self.sent_bytes, self.started = 0, time.monotonic()
+        self.sent_bytes = 0
         self._file = None
         self._next = 0
         self._inflight: deque = deque()
@@ -128,25 +127,27 @@ class Sender:
         if kind == "ready":
             self._begin()
         elif kind == "corrupt" and self.read_error:  # what was sent stood for unread bytes
-            self._finish_stream()
-            self.done, self.error = True, self.read_error
-            self.link.isend_obj(dataclasses.replace(self.offer, error=self.error),
-                                self.dest, Tag.WEIGHTS_CTL)
+            self._give_up(self.read_error)
         elif kind == "corrupt" and self.tries <= RESENDS:
             log.warning("rank %d: %s arrived corrupt (checksum mismatch); sending it again",
                         self.dest, self.offer.key)
             self._finish_stream()
             self.link.isend_obj(self.offer, self.dest, Tag.WEIGHTS_CTL)
-        else:
-            self._finish_stream()
-            self.done = True
+        elif kind == "corrupt":
+            self._give_up("it arrived corrupt twice (checksum mismatch)")
             self.reported = True
-            if kind == "corrupt":  # the receiver waits for another offer: this one says no
-                self.error = "it arrived corrupt twice (checksum mismatch)"
-                self.link.isend_obj(dataclasses.replace(self.offer, error=self.error),
-                                    self.dest, Tag.WEIGHTS_CTL)
-            elif kind == "error":
+        else:  # "ok", or the receiver's own error (which it reports itself)
+            self._finish_stream()
+            self.done, self.reported = True, True
+            if kind == "error":
                 self.error = answer[1]
+
+    def _give_up(self, error: str) -> None:
+        """End with `error`, telling the receiver, which waits for another offer."""
+        self._finish_stream()
+        self.done, self.error = True, error
+        self.link.isend_obj(dataclasses.replace(self.offer, error=error), self.dest,
+                            Tag.WEIGHTS_CTL)
 
     def _begin(self) -> None:
         self.tries += 1
@@ -195,8 +196,7 @@ class Sender:
             self._file = None
 
 
-def receive(link, directory: Path, label: str,
-            progress: Callable[[str], None] | None = None) -> tuple[Path, int]:
+def receive(link, directory: Path, label: str) -> tuple[Path, int]:
     """A rank's side: take the file rank 0 offers into `directory` (as <key>.gguf), asking
     again once if it arrives corrupt. (path, bytes received); raises TransferError (after
     telling rank 0) if it cannot be written or stays corrupt."""
@@ -211,7 +211,7 @@ def receive(link, directory: Path, label: str,
             raise TransferError(refusal)
         link.isend_obj(("ready",), 0, Tag.WEIGHTS_CTL)
         part = directory / f"{offer.key}.gguf.part{os.getpid()}"
-        digest, error = _take_chunks(link, offer, part, label, progress)
+        digest, error = _take_chunks(link, offer, part, label)
         received += offer.size
         if error:
             link.isend_obj(("error", error), 0, Tag.WEIGHTS_CTL)
@@ -243,14 +243,13 @@ def _check_room(directory: Path, offer: Offer) -> str | None:
     return None
 
 
-def _take_chunks(link, offer: Offer, part: Path, label: str,
-                 progress: Callable[[str], None] | None) -> tuple[str, str | None]:
+def _take_chunks(link, offer: Offer, part: Path, label: str) -> tuple[str, str | None]:
     """Receive every chunk of `offer`, writing them to `part` and hashing them; a write
     error is remembered and the rest drained (the sender's buffers must complete). (sha256,
     error or None)."""
     hasher, error = hashlib.sha256(), None
     buf = np.empty(offer.chunk, np.uint8)
-    meter = _Meter(label, offer.size, progress)
+    meter = _Meter(label, offer.size)
     try:
         out = open(part, "wb")
     except OSError as err:
@@ -284,8 +283,8 @@ def _take_chunks(link, offer: Offer, part: Path, label: str,
 class _Meter:
     """Progress of one receive in the log: bytes, MB/s, ETA, every PROGRESS_EVERY_S."""
 
-    def __init__(self, label: str, size: int, progress: Callable[[str], None] | None):
-        self.label, self.size, self.progress = label, size, progress
+    def __init__(self, label: str, size: int):
+        self.label, self.size = label, size
         self.got, self.t0 = 0, time.monotonic()
         self.last = self.t0
 
@@ -296,15 +295,10 @@ class _Meter:
             self.last = now
             rate = self.got / max(now - self.t0, 1e-9)
             eta = (self.size - self.got) / rate if rate else float("inf")
-            self._say(f"receiving {self.label}: {self.got / 1e6:.0f} of {self.size / 1e6:.0f} "
-                      f"MB, {rate / 1e6:.0f} MB/s, ETA {eta:.0f} s")
+            log.info("receiving %s: %.0f of %.0f MB, %.0f MB/s, ETA %.0f s", self.label,
+                     self.got / 1e6, self.size / 1e6, rate / 1e6, eta)
 
     def done(self) -> None:
         elapsed = max(time.monotonic() - self.t0, 1e-9)
-        self._say(f"received {self.label}: {self.got / 1e6:.0f} MB in {elapsed:.1f} s "
-                  f"({self.got / elapsed / 1e6:.0f} MB/s)")
-
-    def _say(self, message: str) -> None:
-        log.info("%s", message)
-        if self.progress:
-            self.progress(message)
+        log.info("received %s: %.0f MB in %.1f s (%.0f MB/s)", self.label, self.got / 1e6,
+                 elapsed, self.got / elapsed / 1e6)

@@ -58,11 +58,16 @@ class Manifest:
     needs: dict[int, Need]
 
 
-def target_needs(model: Path, ranges: list[StageRange], n_pipeline: int) -> dict[int, Need]:
-    """Rank 0: the slice of every pipeline rank after the head that has layers."""
-    digest = content_digest(model)
-    return {r.rank: Need(stage_key(digest, r), f"layers [{r.first}, {r.last}) of {model.name}",
-                         stage=r)
+def slice_need(digest: str, stage: StageRange, label: str) -> Need:
+    """The slice `stage` of the model whose sha256 is `digest`."""
+    return Need(stage_key(digest, stage), label, stage=stage)
+
+
+def target_needs(model: Path, digest: str, ranges: list[StageRange],
+                 n_pipeline: int) -> dict[int, Need]:
+    """Rank 0: the slice of every pipeline rank after the head that has layers (`digest`:
+    the model's sha256)."""
+    return {r.rank: slice_need(digest, r, f"layers [{r.first}, {r.last}) of {model.name}")
             for r in ranges[1:n_pipeline] if r.n_layer > 0}
 
 
@@ -87,38 +92,26 @@ def obtain(link: Link, manifest: Manifest, own: str | None = None,
             have = _find_locally(need, manifest, own)
         except (ModelError, OSError) as err:
             error = str(err)
-    statuses = link.gather((link.rank, hostname(), have is not None or need is None, error))
-    plan = None
-    if link.rank == 0:
-        failure = _first_failure(statuses)
-        plan = ("error", failure) if failure else ("ok", [r for r, _, ok, _ in statuses
-                                                         if not ok])
-    kind, detail = link.bcast(plan)
-    if kind == "error":
-        raise WeightsError(detail)
+    statuses, failure = link.agree((link.rank, hostname(), have is not None or need is None,
+                                    error))
+    if failure:
+        raise WeightsError(failure)
+    asking = link.bcast([r for r, _, ok, _ in statuses if not ok] if link.rank == 0 else None)
     received, error = 0, None
     try:
-        if link.rank == 0 and detail:
-            _serve(link, manifest, detail)
-        elif link.rank in detail:
+        if link.rank == 0 and asking:
+            _serve(link, manifest, asking)
+        elif link.rank in asking:
             have, received = receive(link, stages_dir(), need.label)
     except (TransferError, ModelError, OSError) as err:
         if not confirm:
             raise TransferError(str(err)) from None
         error = str(err)
     if confirm:
-        statuses = link.gather((link.rank, hostname(), True, error))
-        failure = link.bcast(_first_failure(statuses) if link.rank == 0 else None)
+        _, failure = link.agree((link.rank, hostname(), True, error))
         if failure:
             raise WeightsError(failure)
     return have, received
-
-
-def _first_failure(statuses) -> str | None:
-    for rank, host, _ok, error in statuses:
-        if error:
-            return error if rank == 0 else f"rank {rank} ({host}): {error}"
-    return None
 
 
 def _find_locally(need: Need, manifest: Manifest, given: str | None) -> Path | None:

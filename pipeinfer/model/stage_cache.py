@@ -76,9 +76,10 @@ def stage_file(model: str | os.PathLike, stage: StageRange,
     try:
         out.mkdir(parents=True, exist_ok=True)
         key = stage_key(content_digest(model), stage)
+        hit = cached_file(key)
+        if hit is not None:
+            return hit
         dst = out / f"{key}.gguf"
-        if dst.exists():
-            return dst
         with locked(out / f"{key}.lock"):
             if not dst.exists():
                 message = f"slicing {Path(model).name}: layers [{stage.first}, {stage.last})"

@@ -27,19 +27,14 @@ def obtain_profile(link: Link, path: str | None, model: Path, draft: Path | None
     and `draft` are rank 0's files: no other rank needs them (calibration sends the slices
     it times); `given` is what this rank was given as -m."""
     hosts = link.bcast(link.gather(hostname()))
-    facts = None
-    if link.rank == 0:
-        try:
-            info = model_info(read_model(model), model)
-            mid = cal.model_id(model, info.n_layer)
-            draft_id = cal.model_id(draft) if draft else None
-            cached = cache_path(hosts, threads, mid, draft_id)
-            facts = ("ok", info, cached, _read(path, cached, mid, hosts))
-        except (ModelError, OSError) as err:
-            facts = ("error", str(err), None, None)
-    kind, info, cached, verdict = link.bcast(facts)
-    if kind == "error":
-        raise ModelError(info)
+
+    def facts():
+        info = model_info(read_model(model), model)
+        mid = cal.model_id(model, info.n_layer)
+        cached = cache_path(hosts, threads, mid, cal.model_id(draft) if draft else None)
+        return info, cached, _read(path, cached, mid, hosts)
+
+    info, cached, verdict = cal.from_rank0(link, facts)
     if isinstance(verdict, str):
         raise ProfileError(verdict)
     if verdict is not None and path is None:
@@ -116,33 +111,21 @@ def target_file(link: Link, name: str) -> Path:
     """Rank 0's file of the target (fetched there if it is a registry name not cached yet),
     the path shared (only rank 0 opens it; an unusable model raises ModelError on every
     rank)."""
-    answer = None
-    if link.rank == 0:
-        try:
-            answer = ("ok", str(resolve_model(name)))
-        except ModelError as err:
-            answer = ("error", str(err))
-    kind, text = link.bcast(answer)
-    if kind == "error":
-        raise ModelError(text)
-    return Path(text)
+    return Path(cal.from_rank0(link, lambda: str(resolve_model(name))))
 
 
 def draft_file(link: Link, name: str, compact: bool) -> Path:
     """The draft file `run` will load (its compact copy by default, engine/setup.py), so the
     profile times the draft the head will run; made once on rank 0, the path shared (an
     unusable draft raises ModelError on every rank)."""
-    answer = None
-    if link.rank == 0:
+    def make() -> str:
         try:
             path = resolve_model(name)
-            answer = ("ok", str(compact_draft(path) if compact else path))
+            return str(compact_draft(path) if compact else path)
         except ModelError as err:
-            answer = ("error", f"draft model (-md): {err}")
-    kind, text = link.bcast(answer)
-    if kind == "error":
-        raise ModelError(text)
-    return Path(text)
+            raise ModelError(f"draft model (-md): {err}") from None
+
+    return Path(cal.from_rank0(link, make, (ModelError,)))
 
 
 def _report(split: Split, profile: Profile) -> None:

@@ -14,17 +14,19 @@ import logging
 import statistics
 import time
 from pathlib import Path
+from typing import Callable, TypeVar
 
 import numpy as np
 
 from ..engine.mpi_transport import Link, hostname
 from ..model.models import ModelError
-from ..model.stage_cache import content_digest, stage_file, stage_key
+from ..model.stage_cache import content_digest, stage_file
 from ..schedule.transaction import Tag
 from . import cgroups, measure
 from .profile import ModelId, NodeFigures, Profile
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 PING_ROUNDS = 12
 BULK_TOKENS = 64
@@ -35,27 +37,38 @@ def model_id(path: Path, n_layer: int = 0) -> ModelId:
     return ModelId(path.name, content_digest(path)[:32], n_layer)
 
 
+def from_rank0(link: Link, make: Callable[[], T],
+               errors: tuple = (ModelError, OSError)) -> T:
+    """Collective: what `make` returns on rank 0 (where the model files are), on every rank;
+    one of `errors` it raises is raised on every rank, as a ModelError with its message."""
+    answer = None
+    if link.rank == 0:
+        try:
+            answer = ("ok", make())
+        except errors as err:
+            answer = ("error", str(err))
+    kind, value = link.bcast(answer)
+    if kind == "error":
+        raise ModelError(value)
+    return value
+
+
 def calibration_slices(link: Link, model: Path, n_layer: int,
                        given: str | None = None) -> measure.Slices:
     """Collective: the calibration slices of rank 0's `model` as this rank's files, cut on
     rank 0 and sent to the ranks that lack them (engine/weights.py: only rank 0 needs the
     model file); `given` is the model this rank was given, a copy it may cut from."""
-    from ..engine.weights import Manifest, Need, obtain
+    from ..engine.weights import Manifest, obtain, slice_need
 
-    plan = None
-    if link.rank == 0:
-        try:
-            ranges = measure.calibration_ranges(model, n_layer)
-            digest = content_digest(model)
-            plan = ("ok", ranges, [Manifest(str(model), given or str(model), digest, {
-                r: Need(stage_key(digest, rng), f"calibration layers [{rng.first}, "
-                        f"{rng.last}) of {model.name}", stage=rng)
-                for r in range(1, link.size)}) for rng in ranges])
-        except (ModelError, OSError) as err:
-            plan = ("error", str(err), None)
-    kind, ranges, manifests = link.bcast(plan)
-    if kind == "error":
-        raise ModelError(ranges)
+    def plan():
+        ranges = measure.calibration_ranges(model, n_layer)
+        digest = content_digest(model)
+        return ranges, [Manifest(str(model), given or str(model), digest, {
+            r: slice_need(digest, rng, f"calibration layers [{rng.first}, {rng.last}) of "
+                          f"{model.name}")
+            for r in range(1, link.size)}) for rng in ranges]
+
+    ranges, manifests = from_rank0(link, plan)
     files = [obtain(link, manifest, own=given)[0] for manifest in manifests]
     if link.rank == 0:
         files = [stage_file(model, rng) for rng in ranges]

@@ -36,7 +36,7 @@ def calibrate(model, draft, threads, profile, repack, compact_draft, verbose, qu
     from ..model.models import ModelError
     from ..model.slicing import model_info, read_model
     from .auto import draft_file, target_file
-    from .calibrate import calibrate as measure, model_id
+    from .calibrate import calibrate as measure, from_rank0, model_id
     from .profile import cache_path
 
     link = Link()
@@ -48,15 +48,8 @@ def calibrate(model, draft, threads, profile, repack, compact_draft, verbose, qu
     try:
         path = target_file(link, model)
         draft_path = draft_file(link, draft, compact_draft) if draft else None
-        info = None
-        if link.rank == 0:
-            try:
-                info = model_info(read_model(path), path)
-            except (ModelError, ValueError, OSError) as err:
-                info = str(err)
-        info = link.bcast(info)
-        if isinstance(info, str):
-            raise ModelError(info)
+        info = from_rank0(link, lambda: model_info(read_model(path), path),
+                          (ModelError, ValueError, OSError))
         result = measure(link, path, info.n_layer, info.n_embd, per_rank, draft_path, repack,
                          given=model)
     except (ModelError, ValueError, RuntimeError, OSError) as err:
@@ -76,11 +69,9 @@ def _handshake(link) -> None:
     that failed on its command line ends every rank."""
     import os
 
-    from ..engine.job import first_failure
     from ..engine.mpi_transport import hostname
 
-    statuses = link.gather((link.rank, hostname(), os.getpid(), None))
-    failure = link.bcast(first_failure(statuses) if link.rank == 0 else None)
+    _, failure = link.agree((link.rank, hostname(), os.getpid(), None))
     if failure:
         sys.exit(1)
 
