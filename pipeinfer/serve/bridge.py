@@ -8,14 +8,13 @@ it: requests are refused with 503 unless it is ready.
 
 from __future__ import annotations
 
-import asyncio
 import enum
 import itertools
 import queue
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from ..model.sampling import SamplingParams
 from .api import ApiError
@@ -32,20 +31,25 @@ class State(enum.Enum):
 @dataclass(frozen=True)
 class Piece:
     """Text of the completion (maybe empty while a stop string is possible), the number of
-    tokens it took, and their logprobs if the request asked for them."""
+    tokens it took (`token`: the one, when it took one), and their logprobs if the request
+    asked for them."""
     text: str
     n_tokens: int
     logprobs: tuple[TokenLogprob, ...] = ()
+    token: int | None = None
 
 
 @dataclass(frozen=True)
 class Done:
     """The completion ended: finish_reason "stop" or "length", and the token counts
-    (`cached_tokens`: the prompt's prefix reused from its slot, not evaluated again)."""
+    (`cached_tokens`: the prompt's prefix reused from its slot, not evaluated again); `text`:
+    the answer's last text, held back until the end (one event with the end, so an answer
+    resumed after a failure never gets it twice)."""
     finish_reason: str
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int = 0
+    text: str = ""
 
 
 @dataclass(frozen=True)
@@ -60,30 +64,27 @@ _ids = itertools.count()
 
 @dataclass(eq=False)   # (compared and hashed as itself: Bridge.running is a set)
 class Ticket:
-    """One request crossing into the head: its prompt tokens and settings, and the way back."""
+    """One request crossing into the head: its prompt tokens and settings, and the way back
+    (`sink`: (choice, event) to its handler, from the head's thread)."""
     prompt: list[int]
     n_predict: int
     sampling: SamplingParams
     stop: tuple[str, ...]
-    loop: asyncio.AbstractEventLoop
+    sink: Callable[[int, Any], None]
     logprobs: int | None = None     # None: not asked; else how many top tokens with each
     ignore_eos: bool = False
     index: int = 0                  # its choice in the request (n, several prompts)
     cache_prompt: bool = True       # reuse a prefix its slot keeps (prompt_cache.py)
     preserve: frozenset[int] = frozenset()   # special tokens whose text the answer keeps
     constraint: Any = None          # its grammar's state (model/grammar.py), if any
-    events: asyncio.Queue = field(default_factory=asyncio.Queue)   # (index, event), shared
-                                                                   # by a request's tickets
+    resumed: tuple[int, ...] = ()   # tokens it sent before its job ended (front_link.py)
     cancelled: threading.Event = field(default_factory=threading.Event)
     arrived: float = field(default_factory=time.perf_counter)
     number: int = field(default_factory=lambda: next(_ids))
 
     def send(self, event) -> None:
         """From the head's thread: hand an event to the request's handler."""
-        try:
-            self.loop.call_soon_threadsafe(self.events.put_nowait, (self.index, event))
-        except RuntimeError:  # the event loop is closed: nobody is listening any more
-            pass
+        self.sink(self.index, event)
 
 
 class Bridge:
@@ -93,6 +94,9 @@ class Bridge:
         self.state = State.LOADING
         self.failure = ""               # why, when FAILED
         self.running: set[Ticket] = set()  # being generated (the head's thread changes it)
+        # A front outside the job (front_link.py) resumes its requests on a new job instead:
+        # a failure of the job is one message to it, not an error to each request.
+        self.lost: Callable[[str], None] | None = None
 
     @property
     def depth(self) -> int:
@@ -143,6 +147,10 @@ class Bridge:
         """Refuse new requests from now on and end the running and waiting ones with
         `message`."""
         self.state, self.failure = state, message
+        if self.lost is not None:
+            if state is State.FAILED:
+                self.lost(message)
+            return
         tickets = list(self.running)
         while True:
             try:

@@ -9,6 +9,7 @@ from pathlib import Path
 import click
 
 from ..cli import Failure, RankedCommand, _checked, _verbosity, setup_logging
+from ..engine import supervisor
 from ..engine.config import NEEDS_DRAFT
 from ..schedule.options import ADAPTIVE, LANE_STRATEGIES
 from ..cli_options import (AUTO_SPLIT_HELP, DRAFT_MODEL_HELP, PROFILE_HELP, SPLIT_HELP,
@@ -85,12 +86,35 @@ BUSY_CHOICES = ("auto", "same", "speculative", "iterative")
 @click.option("--cors-origin", "cors_origins", multiple=True,
               help="An origin (scheme://host[:port]) whose browser pages may call the API "
                    "(CORS); repeat for several. [default: any origin, *]")
+@click.option("--ranks", type=click.IntRange(1, None), default=None,
+              help="Start a front process here that launches the job of N ranks itself "
+                   "(do not run it under mpiexec then) and keeps the service up: when the "
+                   "job ends unexpectedly (a rank killed, a host gone), it is started again on "
+                   "the hosts that still answer and every request goes on from the last token "
+                   "it sent, with the same tokens (greedy, or sampled with a seed; the front "
+                   "draws a seed for a request without one). Without --ranks, under "
+                   "`mpiexec -n N`, the server is the job itself, without failover.",
+              show_default=False)
+@click.option("--hostfile", type=click.Path(dir_okay=False), default=None,
+              help="With --ranks: the hosts (one `host[:slots]` per line, as mpiexec -f), "
+                   "filled in order. [default: this host]", show_default=False)
+@click.option("--hosts", "host_list", default=None,
+              help="With --ranks: the hosts as a comma list (`a:2,b,c`), instead of "
+                   "--hostfile.", show_default=False)
+@click.option("--mpiexec", "mpiexec", default=None,
+              help="With --ranks: the launcher command (e.g. experiments/cluster.py ... "
+                   "--as-mpiexec). [default: the mpiexec beside pipeinfer's Python]",
+              show_default=False)
+@click.option("--max-restarts", default=5, type=click.IntRange(0, None),
+              help="With --ranks: give up after the job failed this many times in a row "
+                   "(a job that ran for a minute resets the count); back-off 1 to 30 s.")
+@click.option("--channel", default=None, hidden=True)   # the front's address (front_link.py)
 @_verbosity("-v: progress of every rank, the head's scheduling and tracebacks; -vv: also "
             "llama.cpp's log.", "Only notices and errors on stderr.")
 def serve(model, draft, compact_draft, alias, n_ctx, n_batch, threads, split, profile, strategy,
           temp, top_k, top_p, seed, host, port, queue_size, parallel, busy_strategy, api_key,
-          cache_prompt, cors_origins, verbose, quiet,
-          **speculation):
+          cache_prompt, cors_origins, ranks, hostfile, host_list, mpiexec, max_restarts,
+          channel, verbose, quiet, **speculation):
     """Serve the model over HTTP with an OpenAI-compatible API, as one MPI job: rank 0 runs
     the HTTP server (and is the head, as for `run`), ranks 1..N-1 evaluate their slices of the
     target's layers. E.g.
@@ -111,17 +135,32 @@ def serve(model, draft, compact_draft, alias, n_ctx, n_batch, threads, split, pr
     pipeline; SIGINT or SIGTERM ends the server and every rank.
     """
     from ..engine.config import RunConfig, resolve_draft_source
-    from ..engine.mpi_transport import world
     from ..model.sampling import SamplingParams
-    from .service import ServeOptions, main as serve_main
 
-    setup_logging(verbose, quiet, rank=world()[0])
-    signal.signal(signal.SIGTERM, signal.getsignal(signal.SIGINT))  # SIGTERM ends as Ctrl-C
+    under_launcher = supervisor.launcher_rank() is not None
+    setup_logging(verbose, quiet, rank=supervisor.launcher_rank() or 0)
     parallel = _parallel(parallel, strategy)
     _refuse(parallel, split, strategy, speculation, n_batch)
     if profile is not None and split[0] != "auto":
         raise Failure("--profile is read by --layer-split auto only; add it, or drop --profile",
                       2)
+    if ranks is not None:   # the front: no MPI, no llama.cpp in this process
+        if under_launcher:
+            raise Failure("--ranks starts the job itself: run `pipeinfer serve --ranks N` "
+                          "without mpiexec (or `mpiexec -n N pipeinfer serve` without "
+                          "--ranks, which has no failover)", 2)
+        from ..front.command import run_front
+        sys.exit(run_front(ranks, hostfile, host_list, mpiexec, max_restarts, host, port,
+                           queue_size, api_key, alias or _name(model), cors_origins,
+                           parallel))
+    if hostfile or host_list or mpiexec:
+        raise Failure("--hostfile, --hosts and --mpiexec go with --ranks (the front "
+                      "launches the job); under mpiexec, give the hosts to mpiexec", 2)
+    from ..engine.mpi_transport import world
+    from .service import ServeOptions, main as serve_main
+
+    setup_logging(verbose, quiet, rank=world()[0])
+    signal.signal(signal.SIGTERM, signal.getsignal(signal.SIGINT))  # SIGTERM ends as Ctrl-C
     source = _checked(resolve_draft_source, strategy, speculation.pop("draft_source"),
                       bool(draft))
     defaults = SamplingParams(temp, top_k, top_p, seed)
@@ -134,7 +173,7 @@ def serve(model, draft, compact_draft, alias, n_ctx, n_batch, threads, split, pr
                     compact_draft=compact_draft)
     _checked(cfg.check_drafts)
     options = ServeOptions(host, port, queue_size, api_key, alias or _name(model), defaults,
-                           tuple(cors_origins) or ("*",), cache_prompt)
+                           tuple(cors_origins) or ("*",), cache_prompt, channel)
     sys.exit(serve_main(cfg, options))
 
 

@@ -14,9 +14,10 @@ class ApiError(Exception):
     """A request the server answers with an error object (`status`: the HTTP status)."""
 
     def __init__(self, status: int, message: str, kind: str | None = None,
-                 param: str | None = None):
+                 param: str | None = None, headers: dict[str, str] | None = None):
         super().__init__(message)
         self.status, self.message, self.param = status, message, param
+        self.headers = headers or {}   # e.g. Retry-After on a 503
         self.kind = kind or ERROR_TYPES.get(status, "server_error")
 
     def body(self) -> dict:

@@ -12,7 +12,6 @@ import json
 import math
 from dataclasses import replace
 
-from ..model.grammar import GrammarError, json_grammar
 from ..model.sampling import SamplingParams
 from .errors import ApiError
 from .logprobs import MAX_TOP
@@ -192,6 +191,9 @@ def _format_grammar(fmt) -> str:
 
 
 def _schema_grammar(schema, param: str, optional: bool = False) -> str:
+    # (imported here: it loads llama.cpp, which the front process outside MPI must not)
+    from ..model.grammar import GrammarError, json_grammar
+
     if schema is None and optional:
         return json_grammar()
     if not isinstance(schema, dict):

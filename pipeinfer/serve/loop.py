@@ -73,7 +73,26 @@ class Completion:
         self.n_tokens, self.last = self.n_tokens + 1, now
         piece = self.stops.push(self.text.push(token))
         if piece or entry or not self.stops.stopped:
-            self.ticket.send(Piece(piece, 1, entry))
+            self.ticket.send(Piece(piece, 1, entry, token))
+
+    def replay(self, tokens: tuple[int, ...]) -> None:
+        """Tokens its client already has (a request resumed on a new job): through the text
+        and stop strings again, sending nothing, so the text goes on where it stopped."""
+        for token in tokens:
+            self.stops.push(self.text.push(token))
+            if self.ticket.constraint is not None:
+                self.ticket.constraint.accept(token)
+        self.n_tokens = len(tokens)
+
+    def ended_before(self, is_eog) -> str:
+        """How a resumed request had ended already ("" if it had not): its tokens reached
+        max_tokens, an end of generation or a stop string before its job ended."""
+        tokens, ticket = self.ticket.resumed, self.ticket
+        if self.stops.stopped:
+            return "stop"
+        if tokens and not ticket.ignore_eos and is_eog(tokens[-1]):
+            return "eos"
+        return "length" if len(tokens) >= ticket.n_predict else ""
 
     def finish(self, gen: Generation) -> None:
         """The generation ended and its runs are back: the rest of the text and Done (or,
@@ -91,11 +110,9 @@ class Completion:
         # an answer cut inside a character (max_tokens): its incomplete bytes are left
         # out, streamed or whole, as llama-server does (no U+FFFD at the end)
         rest = self.stops.push(self.text.finish(keep_incomplete=False)) + self.stops.finish()
-        if rest:
-            ticket.send(Piece(rest, 0))
         reason = ("stop" if self.stops.stopped
                   else FINISH_REASONS.get(gen.stop_reason, "length"))
-        ticket.send(Done(reason, len(ticket.prompt), self.n_tokens, cached))
+        ticket.send(Done(reason, len(ticket.prompt), self.n_tokens, cached, rest))
 
 
 class BusyProbe:
@@ -178,12 +195,21 @@ def _start(lanes: Lanes, head: Head, bridge: Bridge, metrics: ServeMetrics,
            ticket: Ticket) -> None:
     completion = Completion(ticket, head.tokenizer, metrics)
     bridge.running.add(ticket)  # until it is done: a failure answers it too
-    request = head.request(ticket.prompt, ticket.n_predict, ignore_eos=ticket.ignore_eos)
+    if ticket.resumed:
+        completion.replay(ticket.resumed)
+        if (ended := completion.ended_before(head.tokenizer.is_eog)):
+            completion.finish(Generation(head.request(ticket.prompt, ticket.n_predict),
+                                         head.tokenizer.is_eog, stop_reason=ended))
+            bridge.running.discard(ticket)
+            return
+    request = head.request(ticket.prompt, ticket.n_predict, ignore_eos=ticket.ignore_eos,
+                           resumed=ticket.resumed)
     lane = lanes.start(request, ticket.sampling, completion, completion.on_token,
                        completion.observe, ticket.cache_prompt, ticket.constraint)
-    log.info("request %d: %d prompt tokens (%d kept in its slot), slot %d, %s (%d under way)",
-             ticket.number, len(ticket.prompt), lane.gen.request.cached, lane.slot,
-             lane.strategy, len(lanes.active))
+    log.info("request %d: %d prompt tokens (%d kept in its slot)%s, slot %d, %s (%d under "
+             "way)", ticket.number, len(ticket.prompt), lane.gen.request.cached,
+             f", resumed after {len(ticket.resumed)} tokens" if ticket.resumed else "",
+             lane.slot, lane.strategy, len(lanes.active))
 
 
 def _end(lane: Lane, bridge: Bridge) -> None:

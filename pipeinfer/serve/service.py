@@ -33,6 +33,7 @@ from ..engine.supervisor import JOB_LOST
 from ..model.sampling import SamplingParams
 from .app import Service, build_app, ready
 from .bridge import Bridge, State
+from .front_link import FrontLink
 from .http_thread import HttpThread
 from .loop import serve_requests
 from .metrics import ServeMetrics
@@ -53,6 +54,7 @@ class ServeOptions:
     defaults: SamplingParams = SamplingParams()
     cors_origins: tuple[str, ...] = ("*",)
     cache_prompt: bool = True
+    channel: str | None = None   # the front's address: no HTTP here (front_link.py)
 
 
 def main(cfg: RunConfig, options: ServeOptions) -> int:
@@ -60,12 +62,15 @@ def main(cfg: RunConfig, options: ServeOptions) -> int:
     rank = Link().rank
     service = Service(Bridge(options.queue), ServeMetrics(), options.model_name, cfg.n_ctx,
                       options.defaults, options.api_key, cfg.slots, options.cache_prompt)
-    http: list[HttpThread] = []
+    http: list = []   # the HTTP thread, or the link to the front
     if rank == 0:
         signal.signal(JOB_LOST, lambda signum, frame: threading.Thread(
             target=_job_lost, args=(service,), daemon=True).start())
 
     def listen() -> None:
+        if options.channel is not None:
+            http.append(FrontLink(options.channel))
+            return
         http.append(HttpThread(build_app(service, options.cors_origins), options.host,
                                options.port))
         log.info("listening on http://%s:%d (loading the model)", options.host, http[0].port)
@@ -74,7 +79,11 @@ def main(cfg: RunConfig, options: ServeOptions) -> int:
         job = Job.start(cfg, check=listen)
     except (StartFailed, KeyboardInterrupt) as err:
         for thread in http:
-            thread.stop()
+            if isinstance(thread, FrontLink):   # the front says why (no HTTP here)
+                thread.send(("startfailed", str(err)))
+                thread.close()
+            else:
+                thread.stop()
         if isinstance(err, KeyboardInterrupt):
             return _interrupted(rank)
         if rank == 0:
@@ -84,6 +93,11 @@ def main(cfg: RunConfig, options: ServeOptions) -> int:
         for signum in (signal.SIGINT, signal.SIGTERM):  # the head ends the workers in order
             signal.signal(signum, signal.SIG_IGN)
         return job.serve()
+    if isinstance(http[0], FrontLink):
+        return _head_of_front(cfg, job, service, http[0])
+    log.warning("serving without failover: a failed rank ends this server (`pipeinfer serve "
+                "--ranks N`, not under mpiexec, starts a front that relaunches the job and "
+                "resumes the requests)")
     return _head(cfg, job, service, http[0])
 
 
@@ -108,6 +122,29 @@ def _head(cfg: RunConfig, job: Job, service: Service, http: HttpThread) -> int:
     return 0
 
 
+def _head_of_front(cfg: RunConfig, job: Job, service: Service, link: FrontLink) -> int:
+    """The head of a job the front started: requests come over the channel until the front
+    asks to stop or goes away; then the job ends in order."""
+    link.serve(service)
+    ready(service, job.head)
+    link.ready(service, job.statuses)
+    log.info("ready: %s", "; ".join(f"rank {r} pid {pid} on {host}"
+                                    for r, host, pid, *_ in job.statuses))
+    try:
+        serve_requests(job.head, service.bridge, service.metrics, link.alive)
+    except KeyboardInterrupt:
+        pass
+    except Exception as err:  # a rank failed: the front was told (bridge.lost) and resumes
+        log.error("%s", describe(err, cfg.verbose))
+        link.close()
+        if job.link.size > 1:
+            abort_job(1)
+        return 1
+    _stop(job, service, None)
+    link.close()
+    return 0
+
+
 def _job_lost(service: Service) -> None:
     """The launcher is ending the job (another rank died): every request under way or
     waiting gets 503 saying so, then the head ends without touching MPI (its peers are gone).
@@ -126,7 +163,7 @@ def _http_alive(http: HttpThread) -> bool:
     return True
 
 
-def _stop(job: Job, service: Service, http: HttpThread) -> None:
+def _stop(job: Job, service: Service, http: HttpThread | None) -> None:
     """After an interrupt: 503 to the requests under way, then stop HTTP and the workers
     (which ignore the signals: they are ended here, in order). supervisor.interrupt's second
     interrupt is called off: this must not be cut short; if a rank keeps it from ending,
@@ -136,8 +173,9 @@ def _stop(job: Job, service: Service, http: HttpThread) -> None:
     signal.alarm(STOP_LIMIT_S)
     try:
         service.bridge.fail(State.STOPPING, "the server is shutting down")
-        time.sleep(FLUSH_S)
-        http.stop()
+        if http is not None:
+            time.sleep(FLUSH_S)
+            http.stop()
         _drain(job.head.setup.pipeline)
         job.head.shutdown()
     except (KeyboardInterrupt, Exception) as err:  # noqa: BLE001 (leaving anyway)

@@ -1,0 +1,6 @@
+"""`python -m pipeinfer`: the `pipeinfer` command (the front launches jobs this way when the
+console script is not beside its Python)."""
+
+from .cli import main
+
+main()
