@@ -106,9 +106,10 @@ def _model(front: Front) -> dict:
 
 
 async def _health(front: Front, request: Request) -> Response:
-    state = front.supervisor.state
-    if state == "ok":
-        return JSONResponse({"status": "ok"})
+    state, job = front.supervisor.state, front.supervisor.job
+    if state == "ok":   # (and which job, its ranks: for operators and tests)
+        ranks = [{"rank": r, "host": h, "pid": p} for r, h, p in job.info.get("statuses", [])]
+        return JSONResponse({"status": "ok", "job": job.number, "ranks": ranks})
     try:
         front.check_up()
     except ApiError as err:

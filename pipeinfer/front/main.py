@@ -78,7 +78,7 @@ class _Thread:
         self.server = uvicorn.Server(config)
         supervising = asyncio.ensure_future(self.supervisor.run())
         self.started.set()
-        log.info("listening on http://%s:%d; starting the job (%d ranks)", o.host, self.port,
+        log.info("listening on http://%s:%d (starting the job: %d ranks)", o.host, self.port,
                  o.ranks)
         await self.server.serve(sockets=[self.sock])
         supervising.cancel()

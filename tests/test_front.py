@@ -1,0 +1,251 @@
+"""`pipeinfer serve --ranks N`: the front outside MPI keeps the service up when the job dies
+(issue 32). Real front, real mpiexec, real SIGKILLs of ranks, real HTTP clients: every
+answer resumed after a kill equals the undisturbed answer, streamed or whole, greedy or
+sampled with a seed; /health says `recovering` meanwhile; SIGTERM to the front leaves no
+process behind."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+import mpi_util
+
+PROMPTS = ["def quicksort(arr):", "The capital of France is", "import numpy as np\n",
+           "Once upon a time,"]
+N_TOKENS = 64
+KILL_AFTER = 12     # chunks every stream has when a rank is killed
+
+
+class Front:
+    """`pipeinfer serve --ranks N ...` (not under mpiexec), output in files; its job's
+    processes are found by the front's channel directory (under `tmp`)."""
+
+    def __init__(self, tmp: Path, ranks: int, *args: str):
+        self.tmp, self.url = tmp, ""
+        self.err_path = tmp / "stderr.txt"
+        cmd = [str(mpi_util.PIPEINFER), "serve", "--ranks", str(ranks), "--port", "0", *args]
+        env = mpi_util.mpi_env({"TMPDIR": str(tmp)})
+        with open(tmp / "stdout.txt", "w") as out, open(self.err_path, "w") as err:
+            self.proc = subprocess.Popen(cmd, stdout=out, stderr=err, env=env,
+                                         start_new_session=True, stdin=subprocess.DEVNULL)
+
+    @property
+    def stderr(self) -> str:
+        return self.err_path.read_text()
+
+    def health(self) -> httpx.Response:
+        return httpx.get(self.url + "/health", timeout=5)
+
+    def wait_ready(self, timeout: float = 150, after_job: int = 0) -> dict:
+        """/health once a job later than `after_job` takes requests."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            assert self.proc.poll() is None, f"the front ended:\n{self.stderr}"
+            if not self.url:
+                said = re.search(r"listening on (http://[^\s;]+)", self.stderr)
+                self.url = said.group(1) if said else ""
+            else:
+                try:
+                    r = self.health()
+                    if r.status_code == 200 and r.json()["job"] > after_job:
+                        return r.json()
+                except httpx.TransportError:
+                    pass
+            time.sleep(0.2)
+        raise AssertionError(f"not ready in {timeout} s:\n{self.stderr}")
+
+    def job_processes(self) -> list[int]:
+        """Pids of processes of its jobs (launcher, supervisors, ranks) still alive."""
+        out = subprocess.run(["ps", "-ww", "-eo", "pid=,args="], capture_output=True,
+                             text=True).stdout
+        mark = str(self.tmp / "pipeinfer-front-")
+        return [int(line.split()[0]) for line in out.splitlines() if mark in line]
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            mpi_util._kill_group(self.proc.pid)
+        for pid in self.job_processes():
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        self.proc.wait(10)
+
+
+def complete(url: str, prompt: str, **fields) -> str:
+    body = {"prompt": prompt, "max_tokens": N_TOKENS, "temperature": 0, **fields}
+    r = httpx.post(url + "/v1/completions", json=body, timeout=300)
+    assert r.status_code == 200, r.text
+    return r.json()["choices"][0]["text"]
+
+
+class Stream(threading.Thread):
+    """One streamed completion on a thread: its chunks' text, and any error object."""
+
+    def __init__(self, url: str, prompt: str, **fields):
+        super().__init__(daemon=True)
+        self.url, self.chunks, self.error, self.done = url, [], None, False
+        self.body = {"prompt": prompt, "max_tokens": N_TOKENS, "temperature": 0,
+                     "stream": True, **fields}
+
+    def run(self) -> None:
+        try:
+            with httpx.stream("POST", self.url + "/v1/completions", json=self.body,
+                              timeout=300) as r:
+                for line in r.iter_lines():
+                    if line == "data: [DONE]":
+                        self.done = True
+                    elif line.startswith("data: "):
+                        obj = json.loads(line[6:])
+                        if "error" in obj:
+                            self.error = obj
+                        else:
+                            self.chunks.append(obj["choices"][0]["text"])
+        except Exception as err:  # noqa: BLE001 (checked by the test)
+            self.error = repr(err)
+
+    @property
+    def text(self) -> str:
+        return "".join(self.chunks)
+
+
+@pytest.fixture(scope="module")
+def front(smollm2, tmp_path_factory):
+    srv = Front(tmp_path_factory.mktemp("front"), 3, "-m", str(smollm2), "--parallel", "4",
+                "--no-cache-prompt")
+    try:
+        srv.wait_ready()
+        yield srv
+    finally:
+        srv.kill()
+
+
+@pytest.fixture(scope="module")
+def undisturbed(front):
+    return {p: complete(front.url, p) for p in PROMPTS}
+
+
+def _kill_mid_stream(front, rank: int, **fields) -> tuple[list[Stream], dict]:
+    """Four concurrent streams; once each has KILL_AFTER chunks, SIGKILL `rank` of the job;
+    the streams' ends and /health while the job was being replaced."""
+    before = front.wait_ready()
+    streams = [Stream(front.url, p, **fields) for p in PROMPTS]
+    for s in streams:
+        s.start()
+    deadline = time.monotonic() + 120
+    while any(len(s.chunks) < KILL_AFTER and s.is_alive() for s in streams):
+        assert time.monotonic() < deadline, "the streams did not get going"
+        time.sleep(0.01)
+    pid = next(r["pid"] for r in before["ranks"] if r["rank"] == rank)
+    os.kill(pid, signal.SIGKILL)
+    statuses = set()
+    while True:   # until a new job takes requests
+        r = front.health()
+        statuses.add((r.status_code, r.json().get("status")))
+        if r.status_code == 200 and r.json()["job"] > before["job"]:
+            break
+        time.sleep(0.05)
+    for s in streams:
+        s.join(240)
+    return streams, {"statuses": statuses, "before": before}
+
+
+@pytest.mark.parametrize("rank", [1, 0], ids=["worker", "head"])
+def test_streams_resume_exactly_after_a_rank_is_killed(front, undisturbed, rank):
+    streams, seen = _kill_mid_stream(front, rank)
+    for s, prompt in zip(streams, PROMPTS):
+        assert s.error is None and s.done, (s.error, front.stderr[-3000:])
+        assert s.text == undisturbed[prompt], (prompt, s.text, undisturbed[prompt])
+    assert (503, "recovering") in seen["statuses"], seen["statuses"]
+    assert "request(s) resume" in front.stderr
+
+
+def test_seeded_sampling_resumes_identically(front):
+    fields = {"temperature": 0.9, "seed": 1234, "top_k": 40, "top_p": 0.95}
+    reference = {p: complete(front.url, p, **fields) for p in PROMPTS}
+    streams, _ = _kill_mid_stream(front, 2, **fields)
+    for s, prompt in zip(streams, PROMPTS):
+        assert s.error is None and s.done, s.error
+        assert s.text == reference[prompt], (prompt, s.text, reference[prompt])
+
+
+def test_a_whole_answer_just_takes_longer(front, undisturbed):
+    before = front.wait_ready()
+    answers: dict = {}
+    thread = threading.Thread(target=lambda: answers.update(
+        text=complete(front.url, PROMPTS[0])), daemon=True)
+    thread.start()
+    time.sleep(1.0)
+    os.kill(next(r["pid"] for r in before["ranks"] if r["rank"] == 1), signal.SIGKILL)
+    thread.join(240)
+    assert answers.get("text") == undisturbed[PROMPTS[0]]
+    assert front.wait_ready(after_job=before["job"] - 1)["job"] > before["job"]
+
+
+def test_metrics_count_restarts_and_resumed_requests(front):
+    front.wait_ready()
+    text = httpx.get(front.url + "/metrics", timeout=10).text
+    restarts = float(re.search(r"^pipeinfer_front_job_restarts_total (\S+)$", text, re.M)[1])
+    resumed = float(re.search(r"^pipeinfer_front_requests_resumed_total (\S+)$", text,
+                              re.M)[1])
+    assert restarts >= 1 and resumed >= 1, text
+    assert "pipeinfer_front_recovery_seconds_count" in text
+    assert "pipeinfer_completion_tokens_total" in text   # the job's own, after the front's
+
+
+def test_sigterm_ends_the_front_and_every_rank(smollm2, tmp_path):
+    srv = Front(tmp_path, 2, "-m", str(smollm2))
+    try:
+        srv.wait_ready()
+        assert srv.job_processes()
+        stream = Stream(srv.url, PROMPTS[0], max_tokens=400)
+        stream.start()
+        time.sleep(1.0)
+        t0 = time.monotonic()
+        srv.proc.send_signal(signal.SIGTERM)
+        srv.proc.wait(35)
+        while srv.job_processes() and time.monotonic() - t0 < 30:
+            time.sleep(0.2)
+        assert not srv.job_processes(), "processes of the job outlived the front"
+        assert time.monotonic() - t0 < 30
+        stream.join(10)
+        assert not stream.done   # ended with an error object, not a false [DONE]
+    finally:
+        srv.kill()
+
+
+def test_the_front_loads_neither_mpi_nor_llama_cpp() -> None:
+    code = ("import sys, pipeinfer.front.command, pipeinfer.front.main; "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in "
+            "('mpi4py', 'llama_cpp')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout
+    assert out.strip() == "[]"
+
+
+def test_ranks_under_mpiexec_is_refused(smollm2) -> None:
+    res = mpi_util.launch(mpi_util.mpi_command(2, [str(mpi_util.PIPEINFER), "serve",
+                                                   "--ranks", "2", "-m", str(smollm2)]),
+                          timeout=60)
+    assert res.rc == 2 and "without mpiexec" in res.stderr, res.describe()
+
+
+def test_a_bad_hostfile_is_one_line(tmp_path, smollm2) -> None:
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("nodeA:x\n")
+    res = subprocess.run([str(mpi_util.PIPEINFER), "serve", "--ranks", "2", "--hostfile",
+                          str(hostfile), "-m", str(smollm2)], capture_output=True, text=True,
+                         timeout=60)
+    assert res.returncode == 2 and "not a host" in res.stderr and "Traceback" not in \
+        res.stderr, res.stderr
