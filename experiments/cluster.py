@@ -28,7 +28,8 @@ from contextlib import ExitStack
 from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import linkhub  # noqa: E402  (beside this script)
+import cluster_hosts  # noqa: E402  (beside this script)
+import linkhub  # noqa: E402
 import node_disks  # noqa: E402
 from cpu_quota import PERIOD_US, CpuQuotas, QuotaError, join_quota, parse_cpus  # noqa: E402
 
@@ -202,6 +203,7 @@ def rank_shim(args: argparse.Namespace) -> None:
         join_quota(Path(args.cgroup), rank)
     if args.memcg:
         node_disks.join_memory(Path(args.memcg), rank)
+    cluster_hosts.record_pid(args.state, args.host_names, rank)
     if args.host_id:  # a machine of its own: no wake-ups through this kernel from the others
         os.environ["PIPEINFER_HOST_ID"] = f"{args.host_id}-node{rank}"
     if args.disk_root and rank > 0:
@@ -247,6 +249,12 @@ def _interrupt(signum, frame):
 
 
 def launch(args: argparse.Namespace) -> int:
+    hosts = None
+    if args.as_mpiexec:   # named hosts, some maybe down (cluster_hosts.py)
+        args.nodes, hosts, args.command = cluster_hosts.parse_mpiexec(args.command)
+        cluster_hosts.check_reachable(args.state, hosts)
+        if args.command == ["true"]:   # the front's probe: the host answers
+            return 0
     if not args.command:
         raise ClusterError("give the command to run after --")
     rate, delay, jitter = LINK_PRESETS.get(args.link, (args.rate, args.delay, args.jitter))
@@ -286,11 +294,18 @@ def launch(args: argparse.Namespace) -> int:
                     f"rate {rate}, delay {delay}, jitter {jitter}"
                 print(f"cluster: links shaped by {links.used}: {shaping} on each node's egress",
                       file=sys.stderr)
+        if hosts is not None:
+            shim += cluster_hosts.shim_args(args.state, hosts)
         command = [mpiexec, "-n", str(args.nodes)] + shim + ["--"] + args.command
         if args.verbose:
             print("cluster: " + " ".join(command), file=sys.stderr)
-        return _run_job(subprocess.Popen(command, env=env, start_new_session=True),
-                        args.timeout, links)
+        proc = subprocess.Popen(command, env=env, start_new_session=True)
+        if hosts is not None and args.state:
+            watcher = cluster_hosts.Watcher(args.state, hosts,
+                                            f"pi{links.job}" if links else None)
+            watcher.start()
+            cleanup.callback(watcher.stop)
+        return _run_job(proc, args.timeout, links)
 
 
 def _run_job(proc: subprocess.Popen, timeout: float, links: Links | None) -> int:
@@ -322,7 +337,8 @@ def _run_job(proc: subprocess.Popen, timeout: float, links: Links | None) -> int
 
 def _shim_parser() -> argparse.ArgumentParser:
     shim = argparse.ArgumentParser(prog="cluster.py _rank")
-    for flag in ("--cgroup", "--netns", "--memcg", "--disk-root", "--launcher", "--host-id"):
+    for flag in ("--cgroup", "--netns", "--memcg", "--disk-root", "--launcher", "--host-id",
+                 "--state", "--host-names"):
         shim.add_argument(flag)
     shim.add_argument("--hide", action="append")
     shim.add_argument("command", nargs=argparse.REMAINDER)
@@ -362,6 +378,7 @@ def main(argv: list[str] | None = None) -> int:
                              "netem), htb (rate limit only, no delay); auto = netem if the "
                              "kernel has it, else tap, else htb")
     node_disks.add_arguments(parser)
+    cluster_hosts.add_arguments(parser)
     parser.add_argument("--shared-kernel", action="store_true",
                         help="let ranks wake each other through this kernel's sockets "
                              "(engine/wakeup.py), as ranks on one host do; by default every "
@@ -371,11 +388,16 @@ def main(argv: list[str] | None = None) -> int:
                         "interrupted")
     parser.add_argument("-v", "--verbose", action="store_true")
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- command to run")
-    args = parser.parse_args(argv)
+    rest = argv.index("--as-mpiexec") + 1 if "--as-mpiexec" in argv else len(argv)
+    args = parser.parse_args(argv[:rest])   # (mpiexec's own options after --as-mpiexec)
+    args.command = args.command + argv[rest:]
     if args.command[:1] == ["--"]:
         args.command = args.command[1:]
     try:
         return launch(args)
+    except cluster_hosts.HostError as err:
+        print(f"cluster: error: {err}", file=sys.stderr)
+        return cluster_hosts.UNREACHABLE
     except (ClusterError, QuotaError, node_disks.NodeError) as err:
         print(f"cluster: error: {err}", file=sys.stderr)
         return 2

@@ -249,3 +249,41 @@ def test_a_bad_hostfile_is_one_line(tmp_path, smollm2) -> None:
                          timeout=60)
     assert res.returncode == 2 and "not a host" in res.stderr and "Traceback" not in \
         res.stderr, res.stderr
+
+
+# --- a host lost, on the emulated cluster (experiments/cluster.py --as-mpiexec) -----------
+
+def _cluster_launcher(state: Path) -> str:
+    from test_cluster import CLUSTER
+    return (f"{sys.executable} {CLUSTER} --cpu 0.5 --link gigabit --state {state} "
+            "--as-mpiexec")
+
+
+def test_a_host_lost_is_left_out_and_answers_stay_exact(smollm2, tmp_path, undisturbed):
+    from test_cluster import NO_NETNS
+    if NO_NETNS is not None:
+        pytest.skip(NO_NETNS)
+    state = tmp_path / "hosts"
+    (state / "down").mkdir(parents=True)
+    srv = Front(tmp_path, 4, "-m", str(smollm2), "--parallel", "4", "--no-cache-prompt",
+                "--hosts", "node0,node1,node2,node3", "--mpiexec", _cluster_launcher(state))
+    try:
+        before = srv.wait_ready(240)
+        assert len(before["ranks"]) == 4
+        streams = [Stream(srv.url, p) for p in PROMPTS]
+        for s in streams:
+            s.start()
+        deadline = time.monotonic() + 120
+        while any(len(s.chunks) < KILL_AFTER and s.is_alive() for s in streams):
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        (state / "down" / "node2").touch()   # its link goes down, its rank dies
+        after = srv.wait_ready(240, after_job=before["job"])
+        assert len(after["ranks"]) == 3
+        for s, prompt in zip(streams, PROMPTS):
+            s.join(240)
+            assert s.error is None and s.done, s.error
+            assert s.text == undisturbed[prompt], (prompt, s.text, undisturbed[prompt])
+        assert "host node2 does not answer: left out" in srv.stderr
+    finally:
+        srv.kill()
