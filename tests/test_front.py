@@ -287,3 +287,104 @@ def test_a_host_lost_is_left_out_and_answers_stay_exact(smollm2, tmp_path, undis
         assert "host node2 does not answer: left out" in srv.stderr
     finally:
         srv.kill()
+
+
+def _cluster_front(smollm2, tmp_path: Path, *args: str, env: dict | None = None):
+    from test_cluster import NO_NETNS
+    if NO_NETNS is not None:
+        pytest.skip(NO_NETNS)
+    state = tmp_path / "hosts"
+    (state / "down").mkdir(parents=True)
+    srv = Front(tmp_path, 4, "-m", str(smollm2), "--hosts", "node0,node1,node2,node3",
+                "--mpiexec", _cluster_launcher(state), *args)
+    return srv, state
+
+
+def test_a_host_that_answers_again_joins_back(smollm2, tmp_path, monkeypatch):
+    monkeypatch.setenv("PIPEINFER_REJOIN_S", "1")
+    srv, state = _cluster_front(smollm2, tmp_path)
+    try:
+        first = srv.wait_ready(240)
+        (state / "down" / "node3").touch()
+        second = srv.wait_ready(240, after_job=first["job"])
+        assert len(second["ranks"]) == 3
+        (state / "down" / "node3").unlink()
+        third = srv.wait_ready(240, after_job=second["job"])
+        assert len(third["ranks"]) == 4
+        assert "node3 answer again" in srv.stderr
+        assert complete(srv.url, PROMPTS[1])
+    finally:
+        srv.kill()
+
+
+def test_a_host_whose_rank_keeps_dying_is_left_out(smollm2, tmp_path):
+    srv, state = _cluster_front(smollm2, tmp_path)
+    try:
+        health = srv.wait_ready(240)
+        for _ in range(3):
+            os.kill(next(r["pid"] for r in health["ranks"] if r["rank"] == 3), signal.SIGKILL)
+            health = srv.wait_ready(240, after_job=health["job"])
+        assert len(health["ranks"]) == 3
+        assert "host node3 answers, but its rank failed 3 times in a row: left out" in \
+            srv.stderr
+    finally:
+        srv.kill()
+
+
+def test_requests_wait_through_a_recovery_and_beyond_the_queue_get_503(smollm2, tmp_path):
+    srv = Front(tmp_path, 2, "-m", str(smollm2), "--parallel", "1", "--queue", "1")
+    try:
+        health = srv.wait_ready()
+        os.kill(next(r["pid"] for r in health["ranks"] if r["rank"] == 0), signal.SIGKILL)
+        while srv.health().status_code == 200:
+            time.sleep(0.02)
+        answers: list = []
+        waiting = [threading.Thread(target=lambda p=p: answers.append(complete(srv.url, p)),
+                                    daemon=True) for p in PROMPTS[:2]]
+        for t in waiting:
+            t.start()
+        time.sleep(0.3)
+        r = httpx.post(srv.url + "/v1/completions", json={"prompt": "x", "max_tokens": 4},
+                       timeout=30)
+        assert r.status_code == 503 and r.headers.get("retry-after"), r.text
+        for t in waiting:
+            t.join(120)
+        assert len(answers) == 2 and all(answers)
+    finally:
+        srv.kill()
+
+
+def test_clients_gone_during_a_recovery_are_not_generated(front):
+    before = front.wait_ready()
+    streams = [Stream(front.url, p, max_tokens=400) for p in PROMPTS]
+    clients = []
+    for s in streams:
+        c = httpx.Client(timeout=300)
+        clients.append(c)
+        s.run = lambda s=s, c=c: _read_some(c, s)
+        s.start()
+    time.sleep(2.0)
+    os.kill(next(r["pid"] for r in before["ranks"] if r["rank"] == 1), signal.SIGKILL)
+    while front.health().status_code == 200:
+        time.sleep(0.02)
+    for c in clients:   # every client goes away while the job is replaced
+        c.close()
+    front.wait_ready(after_job=before["job"])
+    deadline = time.monotonic() + 5   # (4 x 400 tokens would take far longer)
+    while time.monotonic() < deadline:
+        text = httpx.get(front.url + "/metrics", timeout=10).text
+        if re.search(r"^pipeinfer_requests_running 0\.0$", text, re.M):
+            break
+        time.sleep(0.5)
+    else:
+        raise AssertionError("the new job still generates for clients that left")
+    assert complete(front.url, PROMPTS[0])
+
+
+def _read_some(client: httpx.Client, stream: Stream) -> None:
+    try:
+        with client.stream("POST", stream.url + "/v1/completions", json=stream.body) as r:
+            for line in r.iter_lines():
+                stream.chunks.append(line)
+    except Exception:  # noqa: BLE001 (closed by the test)
+        pass

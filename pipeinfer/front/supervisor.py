@@ -1,7 +1,11 @@
 """The front's job, kept running: launch it, take its head's messages, notice when it ends,
-and launch it again, on the hosts that still answer, at a back-off, up to --max-restarts
-times in a row; a host that left is probed now and then, and one that answers again joins
-at the next moment the service is idle (or after REJOIN_WAIT_S).
+and launch it again on the hosts that still answer (hosts.py), at a back-off, up to
+--max-restarts times in a row. Hosts left out are probed every REJOIN_EVERY_S; one that
+answers again joins at the next moment no request is under way (or after REJOIN_WAIT_S):
+the job is stopped in order and started again on every host, its requests resumed.
+
+The launcher's stderr passes through the front, which reads in it which rank failed (the
+rank supervisors' `pipeinfer: error: rank N ...` lines) to know which host to blame.
 
 States, as /health reports them: loading (the first job starting), ok, recovering (a job
 ended; requests wait and resume on the next one), failed (given up), stopping."""
@@ -11,12 +15,15 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import re
 import signal
+import sys
 import time
 from dataclasses import dataclass, field
 
 from .channel import Channel
-from .launcher import Host, Launcher, kill_group, placement
+from .hosts import HostSet
+from .launcher import Launcher, kill_group
 from .metrics import FrontMetrics
 from .table import Table
 
@@ -26,18 +33,20 @@ END_WAIT_S = 5.0        # after its head went away, for the launcher to end the 
 STOP_WAIT_S = 20.0      # an orderly stop, before the job is killed (all gone within 30 s)
 BACKOFF_S = (0.0, 1.0, 2.0, 5.0, 10.0, 30.0)   # before the 1st, 2nd, ... launch in a row
 STABLE_S = 60.0         # a job up this long resets the count of restarts in a row
-REJOIN_EVERY_S = 30.0   # how often hosts that left are probed
+REJOIN_EVERY_S = float(os.environ.get("PIPEINFER_REJOIN_S", 30.0))
 REJOIN_WAIT_S = 120.0   # a host back joins at the next idle moment, or after this long
+RANK_FAILED = re.compile(r"pipeinfer: error: rank (\d+) ")
 
 
 @dataclass
 class Job:
     number: int
     proc: asyncio.subprocess.Process
-    started: float = field(default_factory=time.monotonic)
     ready: float | None = None
     lost: str = ""          # why it is ending (its head's message)
     error: str = ""         # why it failed to start
+    failed_rank: int | None = None
+    planned: bool = False   # stopped by the front to take a host back
     info: dict = field(default_factory=dict)
 
 
@@ -48,11 +57,9 @@ class Supervisor:
         self.max_restarts = max_restarts
         self.loop = asyncio.get_running_loop()
         self.channel = Channel(self._deliver, tcp_host)
+        self.hosts = HostSet(launcher.hosts, launcher.ranks)
         self.state, self.reason = "loading", ""
         self.job: Job | None = None
-        self.hosts = list(launcher.hosts) if launcher.hosts else None
-        self.left: list[Host] = []   # hosts that stopped answering
-        self.ranks = launcher.ranks
         self.stopping = False
         self._ended = asyncio.Event()
         self._failed_at: float | None = None
@@ -82,7 +89,7 @@ class Supervisor:
         if self._failed_at is not None:
             took = job.ready - self._failed_at
             self.metrics.recovery.observe(took)
-            log.info("job %d ready %.1f s after the failure; %d request(s) resume",
+            log.info("job %d took requests %.1f s after the failure; %d request(s) resume",
                      job.number, took, resuming)
             self._failed_at = None
         hosts = sorted({s[1] for s in info.get("statuses", [])})
@@ -102,44 +109,69 @@ class Supervisor:
 
     # --- the loop ------------------------------------------------------------------------
     async def run(self) -> None:
+        rejoin = asyncio.ensure_future(self._rejoin())
+        try:
+            await self._keep_running()
+        finally:
+            rejoin.cancel()
+
+    async def _keep_running(self) -> None:
         in_a_row = 0
         while not self.stopping:
             if in_a_row > self.max_restarts:
                 self._give_up(in_a_row)
                 return
             await asyncio.sleep(BACKOFF_S[min(in_a_row, len(BACKOFF_S) - 1)])
-            if self.stopping:
-                return
-            if not await self._usable_hosts():
-                in_a_row += 1
+            if self.job is not None and not self.job.planned:
+                await self.hosts.leave_out_silent(self.launcher.probe)
+            if self.hosts.ranks < 1 or self.hosts.hosts == []:
+                self._waiting_for_hosts()
+                in_a_row = min(in_a_row + 1, self.max_restarts)  # (no giving up here)
                 continue
             job = await self._launch()
             await self._watch(job)
             if self.stopping:
                 return
+            if job.planned:
+                in_a_row = 0
+                continue
             stable = job.ready is not None and time.monotonic() - job.ready >= STABLE_S
+            if stable:
+                self.hosts.stable()
+            elif job.failed_rank is not None:
+                self.hosts.failed(job.failed_rank)
             in_a_row = 1 if stable else in_a_row + 1
             self._lost(job)
 
     async def _launch(self) -> Job:
         self._launches += 1
         number = self._launches
-        replanned = self.hosts != self.launcher.hosts or self.ranks != self.launcher.ranks
-        command = self.launcher.command(self.channel.address, self.hosts, self.ranks,
-                                        replanned)
+        hosts, ranks = self.hosts.hosts, self.hosts.ranks
+        command = self.launcher.command(self.channel.address, hosts, ranks,
+                                        self.hosts.changed)
         self.channel.expect(number)
         env = dict(os.environ, **self.channel.env(number))
-        log.info("starting job %d: %d ranks%s", number, self.ranks,
-                 f" on {', '.join(h.name for h in self.hosts)}" if self.hosts else "")
+        log.info("starting job %d: %d ranks%s", number, ranks,
+                 f" on {', '.join(h.name for h in hosts)}" if hosts else "")
         log.debug("job %d: %s", number, " ".join(command))
         proc = await asyncio.create_subprocess_exec(*command, env=env, start_new_session=True,
-                                                    stdin=asyncio.subprocess.DEVNULL)
+                                                    stdin=asyncio.subprocess.DEVNULL,
+                                                    stderr=asyncio.subprocess.PIPE)
         self._ended = asyncio.Event()
         self.job = Job(number, proc)
         return self.job
 
+    async def _relay(self, job: Job) -> None:
+        """The launcher's stderr to ours, noting which rank failed."""
+        while line := await job.proc.stderr.readline():
+            text = line.decode(errors="replace")
+            sys.stderr.write(text)
+            if job.failed_rank is None and (m := RANK_FAILED.search(text)):
+                job.failed_rank = int(m.group(1))
+
     async def _watch(self, job: Job) -> None:
         """Until the job has ended (its processes gone)."""
+        relay = asyncio.ensure_future(self._relay(job))
         exited = asyncio.ensure_future(job.proc.wait())
         lost = asyncio.ensure_future(self._ended.wait())
         await asyncio.wait([exited, lost], return_when=asyncio.FIRST_COMPLETED)
@@ -150,6 +182,10 @@ class Supervisor:
                 kill_group(job.proc.pid, signal.SIGKILL)
                 await exited
         lost.cancel()
+        try:
+            await asyncio.wait_for(relay, 2.0)
+        except asyncio.TimeoutError:
+            pass
 
     def _lost(self, job: Job) -> None:
         """The job ended by itself: requests wait for the next one."""
@@ -162,6 +198,13 @@ class Supervisor:
         log.warning("job %d ended: %s; %d request(s) wait to resume", job.number, why,
                     len(self.table.requests))
 
+    def _waiting_for_hosts(self) -> None:
+        self.state = "recovering"
+        self.reason = ("no host that answers is left to hold the model; waiting for one to "
+                       "come back")
+        log.warning("%s", self.reason)
+        self.table.fail_all(503, f"the server cannot run: {self.reason}")
+
     def _give_up(self, in_a_row: int) -> None:
         why = self.job.error if self.job is not None and self.job.error else self.reason
         self.state = "failed"
@@ -170,34 +213,34 @@ class Supervisor:
         log.error("giving up: %s", self.reason)
         self.table.fail_all(503, self.reason)
 
-    async def _usable_hosts(self) -> bool:
-        """After a failure, leave out the hosts that do not answer; False when the ones left
-        hold no rank (the service waits for a host to come back)."""
-        if self.hosts is None or self.job is None:
-            return True
-        answers = await asyncio.gather(*(self.launcher.probe(h) for h in self.hosts))
-        gone = [h for h, ok in zip(self.hosts, answers) if not ok]
-        if not gone:
-            return True
-        held = placement(self.hosts, self.ranks)
-        self.hosts = [h for h in self.hosts if h not in gone]
-        self.left += gone
-        self.ranks -= sum(held[h.name] for h in gone)
-        for host in gone:
-            log.warning("host %s does not answer: left out (it held %d rank(s)); the split "
-                        "is planned again for %d ranks", host.name, held[host.name],
-                        self.ranks)
-        if self.ranks < 1 or not self.hosts:
-            self.reason = "no host answers; waiting for one to come back"
-            self.hosts = self.hosts or []
-            return False
-        return True
+    async def _rejoin(self) -> None:
+        """Hosts left out that answer again: back at the next idle moment (or after
+        REJOIN_WAIT_S), by stopping the job in order and starting it on every host."""
+        found_at = None
+        while True:
+            await asyncio.sleep(REJOIN_EVERY_S if found_at is None else 1.0)
+            if not self.hosts.left:
+                continue
+            back = await self.hosts.returning(self.launcher.probe)
+            if not back:
+                found_at = None
+                continue
+            if self.up < 0:   # no job up: the next launch takes them
+                self.hosts.take_back(back)
+                continue
+            found_at = found_at or time.monotonic()
+            if self.table.requests and time.monotonic() - found_at < REJOIN_WAIT_S:
+                continue
+            self.hosts.take_back(back)
+            found_at = None
+            self.job.planned = True
+            self.state, self.reason = "recovering", "taking back hosts that answer again"
+            self.channel.send(self.job.number, ("stop",))
 
     async def stop(self) -> None:
         """End the job in order (STOP_WAIT_S, then killed): every rank is gone after."""
         self.stopping = True
         self.state = "stopping"
-        self._ended.set()
         job = self.job
         if job is not None and job.proc.returncode is None:
             self.channel.send(job.number, ("stop",))

@@ -1,0 +1,234 @@
+#!/usr/bin/env python3
+"""How long a failure interrupts `pipeinfer serve --ranks N` (issue 32): clients streaming
+answers, a worker killed (or a host lost) once every answer has --kill-at tokens; the time to
+the first token after the kill, for every client, and its phases: detect (the kill until
+/health says recovering), relaunch + reload (until a new job takes requests), rebuild (the
+KV cache of the prompt and the tokens sent, until the last client's first new token). Every
+answer is compared with the undisturbed one (taken first, on the same server).
+
+    flock /tmp/cpu.lock python experiments/bench_failover.py --scenario worker,host -K 3
+
+Defaults: 4 emulated nodes of half a core on gigabit links (experiments/cluster.py
+--as-mpiexec), Qwen2.5-Coder 1.5B + 0.5B with --strategy pipeinfer, 4 clients streaming
+256-token coding answers, the kill at 64 tokens. --small: SmolLM2 on 3 ranks of this machine
+(plain mpiexec), as the tests' server. Needs root for the cluster emulation.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import httpx
+
+HERE = Path(__file__).resolve().parent
+PIPEINFER = Path(sys.executable).parent / "pipeinfer"
+PROMPTS = ["Write a Python function that parses a CSV file of transactions and returns the "
+           "total amount per category, sorted by amount.",
+           "Write a Python class for an LRU cache with get and put in O(1).",
+           "Write a Python function that checks whether a string of brackets is balanced.",
+           "Write a Python script that counts the words in a text file and prints the ten "
+           "most common ones."]
+POLL_S = 0.05
+
+
+class Client(threading.Thread):
+    """One streamed chat completion: (arrival time, text) of every chunk."""
+
+    def __init__(self, url: str, prompt: str, n: int):
+        super().__init__(daemon=True)
+        self.url, self.chunks, self.error, self.done = url, [], None, False
+        self.body = {"messages": [{"role": "user", "content": prompt}], "max_tokens": n,
+                     "temperature": 0, "stream": True}
+
+    def run(self) -> None:
+        try:
+            with httpx.stream("POST", self.url + "/v1/chat/completions", json=self.body,
+                              timeout=900) as r:
+                for line in r.iter_lines():
+                    if line == "data: [DONE]":
+                        self.done = True
+                    elif line.startswith("data: "):
+                        obj = json.loads(line[6:])
+                        if "error" in obj:
+                            self.error = obj
+                        elif obj.get("choices"):
+                            delta = obj["choices"][0].get("delta", {})
+                            self.chunks.append((time.monotonic(), delta.get("content") or ""))
+        except Exception as err:  # noqa: BLE001 (reported)
+            self.error = repr(err)
+
+    @property
+    def text(self) -> str:
+        return "".join(t for _, t in self.chunks)
+
+    def first_after(self, t: float) -> float | None:
+        return next((at for at, _ in self.chunks if at > t), None)
+
+
+class Front:
+    def __init__(self, args, state: Path, log: Path):
+        cmd = [str(PIPEINFER), "serve", "--ranks", str(args.nodes), "--port", "0",
+               "-m", args.model, "--parallel", str(args.clients), "--no-cache-prompt",
+               "-c", "2048"]
+        if args.draft:
+            cmd += ["-md", args.draft, "--strategy", args.strategy]
+        if not args.small:
+            cmd += ["--hosts", ",".join(f"node{i}" for i in range(args.nodes)), "--mpiexec",
+                    f"{sys.executable} {HERE / 'cluster.py'} --cpu {args.cpu} --link gigabit "
+                    f"--state {state} --as-mpiexec"]
+        self.log = log
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=open(log, "w"),
+                                     start_new_session=True)
+        self.url = ""
+
+    def health(self) -> tuple[int, dict]:
+        try:
+            r = httpx.get(self.url + "/health", timeout=2)
+            return r.status_code, r.json()
+        except (httpx.TransportError, ValueError):
+            return 0, {}
+
+    def wait_ready(self, after_job: int = 0, timeout: float = 600) -> dict:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise SystemExit(f"the front ended:\n{self.log.read_text()[-3000:]}")
+            if not self.url:
+                said = re.search(r"listening on (http://\S+)", self.log.read_text())
+                self.url = said.group(1) if said else ""
+            else:
+                status, body = self.health()
+                if status == 200 and body["job"] > after_job:
+                    return body
+            time.sleep(POLL_S)
+        raise SystemExit(f"not ready in {timeout} s")
+
+    def stop(self) -> None:
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(40)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+
+
+def run_clients(front: Front, args) -> list[Client]:
+    clients = [Client(front.url, PROMPTS[i % len(PROMPTS)], args.n) for i in range(args.clients)]
+    for c in clients:
+        c.start()
+    return clients
+
+
+def disturbed(front: Front, args, scenario: str, state: Path) -> dict:
+    before = front.wait_ready()
+    clients = run_clients(front, args)
+    while any(len(c.chunks) < args.kill_at and c.is_alive() for c in clients):
+        time.sleep(0.01)
+    t_kill = time.monotonic()
+    if scenario == "worker":
+        os.kill(next(r["pid"] for r in before["ranks"] if r["rank"] == 1), signal.SIGKILL)
+    else:
+        (state / "down" / f"node{args.nodes - 2}").touch()
+    detect = None
+    while True:
+        status, body = front.health()
+        now = time.monotonic()
+        if status != 200 and detect is None:
+            detect = now
+        if status == 200 and body.get("job", 0) > before["job"]:
+            ready, ranks = now, len(body["ranks"])
+            break
+        time.sleep(POLL_S)
+    for c in clients:
+        c.join(1800)
+    firsts = [c.first_after(t_kill) for c in clients]
+    first = max(f for f in firsts if f is not None) if all(firsts) else float("nan")
+    return {"clients": clients, "detect": (detect or ready) - t_kill,
+            "relaunch": ready - (detect or ready), "rebuild": first - ready,
+            "total": first - t_kill, "ranks_after": ranks}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--scenario", default="worker,host", help="worker, host, or both")
+    parser.add_argument("-K", type=int, default=3)
+    parser.add_argument("--nodes", type=int, default=4)
+    parser.add_argument("--cpu", type=float, default=0.5)
+    parser.add_argument("-m", "--model", default="qwen-coder-1.5b")
+    parser.add_argument("-md", "--draft", default="qwen-coder-0.5b")
+    parser.add_argument("--strategy", default="pipeinfer")
+    parser.add_argument("-n", type=int, default=256)
+    parser.add_argument("--kill-at", type=int, default=64)
+    parser.add_argument("--clients", type=int, default=4)
+    parser.add_argument("--small", action="store_true",
+                        help="SmolLM2, 3 ranks on this machine (the tests' server)")
+    args = parser.parse_args()
+    if args.small:
+        args.model, args.draft, args.nodes = "smollm2", None, 3
+    scenarios = [s for s in args.scenario.split(",") if s]
+    if args.small and "host" in scenarios:
+        parser.error("--small runs on plain mpiexec: --scenario worker only")
+    work = Path(tempfile.mkdtemp(prefix="bench-failover-"))
+    print(f"# bench_failover: {args.model}" + (f" + {args.draft} ({args.strategy})"
+          if args.draft else "") + f", {args.nodes} " + ("ranks on this machine"
+          if args.small else f"nodes x {args.cpu} core") + f", {args.clients} clients x "
+          f"{args.n} tokens, kill at {args.kill_at}; K={args.K}", flush=True)
+    rows = {s: [] for s in scenarios}
+    reference = None
+    for k in range(args.K):
+        for scenario in scenarios:
+            state = work / f"{scenario}{k}"
+            (state / "down").mkdir(parents=True)
+            front = Front(args, state, state / "front.log")
+            try:
+                front.wait_ready()
+                if reference is None:
+                    reference = [c.text for c in _undisturbed(front, args)]
+                row = disturbed(front, args, scenario, state)
+            finally:
+                front.stop()
+            clients = row.pop("clients")
+            row["completed"] = sum(c.done and c.error is None for c in clients)
+            row["exact"] = sum(c.text == r for c, r in zip(clients, reference))
+            rows[scenario].append(row)
+            print(f"{scenario:6} rep {k + 1}: " + "  ".join(
+                f"{key} {value:.1f}" if isinstance(value, float) else f"{key} {value}"
+                for key, value in row.items()), flush=True)
+    _summary(rows, args)
+    return 0
+
+
+def _undisturbed(front: Front, args) -> list[Client]:
+    clients = run_clients(front, args)
+    for c in clients:
+        c.join(1800)
+    assert all(c.done for c in clients), [c.error for c in clients]
+    return clients
+
+
+def _summary(rows: dict, args) -> None:
+    print("\nscenario  detect  relaunch+reload  rebuild  first token after kill (median of "
+          f"K={args.K}; s)  completed  exact")
+    for scenario, reps in rows.items():
+        med = {key: statistics.median(r[key] for r in reps)
+               for key in ("detect", "relaunch", "rebuild", "total")}
+        done = sum(r["completed"] for r in reps)
+        exact = sum(r["exact"] for r in reps)
+        n = args.clients * len(reps)
+        print(f"{scenario:8} {med['detect']:7.1f} {med['relaunch']:16.1f} {med['rebuild']:8.1f}"
+              f" {med['total']:8.1f} (max {max(r['total'] for r in reps):.1f})"
+              f"  {done}/{n}  {exact}/{n}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
