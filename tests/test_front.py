@@ -388,3 +388,69 @@ def _read_some(client: httpx.Client, stream: Stream) -> None:
                 stream.chunks.append(line)
     except Exception:  # noqa: BLE001 (closed by the test)
         pass
+
+
+# --- the soak: clients in a loop while ranks are killed at random -------------------------
+
+SOAK_S = float(os.environ.get("PIPEINFER_SOAK_S", 600))
+
+
+def _rss_kb(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        return int(next(line.split()[1] for line in f if line.startswith("VmRSS:")))
+
+
+def test_soak_every_request_completes_exactly_while_ranks_die(smollm2, tmp_path):
+    import random
+    rng = random.Random(32)
+    srv = Front(tmp_path, 3, "-m", str(smollm2), "--parallel", "4", "--no-cache-prompt",
+                "--max-restarts", "1000")
+    try:
+        srv.wait_ready()
+        reference = {p: complete(srv.url, p, max_tokens=48) for p in PROMPTS}
+        end, results, kills = time.monotonic() + SOAK_S, [], []
+
+        def client(i: int) -> None:
+            while time.monotonic() < end:
+                prompt = PROMPTS[(i + len(results)) % len(PROMPTS)]
+                s = Stream(srv.url, prompt, max_tokens=48)
+                s.run()
+                results.append((s.done and s.error is None, s.text == reference[prompt],
+                                s.error))
+
+        threads = [threading.Thread(target=client, args=(i,), daemon=True) for i in range(4)]
+        for t in threads:
+            t.start()
+        rss_after_a_minute = None
+        started = time.monotonic()
+        while time.monotonic() < end:
+            time.sleep(rng.uniform(30, 60) if SOAK_S >= 300 else rng.uniform(8, 15))
+            if rss_after_a_minute is None and time.monotonic() - started >= 60:
+                rss_after_a_minute = _rss_kb(srv.proc.pid)
+            ranks = [pid for pid in srv.job_processes() if _is_rank(pid)]
+            if ranks and time.monotonic() < end:
+                victim = rng.choice(ranks)
+                kills.append(victim)
+                os.kill(victim, signal.SIGKILL)
+        for t in threads:
+            t.join(300)
+        failed = [r for r in results if not (r[0] and r[1])]
+        assert results and not failed, (len(results), failed[:5], srv.stderr[-4000:])
+        assert len(kills) >= 2
+        if rss_after_a_minute is not None:
+            grown = _rss_kb(srv.proc.pid) - rss_after_a_minute
+            assert grown < 10_000, f"the front's RSS grew by {grown} kB"
+        srv.proc.send_signal(signal.SIGTERM)
+        srv.proc.wait(35)
+        assert not srv.job_processes(), "processes of the job outlived the front"
+    finally:
+        srv.kill()
+
+
+def _is_rank(pid: int) -> bool:
+    """A pipeinfer rank (or its supervisor), not the launcher or its proxy."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return b"pipeinfer\x00serve" in f.read() and b"mpiexec" not in f.read()
+    except OSError:
+        return False

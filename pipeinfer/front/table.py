@@ -137,6 +137,8 @@ class Table:
             if not future.done():
                 future.set_exception(error)
             return
+        if error.status == 503:   # the job is ending: the request waits for the next one
+            return
         request = self.requests.pop(rid, None)
         if request is None:
             return
