@@ -29,9 +29,10 @@ from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import cluster_hosts  # noqa: E402  (beside this script)
+import cluster_shim  # noqa: E402
 import linkhub  # noqa: E402
 import node_disks  # noqa: E402
-from cpu_quota import PERIOD_US, CpuQuotas, QuotaError, join_quota, parse_cpus  # noqa: E402
+from cpu_quota import PERIOD_US, CpuQuotas, QuotaError, parse_cpus  # noqa: E402
 
 LINK_PRESETS = {"gigabit": ("1gbit", "0.2ms", "0ms"), "slow": ("100mbit", "1ms", "0ms")}
 SUBNET = "10.77.0"
@@ -195,36 +196,6 @@ class Links:
                 pass
 
 
-# --- the per-rank shim -----------------------------------------------------------------------
-def rank_shim(args: argparse.Namespace) -> None:
-    """Runs as each MPI rank: join the rank's cgroup (and namespace), then exec the command."""
-    rank = int(os.environ.get("PMI_RANK", os.environ.get("OMPI_COMM_WORLD_RANK", "0")))
-    if args.cgroup:
-        join_quota(Path(args.cgroup), rank)
-    if args.memcg:
-        node_disks.join_memory(Path(args.memcg), rank)
-    cluster_hosts.record_pid(args.state, args.host_names, rank)
-    if args.host_id:  # a machine of its own: no wake-ups through this kernel from the others
-        os.environ["PIPEINFER_HOST_ID"] = f"{args.host_id}-node{rank}"
-    if args.disk_root and rank > 0:
-        try:
-            node_disks.private_disk(rank, Path(args.disk_root), args.hide or [])
-        except (OSError, node_disks.NodeError) as err:
-            # The other ranks would wait for this one in MPI_Init forever: end the job
-            print(f"cluster: rank {rank}: cannot give the node its own disk: {err}",
-                  file=sys.stderr)
-            os.kill(int(args.launcher), signal.SIGTERM)
-            sys.exit(1)
-    command = args.command
-    if args.netns:
-        command = ["nsenter", f"--net=/run/netns/{args.netns}r{rank}", "--"] + command
-    try:
-        os.execvp(command[0], command)
-    except OSError as err:
-        print(f"cluster: rank {rank}: cannot run {command[0]}: {err.strerror}", file=sys.stderr)
-        sys.exit(127)
-
-
 # --- the launcher ----------------------------------------------------------------------------
 class Terminated(BaseException):
     """SIGTERM or SIGHUP arrived: unwind like Ctrl-C, so that everything is cleaned up."""
@@ -335,24 +306,10 @@ def _run_job(proc: subprocess.Popen, timeout: float, links: Links | None) -> int
         return 130
 
 
-def _shim_parser() -> argparse.ArgumentParser:
-    shim = argparse.ArgumentParser(prog="cluster.py _rank")
-    for flag in ("--cgroup", "--netns", "--memcg", "--disk-root", "--launcher", "--host-id",
-                 "--state", "--host-names"):
-        shim.add_argument(flag)
-    shim.add_argument("--hide", action="append")
-    shim.add_argument("command", nargs=argparse.REMAINDER)
-    return shim
-
-
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["_rank"]:
-        args = _shim_parser().parse_args(argv[1:])
-        if args.command[:1] == ["--"]:
-            args.command = args.command[1:]
-        rank_shim(args)
-        return 1  # exec failed
+        return cluster_shim.main(argv[1:])
     # Explicitly, not Python's default: started from a non-interactive shell's background job
     # (`nohup ... &`) a process inherits SIGINT ignored, Python then installs no handler, and
     # Ctrl-C (or the SIGINT a test sends) would be lost while the job runs on.
