@@ -92,7 +92,10 @@ BUSY_CHOICES = ("auto", "same", "speculative", "iterative")
                    "job ends unexpectedly (a rank killed, a host gone), it is started again on "
                    "the hosts that still answer and every request goes on from the last token "
                    "it sent, with the same tokens (greedy, or sampled with a seed; the front "
-                   "draws a seed for a request without one). Without --ranks, under "
+                   "draws a seed for a request without one; a request that reused a "
+                   "prompt prefix kept in its slot is evaluated whole on the new job, which "
+                   "may change the last bits of its logits: --no-cache-prompt for exact "
+                   "resumes). Without --ranks, under "
                    "`mpiexec -n N`, the server is the job itself, without failover.",
               show_default=False)
 @click.option("--hostfile", type=click.Path(dir_okay=False), default=None,
@@ -115,11 +118,22 @@ def serve(model, draft, compact_draft, alias, n_ctx, n_batch, threads, split, pr
           temp, top_k, top_p, seed, host, port, queue_size, parallel, busy_strategy, api_key,
           cache_prompt, cors_origins, ranks, hostfile, host_list, mpiexec, max_restarts,
           channel, verbose, quiet, **speculation):
-    """Serve the model over HTTP with an OpenAI-compatible API, as one MPI job: rank 0 runs
-    the HTTP server (and is the head, as for `run`), ranks 1..N-1 evaluate their slices of the
-    target's layers. E.g.
+    """Serve the model over HTTP with an OpenAI-compatible API. Two ways:
 
-      mpiexec -n 3 pipeinfer serve -m smollm2 --port 8080
+      pipeinfer serve --ranks 3 -m smollm2 --port 8080        (with failover)
+
+    starts a front process here (no MPI, no llama.cpp in it) that owns the HTTP server and
+    every request's state and launches the job of 3 ranks itself (--hostfile/--hosts,
+    --mpiexec); when the job ends unexpectedly (a rank killed, a host gone) /health says
+    `recovering`, the hosts that no longer answer are left out, the job is started again
+    and every request goes on from the last token it sent, with the same tokens as an
+    undisturbed run (greedy, or sampled with a seed: the front draws one for a request
+    without). A host that answers again rejoins when the service is idle.
+
+      mpiexec -n 3 pipeinfer serve -m smollm2 --port 8080     (without failover)
+
+    is one MPI job: rank 0 runs the HTTP server (and is the head, as for `run`), ranks
+    1..N-1 evaluate their slices of the target's layers; a failed rank ends the server.
 
     Endpoints (also without /v1): POST /v1/completions and /v1/chat/completions (stream or
     not; chat through the GGUF's own Jinja template, as llama-server --jinja renders it;
