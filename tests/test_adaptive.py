@@ -24,9 +24,13 @@ class Share:
 
     def __init__(self, sched, on: bool, n_stages: int = 3):
         self.sched, self.on, self.n_stages = sched, on, n_stages
+        self.rebuild = False   # a resumed generation is evaluating what it had sent
 
     def shared(self) -> bool:
         return self.on
+
+    def rebuilding(self) -> bool:
+        return self.rebuild
 
     def load(self) -> int:
         return self.sched.in_flight + (self.n_stages if self.on else 0)
@@ -65,6 +69,27 @@ def test_shared_it_drafts_first_then_runs_the_pending_token_with_its_drafts():
     emitted = of(s.finish_oldest(), A.EmitTokens)[0].tokens
     assert list(emitted) == TARGET[P + 1:P + 4]     # both guesses and the next token
     assert s.sched.rooted_runs == 1
+
+
+@pytest.mark.parametrize("on", [True, False], ids=["shared", "alone"])
+def test_no_draft_work_while_a_resumed_generation_rebuilds(on):
+    """After a failure the front resumes requests on a new job: their prompts and sent tokens
+    are evaluated again, and every client waits for that. Draft work meanwhile (warming the
+    draft model, draft jobs) would take the head's CPU from those runs: it waits."""
+    s, share = adaptive(on, n_predict=12)
+    share.rebuild = True
+    start = s.step(Start())
+    assert not of(start, A.WarmDraft) and of(start, A.StartRun)
+    actions = s.finish_oldest()             # the prefill's result: a token, no draft job
+    assert not of(actions, A.StartDraft)
+    for _ in range(3):
+        actions = s.step(Tick()) + (s.finish_oldest() if s.sched.in_flight else [])
+        assert not of(actions, A.StartDraft)
+    share.rebuild = False                   # every resumed generation has its cells back
+    later = []
+    for _ in range(4):
+        later += s.step(Tick()) + (s.finish_oldest() if s.sched.in_flight else [])
+    assert of(later, A.StartDraft)
 
 
 def test_shared_a_whole_generation_is_exact_with_one_run_at_a_time():

@@ -171,6 +171,24 @@ def test_streams_resume_exactly_after_a_rank_is_killed(front, undisturbed, rank)
     assert "request(s) resume" in front.stderr
 
 
+def test_the_launcher_killed_leaves_nothing_of_its_job(front, undisturbed):
+    before = front.wait_ready()
+    old = set(front.job_processes())
+    launcher = next(pid for pid in old if _cmdline(pid).startswith(str(mpi_util.MPIEXEC)))
+    os.kill(launcher, signal.SIGKILL)
+    front.wait_ready(after_job=before["job"])
+    assert not old & set(front.job_processes()), "processes of the killed job remain"
+    assert complete(front.url, PROMPTS[1]) == undisturbed[PROMPTS[1]]
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
+
+
 def test_seeded_sampling_resumes_identically(front):
     fields = {"temperature": 0.9, "seed": 1234, "top_k": 40, "top_p": 0.95}
     reference = {p: complete(front.url, p, **fields) for p in PROMPTS}

@@ -76,6 +76,13 @@ class PipelineShare:
         """Whether more than one generation is under way."""
         return sum(not lane.finished for lane in self.lanes.active) > 1
 
+    def rebuilding(self) -> bool:
+        """Whether a resumed generation is still evaluating its prompt and the tokens it had
+        sent (serve's front resumes them after a failure): the drafts wait, so that the head's
+        CPU goes to the runs every resumed client waits for."""
+        return any(lane.gen.request.resumed and not lane.driver.sched.prefilled
+                   for lane in self.lanes.active)
+
     def limit(self, max_runs: int) -> int:
         """Most runs in flight under which a lane may start a speculative run."""
         return min(max_runs, self.lanes.pipe.n_stages) if self.shared() else max_runs

@@ -43,7 +43,8 @@ class AdaptivePipeInfer(PipeInfer):
         if self.rooted is not None:
             return    # the job's answer starts the pending token's run
         if (self.shared and self.job is None and not self.spec.live() and not self.gen.done
-                and self.spec.cover() is None and self._submit_rooted()):
+                and self.spec.cover() is None and not self.rebuilding()
+                and self._submit_rooted()):
             return
         super().start_cover()
 

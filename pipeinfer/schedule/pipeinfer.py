@@ -51,8 +51,14 @@ class PipeInfer(Scheduler):
         self.failed_at: tuple | None = None  # the last attempt that drafted nothing
 
     def on_start(self) -> None:
-        self.spec.emit(WarmDraft(self.gen.request.prompt))
+        if not self.rebuilding():   # (a resumed one reads its context at its first draft)
+            self.spec.emit(WarmDraft(self.gen.request.prompt))
         super().on_start()
+
+    def rebuilding(self) -> bool:
+        """Resumed generations sharing the pipeline are rebuilding their KV cells: no draft
+        work until they are done (PipelineShare.rebuilding)."""
+        return self.share is not None and self.share.rebuilding()
 
     def on_result(self, absorbed) -> None:
         # A verified speculative run had its root guess accepted (it covered the pending
@@ -115,7 +121,7 @@ class PipeInfer(Scheduler):
         self.spec.emit(StopDraft(self.job.job_id))
 
     def _may_speculate(self) -> bool:
-        if self.pool.n_free == 0 or self.pipeline_load >= self.run_limit:
+        if self.pool.n_free == 0 or self.pipeline_load >= self.run_limit or self.rebuilding():
             return False
         if not self.speculation_pays():
             return False
