@@ -472,3 +472,18 @@ def _is_rank(pid: int) -> bool:
             return b"pipeinfer\x00serve" in f.read() and b"mpiexec" not in f.read()
     except OSError:
         return False
+
+
+def test_speculating_lanes_resume_exactly(smollm2, tmp_path, undisturbed):
+    """pipeinfer with a draft model (lanes verify drafts in their own runs while others are
+    under way): resumed after a worker is killed, every answer equals the undisturbed one."""
+    srv = Front(tmp_path, 3, "-m", str(smollm2), "-md", str(smollm2), "--strategy",
+                "pipeinfer", "--parallel", "4", "--no-cache-prompt")
+    try:
+        srv.wait_ready()
+        streams, _ = _kill_mid_stream(srv, 1)
+        for s, prompt in zip(streams, PROMPTS):
+            assert s.error is None and s.done, s.error
+            assert s.text == undisturbed[prompt], (prompt, s.text, undisturbed[prompt])
+    finally:
+        srv.kill()
