@@ -112,7 +112,11 @@ def supervise() -> None:
         signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
         return
     if child == 0:
-        serving_head = sys.argv[1:2] == ["serve"] and rank == 0
+        # (a head that a front launched, `--channel`, has no clients of its own to answer:
+        # SIGKILL, which ends it even inside a blocking MPI call, where a Python handler
+        # would wait for the call to return, and with it the launcher, for its output)
+        serving_head = sys.argv[1:2] == ["serve"] and rank == 0 and \
+            not any(a == "--channel" or a.startswith("--channel=") for a in sys.argv)
         _become_rank(prctl, parent, JOB_LOST if serving_head else signal.SIGKILL)
         signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
         return

@@ -17,6 +17,7 @@ import logging
 import os
 import re
 import signal
+import socket
 import sys
 import time
 from dataclasses import dataclass, field
@@ -47,6 +48,7 @@ class Job:
     error: str = ""         # why it failed to start
     failed_rank: int | None = None
     planned: bool = False   # stopped by the front to take a host back
+    head_pid: int | None = None
     info: dict = field(default_factory=dict)
 
 
@@ -80,7 +82,9 @@ class Supervisor:
             self._ready(job, message[1])
         elif message[0] == "startfailed":
             job.error = message[1]
-        elif message[0] != "hello":
+        elif message[0] == "hello":
+            job.head_pid = message[1] if message[3] == socket.gethostname() else None
+        else:
             self.table.receive(message)
 
     def _ready(self, job: Job, info: dict) -> None:
@@ -168,6 +172,8 @@ class Supervisor:
             sys.stderr.write(text)
             if job.failed_rank is None and (m := RANK_FAILED.search(text)):
                 job.failed_rank = int(m.group(1))
+                job.lost = job.lost or text.strip()
+                self._ended.set()   # (the launcher should end the rest: _watch sees to it)
 
     async def _watch(self, job: Job) -> None:
         """Until the job has ended (its processes gone)."""
@@ -175,17 +181,32 @@ class Supervisor:
         exited = asyncio.ensure_future(job.proc.wait())
         lost = asyncio.ensure_future(self._ended.wait())
         await asyncio.wait([exited, lost], return_when=asyncio.FIRST_COMPLETED)
-        if not exited.done():   # its head went away: the launcher ends the rest, or we do
+        if not exited.done():   # a rank failed: the launcher ends the rest, or we do
             try:
                 await asyncio.wait_for(asyncio.shield(exited), END_WAIT_S)
             except asyncio.TimeoutError:
-                kill_group(job.proc.pid, signal.SIGKILL)
+                log.warning("job %d: its launcher did not end it within %.0f s: killing it",
+                            job.number, END_WAIT_S)
+                self._kill(job)
                 await exited
         lost.cancel()
         try:
             await asyncio.wait_for(relay, 2.0)
         except asyncio.TimeoutError:
             pass
+
+    def _kill(self, job: Job) -> None:
+        """SIGKILL to the launcher's process group and to the job's ranks on this host (a
+        rank stuck in a blocking MPI call would otherwise keep the launcher waiting for its
+        output)."""
+        kill_group(job.proc.pid, signal.SIGKILL)
+        here = socket.gethostname()
+        pids = {p for _, host, p in job.info.get("statuses", []) if host == here}
+        for pid in pids | ({job.head_pid} if job.head_pid else set()):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
 
     def _lost(self, job: Job) -> None:
         """The job ended by itself: requests wait for the next one."""

@@ -10,7 +10,7 @@ the front put in the job's environment):
                    ("cancel", rid)     its client went away
                    ("call", rid, name, body)   tokenize / detokenize / metrics
                    ("stop",)           end the job in order
-    job -> front   ("hello", pid, job) at once, ("ready", info) once the model is loaded
+    job -> front   ("hello", pid, job, host) at once, ("ready", info) once the model is loaded
                    ("accepted", rid, ask) or ("refused", rid, status, message, kind, param)
                    ("event", rid, choice, Piece | Done | Failed)
                    ("answer", rid, result) or ("refused", rid, ...) for a call
@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 import threading
 from multiprocessing.connection import Client, Connection
 
@@ -47,7 +48,8 @@ class FrontLink:
         self.closed = threading.Event()   # the front went away or asked to stop
         self.service = None
         self._requests: dict[int, list] = {}   # rid -> its tickets
-        self.send(("hello", os.getpid(), int(os.environ.get(JOB_ENV, "0"))))
+        self.send(("hello", os.getpid(), int(os.environ.get(JOB_ENV, "0")),
+                   socket.gethostname()))
 
     def send(self, message: tuple) -> None:
         with self._lock:

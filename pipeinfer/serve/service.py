@@ -29,6 +29,7 @@ from ..engine.config import RunConfig
 from ..engine.backoff import IdleBackoff
 from ..engine.job import Job, StartFailed, describe
 from ..engine.mpi_transport import Link, abort_job
+from ..engine import supervisor
 from ..engine.supervisor import JOB_LOST
 from ..model.sampling import SamplingParams
 from .app import Service, build_app, ready
@@ -42,6 +43,7 @@ log = logging.getLogger(__name__)
 
 FLUSH_S = 0.5   # for the HTTP thread to send the error answers before it stops
 STOP_LIMIT_S = 20  # seconds an orderly stop may take (the ranks must be gone within 30)
+SUPERVISOR_CHECK_S = 0.25
 
 
 @dataclass(frozen=True)
@@ -66,6 +68,7 @@ def main(cfg: RunConfig, options: ServeOptions) -> int:
     if rank == 0:
         signal.signal(JOB_LOST, lambda signum, frame: threading.Thread(
             target=_job_lost, args=(service,), daemon=True).start())
+        threading.Thread(target=_watch_supervisor, args=(service,), daemon=True).start()
 
     def listen() -> None:
         if options.channel is not None:
@@ -143,6 +146,19 @@ def _head_of_front(cfg: RunConfig, job: Job, service: Service, link: FrontLink) 
     _stop(job, service, None)
     link.close()
     return 0
+
+
+def _watch_supervisor(service: Service) -> None:
+    """JOB_LOST's handler runs on the main thread only once it is back in Python: a head
+    inside a blocking MPI call to a rank that is gone would never get there (and the launcher
+    would wait for its output). This thread notices the supervisor gone (a new parent) on
+    its own, the MPI call having released the GIL."""
+    parent = os.getppid()
+    if supervisor.launcher_rank() is None or parent == 1:
+        return   # no supervisor (not under a launcher, or PIPEINFER_NO_SUPERVISOR)
+    while os.getppid() == parent:
+        time.sleep(SUPERVISOR_CHECK_S)
+    _job_lost(service)
 
 
 def _job_lost(service: Service) -> None:
