@@ -487,3 +487,12 @@ def test_speculating_lanes_resume_exactly(smollm2, tmp_path, undisturbed):
             assert s.text == undisturbed[prompt], (prompt, s.text, undisturbed[prompt])
     finally:
         srv.kill()
+
+
+def test_a_job_that_cannot_start_ends_the_front_with_its_reason(tmp_path) -> None:
+    res = subprocess.run([str(mpi_util.PIPEINFER), "serve", "--ranks", "2", "--port", "0",
+                          "-m", str(tmp_path / "missing.gguf")], capture_output=True,
+                         text=True, timeout=120, env=mpi_util.mpi_env({"TMPDIR": str(tmp_path)}))
+    assert res.returncode == 1, res.stderr
+    assert "giving up: the job failed to start: model file not found" in res.stderr
+    assert "Traceback" not in res.stderr

@@ -48,7 +48,7 @@ class _Thread:
         self.options, self.sock = options, _listen(options.host, options.port)
         self.port = self.sock.getsockname()[1]
         self.loop: asyncio.AbstractEventLoop | None = None
-        self.started, self.error = threading.Event(), None
+        self.started, self.error, self.failed = threading.Event(), None, False
         self.server: uvicorn.Server | None = None
         self.supervisor: Supervisor | None = None
         self.thread = threading.Thread(target=self._run, name="front", daemon=True)
@@ -70,6 +70,7 @@ class _Thread:
         launcher = Launcher(o.mpiexec, o.ranks, list(o.hosts) if o.hosts else None,
                             list(o.job_args))
         self.supervisor = Supervisor(launcher, table, metrics, o.max_restarts)
+        self.supervisor.on_fatal = self._fatal
         front = Front(self.supervisor, table, metrics, o.model_name, o.api_key)
         created_now(front)
         config = uvicorn.Config(build_app(front, o.cors_origins), log_config=None,
@@ -82,6 +83,10 @@ class _Thread:
                  o.ranks)
         await self.server.serve(sockets=[self.sock])
         supervising.cancel()
+
+    def _fatal(self) -> None:
+        self.failed = True
+        self.server.should_exit = True
 
     async def shutdown(self) -> None:
         self.supervisor.table.fail_all(503, "the server is shutting down")
@@ -109,4 +114,4 @@ def main(options: FrontOptions) -> int:
             log.error("while stopping: %r", err)
         front.thread.join(3.0)
     front.sock.close()
-    return 130 if stop.is_set() else (1 if front.error else 0)
+    return 130 if stop.is_set() else (1 if front.error or front.failed else 0)

@@ -63,6 +63,8 @@ class Supervisor:
         self.state, self.reason = "loading", ""
         self.job: Job | None = None
         self.stopping = False
+        self.ever_ready = False
+        self.on_fatal = lambda: None   # the first job cannot start: the front ends
         self._ended = asyncio.Event()
         self._failed_at: float | None = None
         self._launches = 0
@@ -89,6 +91,7 @@ class Supervisor:
 
     def _ready(self, job: Job, info: dict) -> None:
         job.ready, job.info = time.monotonic(), info
+        self.ever_ready = True
         resuming = self.table.resend(self.send, job.number)
         if self._failed_at is not None:
             took = job.ready - self._failed_at
@@ -136,6 +139,9 @@ class Supervisor:
             await self._watch(job)
             if self.stopping:
                 return
+            if job.ready is None and not self.ever_ready and not self.hosts.changed:
+                self._give_up(1, "the job failed to start")   # (nothing to fail over from:
+                return                                         # a wrong option or model)
             if job.planned:
                 in_a_row = 0
                 continue
@@ -226,13 +232,19 @@ class Supervisor:
         log.warning("%s", self.reason)
         self.table.fail_all(503, f"the server cannot run: {self.reason}")
 
-    def _give_up(self, in_a_row: int) -> None:
-        why = self.job.error if self.job is not None and self.job.error else self.reason
+    def _give_up(self, in_a_row: int, what: str = "") -> None:
+        job = self.job
+        why = job.error if job is not None and job.error else \
+            job.lost if job is not None and job.lost else self.reason or \
+            f"its launcher exited with status {job.proc.returncode}"
         self.state = "failed"
-        self.reason = (f"the job failed {in_a_row} times in a row (--max-restarts "
-                       f"{self.max_restarts}): {why}")
+        what = what or (f"the job failed {in_a_row} times in a row (--max-restarts "
+                        f"{self.max_restarts})")
+        self.reason = f"{what}: {why}"
         log.error("giving up: %s", self.reason)
         self.table.fail_all(503, self.reason)
+        if not self.ever_ready:
+            self.on_fatal()
 
     async def _rejoin(self) -> None:
         """Hosts left out that answer again: back at the next idle moment (or after
