@@ -202,7 +202,7 @@ def rank_shim(args: argparse.Namespace) -> None:
         join_quota(Path(args.cgroup), rank)
     if args.memcg:
         node_disks.join_memory(Path(args.memcg), rank)
-    if args.host_id:  # a machine of its own: no wake-ups through this kernel from the others
+    if args.host_id:  # a machine of its own: its wake-ups from the others come over UDP
         os.environ["PIPEINFER_HOST_ID"] = f"{args.host_id}-node{rank}"
     if args.disk_root and rank > 0:
         try:
@@ -363,9 +363,11 @@ def main(argv: list[str] | None = None) -> int:
                              "kernel has it, else tap, else htb")
     node_disks.add_arguments(parser)
     parser.add_argument("--shared-kernel", action="store_true",
-                        help="let ranks wake each other through this kernel's sockets "
-                             "(engine/wakeup.py), as ranks on one host do; by default every "
-                             "node is a machine of its own, whose ranks poll each other")
+                        help="let ranks wake each other through this kernel's Unix "
+                             "sockets (engine/wakeup.py), as ranks on one host do; by default "
+                             "every node is a machine of its own, woken by the others over "
+                             "UDP (engine/wakeup_net.py: through --link's shaped links if "
+                             "given, else this host's addresses)")
     parser.add_argument("--mpiexec", help="mpiexec to use (default: the one beside python)")
     parser.add_argument("--timeout", type=float, default=3600, help="seconds before the job is "
                         "interrupted")
