@@ -337,9 +337,11 @@ def main(argv: list[str] | None = None) -> int:
     node_disks.add_arguments(parser)
     cluster_hosts.add_arguments(parser)
     parser.add_argument("--shared-kernel", action="store_true",
-                        help="let ranks wake each other through this kernel's sockets "
-                             "(engine/wakeup.py), as ranks on one host do; by default every "
-                             "node is a machine of its own, whose ranks poll each other")
+                        help="let ranks wake each other through this kernel's Unix "
+                             "sockets (engine/wakeup.py), as ranks on one host do; by default "
+                             "every node is a machine of its own, woken by the others over "
+                             "UDP (engine/wakeup_net.py: through --link's shaped links if "
+                             "given, else this host's addresses)")
     parser.add_argument("--mpiexec", help="mpiexec to use (default: the one beside python)")
     parser.add_argument("--timeout", type=float, default=3600, help="seconds before the job is "
                         "interrupted")

@@ -23,7 +23,7 @@ def rank_shim(args: argparse.Namespace) -> None:
     if args.memcg:
         node_disks.join_memory(Path(args.memcg), rank)
     cluster_hosts.record_pid(args.state, args.host_names, rank)
-    if args.host_id:  # a machine of its own: no wake-ups through this kernel from the others
+    if args.host_id:  # a machine of its own: its wake-ups from the others come over UDP
         os.environ["PIPEINFER_HOST_ID"] = f"{args.host_id}-node{rank}"
     if args.disk_root and rank > 0:
         try:

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from mpi_util import MPIEXEC, PYTHON, launch
-from pipeinfer.engine import wakeup
-from pipeinfer.engine.backoff import WOKEN_MAX_SLEEP_S, IdleBackoff
+from mpi_util import MPIEXEC, PYTHON, launch, mpmd_command
+from pipeinfer.engine import wakeup, wakeup_net
+from pipeinfer.engine.backoff import MAX_SLEEP_S, WOKEN_MAX_SLEEP_S, IdleBackoff
 from pipeinfer.engine.wakeup import Channel, Wakeups
 
 
@@ -98,6 +98,88 @@ def test_a_woken_backoff_starts_again_from_short_sleeps(pair) -> None:
     assert time.monotonic() - t0 < 0.2 and backoff.delay == 0.0
 
 
+# --- ranks of different hosts: the network path (engine/wakeup_net.py) ---------------------
+
+def _connect_in_process(*wakeups: Wakeups, wait: float = 0.2) -> list[frozenset[int]]:
+    """wakeup.connect's steps for ranks of one process: greet, heard, routes, adopt."""
+    table = [w.address() for w in wakeups]
+    for w in wakeups:
+        w.greet(table)
+    heard = [w.heard(wait) for w in wakeups]
+    all_routes = [w.routes() for w in wakeups]
+    for w in wakeups:
+        w.adopt(all_routes)
+    return heard
+
+
+@pytest.fixture
+def hosts(monkeypatch):
+    """Wakeups of rank i on a machine of its own (PIPEINFER_HOST_ID), any environment given."""
+    made = []
+
+    def make(rank: int, **env: str) -> Wakeups:
+        monkeypatch.setenv(wakeup.HOST_VAR, f"test-host-{rank}")
+        for key, value in env.items():
+            monkeypatch.setenv(key, value)
+        made.append(Wakeups(rank))
+        for key in env:
+            monkeypatch.delenv(key)
+        return made[-1]
+    yield make
+    for w in made:
+        w.close()
+
+
+def test_ranks_of_different_hosts_wake_each_other_over_the_network(hosts) -> None:
+    a, b = hosts(0), hosts(1)
+    assert a.address()[0] != b.address()[0]
+    assert _connect_in_process(a, b) == [{1}, {0}]
+    routes = a.routes()
+    assert routes[1].isdigit(), "a rank of another host must come by its network address"
+    assert a.can_wake(1) and b.can_wake(0)
+    b.notify(0, Channel.CANCEL)
+    assert not a.wait(0.01, Channel.MAIN)
+    t0 = time.monotonic()
+    assert a.wait(5.0, Channel.CANCEL)
+    assert time.monotonic() - t0 < 0.5
+    a.notify(1)
+    assert b.wait(5.0, Channel.MAIN) and not b.wait(0.001, Channel.MAIN)
+
+
+def test_the_unix_socket_is_preferred_on_one_host(pair) -> None:
+    a, b = pair
+    a._greetings.clear(), b._greetings.clear()
+    assert _connect_in_process(a, b) == [{1}, {0}]
+    assert a.routes() == {1: "u"} and b.routes() == {0: "u"}
+
+
+def test_an_unreachable_rank_is_not_woken_and_does_not_wait_for_wakeups(hosts) -> None:
+    """Rank 1's only address does not reach it (a firewall, a wrong interface): its greetings
+    still reach rank 0, but rank 0's do not reach it, so it polls for rank 0's messages and
+    rank 0 sends it no wake-ups."""
+    a, b = hosts(0), hosts(1, **{wakeup_net.ADDR_VAR: "203.0.113.1"})  # TEST-NET-3
+    t0 = time.monotonic()
+    assert _connect_in_process(a, b, wait=0.2) == [{1}, frozenset()]
+    assert time.monotonic() - t0 < 2.0
+    assert not a.can_wake(1) and b.can_wake(0)
+    assert 0 not in b.wakes_from and 1 in a.wakes_from  # worker.woken_by: b polls for 0
+
+
+def test_a_greeting_of_another_job_does_not_count(hosts) -> None:
+    a, b = hosts(0), hosts(1)
+    table = [a.address(), b.address()]
+    a.greet(table)
+    stranger = wakeup_net.greeting(1, 0, "not-b-nonce", "0")
+    for port in a.net.ports:
+        b.net.out.sendto(stranger, ("127.0.0.1", port))
+    assert a.heard(0.1) == frozenset()  # b never greeted; the stranger's nonce is not b's
+
+
+def test_no_network_wakeups_when_asked(hosts) -> None:
+    a = hosts(0, **{wakeup_net.ADDR_VAR: "none"})
+    assert a.net is None and a.address()[2] is None
+
+
 def test_sleep_without_wakeups_is_a_plain_sleep() -> None:
     assert wakeup.current() is None
     t0 = time.monotonic()
@@ -120,7 +202,7 @@ WAKE_JOB = textwrap.dedent('''
     samples the worker's CPU time from /proc over SECONDS; `pickup`: rank 0 leaves the worker
     idle for a while, sends it a busy probe and sleeps until the answer wakes it, repeatedly."""
     import json, os, sys, time
-    from pipeinfer.engine import wakeup
+    from pipeinfer.engine import wakeup, wakeup_net
     from pipeinfer.engine.backoff import IdleBackoff
     from pipeinfer.engine.mpi_transport import HeadTransport, Link, WorkerLink
     from pipeinfer.engine.worker import Worker
@@ -136,8 +218,9 @@ WAKE_JOB = textwrap.dedent('''
     link = Link()
     pids = link.gather(os.getpid())
     heard = wakeup.connect(link) if WAKE else frozenset()
+    heard_all = link.gather(sorted(heard))
     if link.rank == 0:
-        head, out = HeadTransport(1), {"heard": sorted(heard)}
+        head, out = HeadTransport(1), {"heard": sorted(heard), "heard_all": heard_all}
         time.sleep(0.5)                                # the worker enters its loop
         if MODE == "idle":
             c0, t0 = cpu_s(pids[1]), time.monotonic()
@@ -160,10 +243,19 @@ WAKE_JOB = textwrap.dedent('''
 ''')
 
 
-def _wake_job(tmp_path: Path, mode: str, seconds: float, wake: str = "wake") -> dict:
+def _wake_job(tmp_path: Path, mode: str, seconds: float, wake: str = "wake",
+              envs: tuple[dict, dict] | None = None) -> dict:
+    """Run WAKE_JOB on 2 ranks; `envs`: each rank's own environment variables (e.g. another
+    PIPEINFER_HOST_ID per rank: ranks of different machines)."""
     script = tmp_path / "wake_job.py"
     script.write_text(WAKE_JOB)
-    res = launch([MPIEXEC, "-n", "2", PYTHON, script, mode, str(seconds), wake], timeout=90)
+    args = [str(PYTHON), str(script), mode, str(seconds), wake]
+    if envs is None:
+        cmd = [MPIEXEC, "-n", "2", *args]
+    else:
+        cmd = mpmd_command([(1, ["env", *(f"{k}={v}" for k, v in env.items()), *args])
+                            for env in envs])
+    res = launch(cmd, timeout=90)
     assert res.rc == 0 and res.json is not None, res.describe()
     assert [s["rank"] for s in res.json["stats"]] == [1]
     return res.json
@@ -183,3 +275,32 @@ def test_an_idle_worker_picks_a_message_up_at_once(tmp_path: Path) -> None:
     assert statistics.median(pickup) < PICKUP_MEDIAN_MAX_S, pickup
     # a machine shared with other jobs may delay one of them
     assert pickup[-2] < PICKUP_MAX_S, f"round trips {[f'{p * 1e3:.2f} ms' for p in pickup]}"
+
+
+def test_ranks_of_different_hosts_pick_messages_up_at_once(tmp_path: Path) -> None:
+    """As test_an_idle_worker_picks_a_message_up_at_once, but each rank on a machine of its
+    own (PIPEINFER_HOST_ID, as cluster.py's nodes): the wake-ups go over UDP."""
+    envs = ({wakeup.HOST_VAR: "host-a"}, {wakeup.HOST_VAR: "host-b"})
+    out = _wake_job(tmp_path, "pickup", 0, envs=envs)
+    assert out["heard_all"] == [[1], [0]]
+    pickup = sorted(out["pickup"])
+    assert statistics.median(pickup) < PICKUP_MEDIAN_MAX_S, pickup
+    assert pickup[-2] < PICKUP_MAX_S, f"round trips {[f'{p * 1e3:.2f} ms' for p in pickup]}"
+
+
+def test_an_idle_worker_of_another_host_uses_next_to_no_cpu(tmp_path: Path) -> None:
+    envs = ({wakeup.HOST_VAR: "host-a"}, {wakeup.HOST_VAR: "host-b"})
+    out = _wake_job(tmp_path, "idle", IDLE_SECONDS, envs=envs)
+    assert out["heard_all"] == [[1], [0]]
+    assert out["cpu"] < IDLE_CPU_MAX, f"the idle worker used {out['cpu']:.1%} of a core"
+
+
+def test_a_worker_that_cannot_be_reached_polls(tmp_path: Path) -> None:
+    """The worker's advertised address does not reach it: it is not woken by the head and
+    falls back to polling (5 ms ceiling), and the job still answers every probe."""
+    envs = ({wakeup.HOST_VAR: "host-a"},
+            {wakeup.HOST_VAR: "host-b", wakeup_net.ADDR_VAR: "203.0.113.1"})
+    out = _wake_job(tmp_path, "pickup", 0, envs=envs)
+    assert out["heard_all"] == [[1], []]
+    pickup = sorted(out["pickup"])
+    assert len(pickup) == 10 and pickup[-2] < 10 * MAX_SLEEP_S, pickup
