@@ -18,9 +18,9 @@ requests' own runs keep the stages busy and a speculative run only delays them (
 head's one draft model is shared by every lane). Under --busy-strategy auto a pipeinfer lane
 goes further while others are under way: its drafts ride behind its pending token in that
 token's own run (schedule/adaptive.py). A lane whose generation ended is drained (its runs in flight come back and are
-discarded), then its slot's KV cells but its prompt's are cleared on every rank (the prompt's
-stay for a later request sharing a prefix: prompt_cache.py) and its draft context reset,
-before the slot takes another request.
+discarded), then its slot's KV cells but those of its accepted tokens are cleared on every
+rank (those stay for a later request sharing a prefix, the conversation's next turn:
+prompt_cache.py) and its draft context reset, before the slot takes another request.
 """
 
 from __future__ import annotations
@@ -188,17 +188,26 @@ class Lanes:
 
     def reap(self) -> list[Lane]:
         """The lanes whose generations ended and whose runs are all back: their slots are
-        cleared (every rank's KV cells of the slot but the prompt's, the draft context) and
-        free again."""
+        cleared (every rank's KV cells of the slot but those of the accepted tokens, the
+        draft context) and free again."""
         done = [lane for lane in self.active if lane.drained]
         for lane in done:
             self.active.remove(lane)
             if lane.driver.drafts is not None:
                 lane.driver.drafts.close()
             lane.driver.pipe.kv(self.cache.release(   # (the lane's SlotPipeline: its slot)
-                lane.slot, lane.gen.request.prompt, prefilled=bool(lane.gen.tokens)))
+                lane.slot, kept_tokens(lane)))
             drafter = self._drafters[lane.slot]
             if isinstance(drafter, Drafter):
                 drafter.reset()
             self._free.append(lane.slot)
         return done
+
+
+def kept_tokens(lane: Lane) -> list[int]:
+    """The tokens whose cells sequence 0 of a drained lane holds from position 0: its
+    scheduler's count of them (Speculation.c0: the prompt, then the accepted tokens whose
+    runs came back; only the reused prefix if its prefill was cut short)."""
+    gen = lane.gen
+    accepted = gen.accepted
+    return accepted[:min(lane.driver.sched.spec.c0, len(accepted))]
