@@ -303,6 +303,38 @@ def test_a_conversation_reuses_its_earlier_turns(server, client, smollm2, tokeni
     assert f"pipeinfer_prompt_tokens_cached_total {float(total)}" in metrics
 
 
+def metric(server, name: str) -> float:
+    text = httpx.get(server.url + "/metrics", headers=AUTH).text
+    return float(next(line.split()[1] for line in text.splitlines()
+                      if line.startswith(name + " ")))
+
+
+def test_forced_tokens_are_free_drafts_and_the_answer_stays_exact(server, client, smollm2,
+                                                                  tokenizer):
+    """Under a JSON schema the text the grammar forces (braces, quotes, keys) is drafted
+    without the draft model (counted in /metrics), and the answer is still llama.cpp's with
+    its grammar sampler, one token per decode."""
+    from llama_cpp.llama_grammar import json_schema_to_gbnf
+
+    schema = {"type": "object", "properties": {"people": {
+        "type": "array", "minItems": 2, "maxItems": 2, "items": {
+            "type": "object", "properties": {"name": {"type": "string"},
+                                             "age": {"type": "integer"}},
+            "required": ["name", "age"]}}}, "required": ["people"]}
+    ask = [{"role": "user", "content": "Invent two people with a name and an age."}]
+    free = metric(server, "pipeinfer_drafted_free_tokens_total")
+    got = client.chat.completions.create(
+        model="smollm2", messages=ask, max_tokens=60, temperature=0,
+        response_format={"type": "json_schema",
+                         "json_schema": {"name": "people", "schema": schema}})
+    tokens, _ = chain_greedy(smollm2, chat_tokens(tokenizer, ask), 60,
+                             Chain(grammar=json_schema_to_gbnf(json.dumps(schema))),
+                             n_ctx=N_CTX)
+    end = next((i for i, t in enumerate(tokens) if tokenizer.is_eog(t)), len(tokens))
+    assert got.choices[0].message.content == tokenizer.detokenize(tokens[:end])
+    assert metric(server, "pipeinfer_drafted_free_tokens_total") > free
+
+
 class Person(__import__("pydantic").BaseModel):
     name: str
     age: int

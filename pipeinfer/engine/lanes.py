@@ -31,8 +31,10 @@ from typing import Any, Callable
 from .drafter import Drafter
 from .driver import Driver
 from .generate import driver_for
+from .grammar_drafts import GrammarDrafter, Probe, free_drafts_on
 from .head import Pipeline
 from .prompt_cache import PromptCache
+from ..model.grammar import Grammar
 from ..model.sampling import Constraint, LogitObserver, Sampler, SamplingParams
 from ..schedule.events import Cancel, ResultArrived
 from ..schedule.generation import Generation, Request
@@ -122,6 +124,7 @@ class Lanes:
                           else [drafter] * cfg.slots)
         self._free = list(range(cfg.slots))
         self.cache = PromptCache(cfg.slots)
+        self._probe: Probe | None = None     # the vocabulary's one-character tokens (grammars)
         self._owners: dict[int, Lane] = {}   # run id in flight -> its lane
         self._share = PipelineShare(self)
         self.active: list[Lane] = []
@@ -149,13 +152,29 @@ class Lanes:
         sampler = Sampler(sampling, history=gen.last, observe=observe, constraint=constraint,
                           position=len(gen.request.resumed))
         driver = driver_for(strategy, pipe, gen, sampler, self.cfg,
-                            self._drafters[slot], self.cfg.pool(), head.trace,
-                            threaded_drafts=True)
+                            self._drafter_for(slot, gen, constraint), self.cfg.pool(),
+                            head.trace, threaded_drafts=True)
         driver.sched.share = self._share
         lane = pipe.lane = Lane(slot, driver, owner, strategy)
         self.active.append(lane)
         driver.begin()
         return lane
+
+    def _drafter_for(self, slot: int, gen: Generation, constraint: Constraint | None):
+        """The slot's draft model, under the request's grammar if it has one: its drafts
+        cut to the grammar, the text the grammar forces drafted for free
+        (grammar_drafts.py; PIPEINFER_FREE_DRAFTS=0: not, to measure what they bring)."""
+        drafter = self._drafters[slot]
+        if not isinstance(constraint, Grammar) or not isinstance(drafter, Drafter):
+            return drafter
+        tokenizer = self.head.tokenizer
+
+        def tokenize(text: str) -> list[int]:
+            return tokenizer.tokenize(text, add_special=False, parse_special=False)
+        if self._probe is None:
+            self._probe = Probe(tokenize, tokenizer.piece, constraint.eos)
+        return GrammarDrafter(drafter, constraint.fresh(), len(gen.request.prompt),
+                              self._probe, tokenize, gen.counters, free_drafts_on())
 
     def strategy_now(self) -> str:
         """The strategy of a generation starting now: --busy-strategy while another is under
