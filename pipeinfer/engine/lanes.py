@@ -20,7 +20,8 @@ goes further while others are under way: its drafts ride behind its pending toke
 token's own run (schedule/adaptive.py). A lane whose generation ended is drained (its runs in flight come back and are
 discarded), then its slot's KV cells but those of its accepted tokens are cleared on every
 rank (those stay for a later request sharing a prefix, the conversation's next turn:
-prompt_cache.py) and its draft context reset, before the slot takes another request.
+prompt_cache.py; the draft model's context stays too, for the same reason) before the slot
+takes another request.
 """
 
 from __future__ import annotations
@@ -207,18 +208,20 @@ class Lanes:
 
     def reap(self) -> list[Lane]:
         """The lanes whose generations ended and whose runs are all back: their slots are
-        cleared (every rank's KV cells of the slot but those of the accepted tokens, the
-        draft context) and free again."""
+        cleared (every rank's KV cells of the slot but those of the accepted tokens; the
+        draft context only if nothing is kept) and free again."""
         done = [lane for lane in self.active if lane.drained]
         for lane in done:
             self.active.remove(lane)
             if lane.driver.drafts is not None:
                 lane.driver.drafts.close()
+            kept = kept_tokens(lane)
             lane.driver.pipe.kv(self.cache.release(   # (the lane's SlotPipeline: its slot)
-                lane.slot, kept_tokens(lane)))
+                lane.slot, kept))
             drafter = self._drafters[lane.slot]
-            if isinstance(drafter, Drafter):
-                drafter.reset()
+            if isinstance(drafter, Drafter) and not kept:
+                drafter.reset()   # (else it keeps its context too: the next turn's draft
+                                  # evaluates only what changed, Drafter.sync)
             self._free.append(lane.slot)
         return done
 
