@@ -8,9 +8,9 @@ runs the servers:
   adds a question of at most 60 tokens to the history, which keeps every answer. pipeinfer
   serve and llama-server over RPC, each with its prompt cache (their default); per turn the
   time to first token, the prompt tokens and how many of them were reused.
-- json: one JSON-schema request (a list of 5 objects of 4 fields), pipeinfer's strategy with
-  the text the grammar forces drafted for free and without (PIPEINFER_FREE_DRAFTS=0); speed
-  is completion tokens over the request's wall time.
+- json: one JSON-schema request (a list of 5 objects of 4 fields), pipeinfer's strategy (or
+  --json-system pipeinfer-speculative) with the text the grammar forces drafted for free and
+  without (PIPEINFER_FREE_DRAFTS=0); speed is completion tokens over the request's wall time.
 
     python experiments/bench_turns.py -k 3 --scenario turns,json   # root (cgroups), peers built
 
@@ -134,14 +134,14 @@ def summarize_turns(results: dict[str, list[list[dict]]]) -> None:
 
 
 def run_json(args) -> dict[str, list[dict]]:
-    """The JSON-schema request on pipeinfer with free drafts on and off."""
+    """The JSON-schema request on pipeinfer (--json-system) with free drafts on and off."""
     results: dict[str, list[dict]] = {"free drafts": [], "no free drafts": []}
     body = {"response_format": {"type": "json_schema",
                                 "json_schema": {"name": "languages", "schema": SCHEMA}}}
     for rep in range(args.k):
         for label, value in (("free drafts", "1"), ("no free drafts", "0")):
             os.environ["PIPEINFER_FREE_DRAFTS"] = value
-            with PipeinferServer(args, "pipeinfer") as url:
+            with PipeinferServer(args, args.json_system) as url:
                 chat(url, [{"role": "user", "content": "Say hi."}], 4, {})  # warm-up
                 answer = chat(url, [{"role": "user", "content": JSON_ASK}], args.json_n, body)
                 answer["metrics"] = free_metrics(url)
@@ -188,6 +188,8 @@ def parse_args(argv):
     p.add_argument("-n", type=int, default=64, help="max_tokens of every turn")
     p.add_argument("--json-n", type=int, default=256, help="max_tokens of the JSON request")
     p.add_argument("--scenario", default="turns,json")
+    p.add_argument("--json-system", default="pipeinfer",
+                   help="the json scenario's server: pipeinfer or pipeinfer-speculative")
     p.add_argument("--nodes", type=int, default=4)
     p.add_argument("--cpu", type=float, default=0.5, help="cores per node")
     p.add_argument("-m", "--model", default="qwen-coder-1.5b")
@@ -205,7 +207,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     scenarios = args.scenario.split(",")
     print(f"host: {host_cpu()}; {args.nodes} nodes x {args.cpu:g} core, {args.model} + "
-          f"{args.draft}; turns: {args.n} tokens an answer; json: up to {args.json_n}",
+          f"{args.draft}; turns: {args.n} tokens an answer; json: up to {args.json_n} "
+          f"tokens, {args.json_system}",
           flush=True)
     if "turns" in scenarios:
         bin_dir = None
