@@ -43,6 +43,11 @@ from ..schedule.options import ADAPTIVE, LANE_STRATEGIES
 from ..schedule.transaction import DecodeTx, KvOp
 
 
+# Strategies whose draft model keeps nothing but its context (sequence 0, Drafter.ctx) between
+# jobs: a slot keeps it for the next request too. (specpipe's tree drafts hold more.)
+KEEPS_DRAFT_CONTEXT = ("speculative", "pipeinfer", ADAPTIVE)
+
+
 class SlotPipeline:
     """One lane's view of the shared Pipeline: decodes and KV operations in its slot."""
 
@@ -219,9 +224,11 @@ class Lanes:
             lane.driver.pipe.kv(self.cache.release(   # (the lane's SlotPipeline: its slot)
                 lane.slot, kept))
             drafter = self._drafters[lane.slot]
-            if isinstance(drafter, Drafter) and not kept:
-                drafter.reset()   # (else it keeps its context too: the next turn's draft
-                                  # evaluates only what changed, Drafter.sync)
+            if isinstance(drafter, Drafter):
+                if kept and lane.strategy in KEEPS_DRAFT_CONTEXT:
+                    drafter.stage.seq_keep(0)   # its context stays (Drafter.sync then
+                else:                           # evaluates only what the next turn adds)
+                    drafter.reset()
             self._free.append(lane.slot)
         return done
 
