@@ -149,7 +149,7 @@ class PipeinferServer:
         flags = [f.format(draft=args.draft) for f in PIPEINFER_SYSTEMS[name]]
         serve = [str(Path(sys.executable).parent / "pipeinfer"), "serve", "-m", args.model,
                  *flags, "--layer-split", split, "--parallel", str(args.clients), "--port", "0",
-                 "-c", "2048"]
+                 "-c", str(getattr(args, "ctx", 2048))]
         self.command = [sys.executable, str(HERE / "cluster.py"), "--nodes", str(args.nodes),
                         "--cpu", f"{args.cpu:g}", "--period-us", str(PERIOD_US), "--", *serve]
         self.log = Path(f"/tmp/pipeinfer-bench-serve-{os.getpid()}.log")
@@ -198,7 +198,8 @@ class LlamaServer:
         port = free_port()
         workers = a.nodes - 1
         command = [str(self.bin_dir / "llama-server"), "-m", self.model, "-t", "1", "-tb", "1",
-                   "-c", str(1024 * a.clients), "-np", str(a.clients), "--host", "127.0.0.1",
+                   "-c", str(getattr(a, "ctx", 1024) * a.clients), "-np", str(a.clients),
+                   "--host", "127.0.0.1",
                    "--port", str(port), "--rpc", self.cluster.endpoints(),
                    "-dev", ",".join(f"RPC{i}" for i in range(workers)), "-ngl", "99",
                    "-ts", tensor_split(a.split, workers), "-fit", "off"]

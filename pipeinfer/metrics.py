@@ -68,6 +68,8 @@ class Counters:
     n_unverified: int = 0        # drafted tokens of runs dropped (cancelled) before verification
     n_drafted_ngram: int = 0     # of n_drafted, tokens drafted by n-gram lookup (the rest: model)
     n_accepted_ngram: int = 0    # of n_accepted, ... of those
+    n_drafted_free: int = 0      # tokens a grammar forced, drafted without a draft-model step
+    n_drafts_cut: int = 0        # drafted tokens a grammar forbade, cut before being sent
     runs_started: int = 0
     runs_speculative: int = 0
     runs_cancelled_superfluous: int = 0

@@ -127,3 +127,46 @@ def completion_logprobs(model: Path, prompt: list[int], n: int, n_top: int,
         llm.close()
     return out["choices"][0]
 
+
+
+class KeptConversation:
+    """llama.cpp answering the turns of a conversation the way a server slot with a prompt
+    cache does: between requests it keeps what it evaluated (the prompt and the answer but
+    its last token, which was never fed back), keeps the common prefix with the next prompt
+    (all but that prompt's last token at most), evaluates the rest in n_batch chunks, then
+    decodes greedily one token at a time up to an end-of-generation token or `n`."""
+
+    def __init__(self, model: Path, n_ctx: int = 512, repack: bool = True):
+        from llama_cpp import Llama
+
+        from pipeinfer.model.llama_lib import llama_repacking
+
+        with llama_repacking(repack):
+            self.llm = Llama(model_path=str(model), n_ctx=n_ctx, n_threads=1,
+                             flash_attn=True, verbose=False)
+        self.n_ctx = n_ctx
+
+    def answer(self, prompt: list[int], n: int, is_eog) -> tuple[list[int], int]:
+        """(tokens, cached): the greedy answer, and how many prompt tokens were kept."""
+        import llama_cpp
+
+        llm = self.llm
+        held = list(llm._input_ids[:llm.n_tokens])
+        shared = next((i for i, (a, b) in enumerate(zip(held, prompt)) if a != b),
+                      min(len(held), len(prompt)))
+        llm.n_tokens = cached = min(shared, len(prompt) - 1)   # (eval drops the cells beyond)
+        llm.eval(prompt[cached:])
+        smpl = _sampler(Chain(), llm.n_vocab(), self.n_ctx)
+        tokens: list[int] = []
+        try:
+            while True:
+                token = int(llama_cpp.llama_sampler_sample(smpl, llm._ctx.ctx, -1))
+                tokens.append(token)
+                if is_eog(token) or len(tokens) == n:
+                    return tokens, cached
+                llm.eval([token])
+        finally:
+            llama_cpp.llama_sampler_free(smpl)
+
+    def close(self) -> None:
+        self.llm.close()

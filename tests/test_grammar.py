@@ -48,3 +48,24 @@ def test_bad_grammars_and_schemas_are_errors(tokenizer):
     assert "root" in json_grammar() and "root" in json_grammar({"type": "integer"})
     with pytest.raises(GrammarError):
         json_grammar({"type": "object", "properties": {"a": {"$ref": "#/nowhere"}}})
+
+
+def test_greedy_checks_the_likeliest_token_before_masking(tokenizer):
+    """Greedy under a grammar: where the grammar allows the likeliest token the sampler takes
+    it without masking the vocabulary, and every token equals the masked argmax's."""
+    gbnf = json_grammar({"type": "object", "properties": {"n": {"type": "integer"}}})
+    fast, slow = tokenizer.grammar(gbnf), tokenizer.grammar(gbnf)
+    masks = []
+    mask = fast.mask
+    fast.mask = lambda logits: masks.append(1) or mask(logits)
+    sampler = Sampler(SamplingParams(temp=0.0), constraint=fast)
+    rng = np.random.default_rng(1)
+    for step in range(8):
+        logits = rng.standard_normal(tokenizer.n_vocab).astype(np.float32)
+        if step % 2:    # the likeliest token made one the grammar allows
+            logits[int(np.argmax(slow.mask(logits)))] += 50.0
+        token = sampler.sample(logits)
+        want = int(np.argmax(slow.mask(logits)))
+        slow.accept(want)
+        assert token == want
+    assert len(masks) == 4

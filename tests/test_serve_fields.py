@@ -9,12 +9,12 @@ one model by id, CORS."""
 from __future__ import annotations
 
 import json
+import threading
 
 import httpx
 import pytest
 
-from llama_oracle import Chain, chain_greedy, completion_logprobs
-from pipeinfer.engine.prompt_cache import common_prefix
+from llama_oracle import Chain, KeptConversation, chain_greedy, completion_logprobs
 from test_serve import (AUTH, KEY, N_CTX, Server, chat_tokens, expected, open_tokenizer,
                         openai_client, serving)
 
@@ -214,7 +214,6 @@ def test_logprobs_and_penalties_exact_with_another_request_in_flight(server, smo
                                                                       tokenizer):
     """Two requests at once in the two slots: each one's logprobs and penalized tokens are
     its own, exact as alone."""
-    import threading
 
     chain = Chain(repeat_penalty=1.4, presence_penalty=0.5, repeat_last_n=32)
     ids = tokenizer.tokenize(REPEATING)
@@ -253,44 +252,87 @@ def test_logprobs_and_penalties_exact_with_another_request_in_flight(server, smo
         sorted({*top.values(), lp}) for lp, top in want_lp]
 
 
-def test_a_second_turn_reuses_the_first_turns_prompt(server, client, smollm2, tokenizer):
-    """cache_prompt: the second turn of a conversation goes to the slot that kept the first
-    turn's prompt and evaluates only the rest; its answer equals llama.cpp's when llama.cpp,
-    too, keeps that prefix and evaluates the rest in the same batches. A request without
+def test_a_conversation_reuses_its_earlier_turns(server, client, smollm2, tokenizer):
+    """cache_prompt: each turn of a conversation goes to the slot that kept the previous
+    turn's prompt and answer, and evaluates only what is new (the previous answer's last
+    token, never evaluated, and the new question); its answer equals llama.cpp's when
+    llama.cpp, too, keeps what it evaluated and evaluates the rest in the same batches
+    (llama_oracle.KeptConversation), also with another request in flight. A request without
     cache_prompt reuses nothing."""
     def eos_cut(tokens):
         end = next((i + 1 for i, t in enumerate(tokens) if tokenizer.is_eog(t)), len(tokens))
         return tokenizer.detokenize(tokens[:end])
 
-    turn1 = [{"role": "user", "content": "Write a Python function that adds two numbers."}]
-    first = client.chat.completions.create(model="smollm2", messages=turn1, max_tokens=40,
-                                           temperature=0)   # (evaluated whole: see --no-..)
-    p1 = chat_tokens(tokenizer, turn1)
-    assert first.usage.prompt_tokens_details.cached_tokens == 0
-    turn2 = turn1 + [{"role": "assistant", "content": first.choices[0].message.content},
-                     {"role": "user", "content": "Now make it subtract them."}]
-    p2 = chat_tokens(tokenizer, turn2)
-    reuse = min(common_prefix(p1, p2), len(p2) - 1)
-    assert reuse >= len(p1) - 2
-    import threading
-
-    other = threading.Thread(target=httpx.post, args=(server.url + "/v1/completions",),
-                             kwargs={"headers": AUTH, "timeout": 120, "json": {
-                                 "prompt": REPEATING, "max_tokens": 60, "ignore_eos": True}})
-    other.start()   # another request in flight, in the other slot
-    second = client.chat.completions.create(model="smollm2", messages=turn2, max_tokens=40,
-                                            temperature=0, extra_body={"cache_prompt": True})
-    other.join(120)
-    assert second.usage.prompt_tokens_details.cached_tokens == reuse
-    assert second.usage.prompt_tokens == len(p2)
-    tokens, _ = chain_greedy(smollm2, p2, 40, n_ctx=N_CTX, kept=p1)
-    assert second.choices[0].message.content == eos_cut(tokens)
-    again = client.chat.completions.create(model="smollm2", messages=turn2, max_tokens=40,
-                                           temperature=0, extra_body={"cache_prompt": False})
+    questions = ["Write a Python function that adds two numbers.",
+                 "Now make it subtract them.", "Add a docstring to it."]
+    oracle = KeptConversation(smollm2, n_ctx=N_CTX)
+    messages, total, other = [], 0, None
+    try:
+        for turn, question in enumerate(questions):
+            messages.append({"role": "user", "content": question})
+            prompt = chat_tokens(tokenizer, messages)
+            want, cached = oracle.answer(prompt, 40, tokenizer.is_eog)
+            if turn == 1:    # another request in flight, in the other slot
+                other = threading.Thread(target=httpx.post, args=(
+                    server.url + "/v1/completions",), kwargs={
+                        "headers": AUTH, "timeout": 120, "json": {
+                            "prompt": REPEATING, "max_tokens": 60, "ignore_eos": True}})
+                other.start()
+            got = client.chat.completions.create(  # (turn 1: the server's default, no cache)
+                model="smollm2", messages=messages, max_tokens=40, temperature=0,
+                extra_body={"cache_prompt": True} if turn else {})
+            assert got.usage.prompt_tokens == len(prompt)
+            assert got.usage.prompt_tokens_details.cached_tokens == cached
+            assert got.choices[0].message.content == eos_cut(want)
+            if turn:   # the previous answer's cells were kept too, not only its prompt's
+                assert cached > len(previous) + 5, (cached, len(previous))
+            total += cached
+            previous = prompt
+            messages.append({"role": "assistant", "content": got.choices[0].message.content})
+    finally:
+        oracle.close()
+        if other is not None:
+            other.join(120)
+    again = client.chat.completions.create(model="smollm2", messages=messages[:-1],
+                                           max_tokens=40, temperature=0,
+                                           extra_body={"cache_prompt": False})
     assert again.usage.prompt_tokens_details.cached_tokens == 0
-    assert again.choices[0].message.content == expected(smollm2, tokenizer, p2, 40)[0]
+    assert again.choices[0].message.content == expected(
+        smollm2, tokenizer, chat_tokens(tokenizer, messages[:-1]), 40)[0]
     metrics = httpx.get(server.url + "/metrics", headers=AUTH).text
-    assert f"pipeinfer_prompt_tokens_cached_total {float(reuse)}" in metrics
+    assert f"pipeinfer_prompt_tokens_cached_total {float(total)}" in metrics
+
+
+def metric(server, name: str) -> float:
+    text = httpx.get(server.url + "/metrics", headers=AUTH).text
+    return float(next(line.split()[1] for line in text.splitlines()
+                      if line.startswith(name + " ")))
+
+
+def test_forced_tokens_are_free_drafts_and_the_answer_stays_exact(server, client, smollm2,
+                                                                  tokenizer):
+    """Under a JSON schema the text the grammar forces (braces, quotes, keys) is drafted
+    without the draft model (counted in /metrics), and the answer is still llama.cpp's with
+    its grammar sampler, one token per decode."""
+    from llama_cpp.llama_grammar import json_schema_to_gbnf
+
+    schema = {"type": "object", "properties": {"people": {
+        "type": "array", "minItems": 2, "maxItems": 2, "items": {
+            "type": "object", "properties": {"name": {"type": "string"},
+                                             "age": {"type": "integer"}},
+            "required": ["name", "age"]}}}, "required": ["people"]}
+    ask = [{"role": "user", "content": "Invent two people with a name and an age."}]
+    free = metric(server, "pipeinfer_drafted_free_tokens_total")
+    got = client.chat.completions.create(
+        model="smollm2", messages=ask, max_tokens=60, temperature=0,
+        response_format={"type": "json_schema",
+                         "json_schema": {"name": "people", "schema": schema}})
+    tokens, _ = chain_greedy(smollm2, chat_tokens(tokenizer, ask), 60,
+                             Chain(grammar=json_schema_to_gbnf(json.dumps(schema))),
+                             n_ctx=N_CTX)
+    end = next((i for i, t in enumerate(tokens) if tokenizer.is_eog(t)), len(tokens))
+    assert got.choices[0].message.content == tokenizer.detokenize(tokens[:end])
+    assert metric(server, "pipeinfer_drafted_free_tokens_total") > free
 
 
 class Person(__import__("pydantic").BaseModel):

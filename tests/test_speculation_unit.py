@@ -429,9 +429,10 @@ def check_consistent(out: Outcome, reference: Sequence[int], n_predict: int = N_
     if c.n_drafted > c.n_unverified:
         assert c.accept_rate <= c.verified_accept_rate <= 1
     assert c.runs_cancelled_superfluous + c.runs_cancelled_invalidated <= c.runs_started
-    # sequence 0 only ever holds accepted tokens, up to (not including) the pending one
+    # sequence 0 only ever holds accepted tokens, up to (not including) the pending one, and
+    # at the end all of them (a serving slot keeps them for the next turn: prompt_cache.py)
     n_prompt = len(out.gen.request.prompt)
-    assert all(m <= n_prompt + n_predict - 2 for m in out.seq0_max), out.seq0_max
+    assert all(m == n_prompt + n_predict - 2 for m in out.seq0_max), out.seq0_max
     # every run was computed, skipped or aborted once on every worker stage
     for s in out.stats:
         assert s["computed"] + s["skipped"] + s["aborted"] == c.runs_started, (s, c)

@@ -415,3 +415,43 @@ def test_slots_are_contexts_of_their_own(tiny_setup: Setup):
         assert stage.seq_pos_max(0, slot=1) == 0 and stage.seq_pos_max(0, slot=0) == 5
         with pytest.raises(IndexError):
             stage.slot(2)
+
+
+# --- compaction (a serving slot's kept cells, engine/prompt_cache.py) --------------------------
+
+def _turns(stage: Stage, toks: list[int], holes: bool, compact: bool) -> list[np.ndarray]:
+    """A prompt, then one-token steps (with `holes`: each after a step of another sequence at
+    the same position, whose cells are dropped afterwards, as rejected drafts' are), then a
+    second turn's batch after the kept cells; compacted first if `compact`."""
+    stage.clear()
+    out = [stage.decode(list(range(8)), [[0]] * 8, tokens=toks[:8])]
+    for p in range(8, 16):
+        if holes:
+            stage.decode([p], [[1]], tokens=[toks[(p * 7) % len(toks)]])
+        out.append(stage.decode([p], [[0]], tokens=[toks[p]]))
+    stage.seq_keep(0)
+    if compact:
+        stage.seq_compact(0)
+    assert stage.seq_pos_max(0) == 15
+    out.append(stage.decode(list(range(16, 56)), [[0]] * 40, tokens=(toks * 4)[16:56]))
+    return out
+
+
+@pytest.mark.smollm2
+def test_compaction_puts_kept_cells_where_a_fresh_cache_has_them(smol_setup: Setup):
+    """Cells of sequence 0 with holes between them (dropped sequences), compacted: a following
+    batch (40 tokens: the tiled attention kernel, which groups cells in tiles) gives the logits
+    of a cache that never had the holes, bit for bit."""
+    config = StageConfig(n_ctx=256, n_batch=64, n_seq_max=4, n_threads=1)
+    with Stage(smol_setup.path, config) as stage:
+        want = _turns(stage, smol_setup.tokens, holes=False, compact=False)
+        got = _turns(stage, smol_setup.tokens, holes=True, compact=True)
+        assert_identical(got, want)
+        again = _turns(stage, smol_setup.tokens, holes=False, compact=True)
+        assert_identical(again, want)      # (nothing to move: unchanged)
+        stage.clear()
+        stage.seq_compact(0)               # an empty sequence: nothing happens
+        assert stage.seq_pos_max(0) == -1
+        loose = _turns(stage, smol_setup.tokens, holes=True, compact=False)
+        print("without compaction: max abs diff",
+              float(np.abs(loose[-1] - want[-1]).max()))

@@ -20,8 +20,8 @@ from pipeinfer.engine.worker_core import StageCore
 from pipeinfer.model.partition import partition
 from pipeinfer.model.slicing import split_model
 from pipeinfer.model.stage import Stage, StageAborted, StageConfig
-from pipeinfer.schedule.transaction import (DecodeTx, decode_kv_ops, encode_kv_ops, seq_cp,
-                                            seq_keep, seq_rm)
+from pipeinfer.schedule.transaction import (DecodeTx, decode_kv_ops, encode_kv_ops, seq_compact,
+                                            seq_cp, seq_keep, seq_rm)
 from pipeinfer.engine.transport import LocalTransport
 
 CFG = StageConfig(n_ctx=512, n_batch=256, n_seq_max=4, n_threads=1)
@@ -180,6 +180,10 @@ def test_kv_ops_apply_in_order(stage):
     out, outcome = decode(core, tx(2, 6, 2, seq=2))  # seq 2 continues where its copy ends
     assert outcome == "computed" and stage.seq_pos_max(2) == 7
     check_spans(core, [(1, "computed", N_PREFIX, False), (2, "computed", 2, False)])
+    # compaction (a serving slot's kept cells) moves cells, it keeps what the sequence holds
+    core.kv([seq_compact(2)])
+    assert [stage.seq_pos_max(s) for s in range(3)] == [-1, -1, 7]
+    assert decode_kv_ops(encode_kv_ops([seq_compact(2)])) == [seq_compact(2)]
 
 
 class StandIn:

@@ -18,9 +18,10 @@ requests' own runs keep the stages busy and a speculative run only delays them (
 head's one draft model is shared by every lane). Under --busy-strategy auto a pipeinfer lane
 goes further while others are under way: its drafts ride behind its pending token in that
 token's own run (schedule/adaptive.py). A lane whose generation ended is drained (its runs in flight come back and are
-discarded), then its slot's KV cells but its prompt's are cleared on every rank (the prompt's
-stay for a later request sharing a prefix: prompt_cache.py) and its draft context reset,
-before the slot takes another request.
+discarded), then its slot's KV cells but those of its accepted tokens are cleared on every
+rank (those stay for a later request sharing a prefix, the conversation's next turn:
+prompt_cache.py; the draft model's context stays too, for the same reason) before the slot
+takes another request.
 """
 
 from __future__ import annotations
@@ -31,13 +32,20 @@ from typing import Any, Callable
 from .drafter import Drafter
 from .driver import Driver
 from .generate import driver_for
+from .grammar_drafts import GrammarDrafter, Probe, free_drafts_on
 from .head import Pipeline
 from .prompt_cache import PromptCache
+from ..model.grammar import Grammar
 from ..model.sampling import Constraint, LogitObserver, Sampler, SamplingParams
 from ..schedule.events import Cancel, ResultArrived
 from ..schedule.generation import Generation, Request
 from ..schedule.options import ADAPTIVE, LANE_STRATEGIES
 from ..schedule.transaction import DecodeTx, KvOp
+
+
+# Strategies whose draft model keeps nothing but its context (sequence 0, Drafter.ctx) between
+# jobs: a slot keeps it for the next request too. (specpipe's tree drafts hold more.)
+KEEPS_DRAFT_CONTEXT = ("speculative", "pipeinfer", ADAPTIVE)
 
 
 class SlotPipeline:
@@ -129,6 +137,7 @@ class Lanes:
                           else [drafter] * cfg.slots)
         self._free = list(range(cfg.slots))
         self.cache = PromptCache(cfg.slots)
+        self._probe: Probe | None = None     # the vocabulary's one-character tokens (grammars)
         self._owners: dict[int, Lane] = {}   # run id in flight -> its lane
         self._share = PipelineShare(self)
         self.active: list[Lane] = []
@@ -156,13 +165,29 @@ class Lanes:
         sampler = Sampler(sampling, history=gen.last, observe=observe, constraint=constraint,
                           position=len(gen.request.resumed))
         driver = driver_for(strategy, pipe, gen, sampler, self.cfg,
-                            self._drafters[slot], self.cfg.pool(), head.trace,
-                            threaded_drafts=True)
+                            self._drafter_for(slot, gen, constraint), self.cfg.pool(),
+                            head.trace, threaded_drafts=True)
         driver.sched.share = self._share
         lane = pipe.lane = Lane(slot, driver, owner, strategy)
         self.active.append(lane)
         driver.begin()
         return lane
+
+    def _drafter_for(self, slot: int, gen: Generation, constraint: Constraint | None):
+        """The slot's draft model, under the request's grammar if it has one: its drafts
+        cut to the grammar, the text the grammar forces drafted for free
+        (grammar_drafts.py; PIPEINFER_FREE_DRAFTS=0: not, to measure what they bring)."""
+        drafter = self._drafters[slot]
+        if not isinstance(constraint, Grammar) or not isinstance(drafter, Drafter):
+            return drafter
+        tokenizer = self.head.tokenizer
+
+        def tokenize(text: str) -> list[int]:
+            return tokenizer.tokenize(text, add_special=False, parse_special=False)
+        if self._probe is None:
+            self._probe = Probe(tokenize, tokenizer.piece, constraint.eos)
+        return GrammarDrafter(drafter, constraint.fresh(), len(gen.request.prompt),
+                              self._probe, tokenize, gen.counters, free_drafts_on())
 
     def strategy_now(self) -> str:
         """The strategy of a generation starting now: --busy-strategy while another is under
@@ -195,17 +220,30 @@ class Lanes:
 
     def reap(self) -> list[Lane]:
         """The lanes whose generations ended and whose runs are all back: their slots are
-        cleared (every rank's KV cells of the slot but the prompt's, the draft context) and
-        free again."""
+        cleared (every rank's KV cells of the slot but those of the accepted tokens; the
+        draft context only if nothing is kept) and free again."""
         done = [lane for lane in self.active if lane.drained]
         for lane in done:
             self.active.remove(lane)
             if lane.driver.drafts is not None:
                 lane.driver.drafts.close()
+            kept = kept_tokens(lane)
             lane.driver.pipe.kv(self.cache.release(   # (the lane's SlotPipeline: its slot)
-                lane.slot, lane.gen.request.prompt, prefilled=bool(lane.gen.tokens)))
+                lane.slot, kept))
             drafter = self._drafters[lane.slot]
             if isinstance(drafter, Drafter):
-                drafter.reset()
+                if kept and lane.strategy in KEEPS_DRAFT_CONTEXT:
+                    drafter.stage.seq_keep(0)   # its context stays (Drafter.sync then
+                else:                           # evaluates only what the next turn adds)
+                    drafter.reset()
             self._free.append(lane.slot)
         return done
+
+
+def kept_tokens(lane: Lane) -> list[int]:
+    """The tokens whose cells sequence 0 of a drained lane holds from position 0: its
+    scheduler's count of them (Speculation.c0: the prompt, then the accepted tokens whose
+    runs came back; only the reused prefix if its prefill was cut short)."""
+    gen = lane.gen
+    accepted = gen.accepted
+    return accepted[:min(lane.driver.sched.spec.c0, len(accepted))]

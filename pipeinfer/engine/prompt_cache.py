@@ -1,18 +1,24 @@
-"""The prompt prefixes the serving slots keep (`pipeinfer serve`'s prompt cache).
+"""The conversations the serving slots keep (`pipeinfer serve`'s prompt cache).
 
-After a request, its slot keeps the KV cells of its prompt in sequence 0 on every rank; the
-next request goes to the free slot whose kept prompt shares the longest prefix with its own
-(ties: the least recently used), which then evaluates only the rest of its prompt (at least
-its last token, whose row gives the first token), as llama-server does with cache_prompt.
+After a request, its slot keeps the KV cells of its prompt and of its answer (the accepted
+tokens whose cells sequence 0 holds: all but the last, which was never evaluated) in
+sequence 0 on every rank; the next request goes to the free slot whose kept tokens share the
+longest prefix with its prompt (ties: the least recently used), which then evaluates only the
+rest of its prompt (at least its last token, whose row gives the first token), as
+llama-server does with cache_prompt. The next turn of a conversation, which repeats the
+previous answer, so evaluates only the new question.
 
-Only the prompt's cells are kept, not the answer's: the prompt's cells sit at the start of
-the cache in position order (a slot's prefill writes them contiguously after the kept ones),
-whereas the answer's cells lie between those of rejected drafts. Freeing those leaves holes
-that the next prefill would fill before later kept cells, and attention adds the cells up in
-the cache's order: the results would differ in their last bits from llama.cpp keeping the
-same prefix. So a greedy answer with a reused prefix equals llama.cpp's when it keeps that
-prefix and evaluates the rest in the same batches; compared with a fresh evaluation of the
-whole prompt (other batches), its logits may differ in their last bits.
+Speculative runs leave nothing in the kept cells: only sequence 0 stays, whose cells hold
+accepted tokens only (schedule/speculation.py), and rejected drafts' cells go with their
+sequences. They leave holes between the answer's cells, though (a generation never reuses a
+cell: partition_pool), and a later batch would fill the holes before going after the kept
+cells: attention would add the cells up in another order than llama.cpp alone does (its
+tiled kernel for batches even changes the logits by far more than the last bits:
+tests/test_stage.py). So the slot's cells are compacted (transaction.seq_compact): moved,
+bits and order unchanged, to the front of the cache, where a cache that held nothing else
+has them. A greedy answer with a reused prefix so equals llama.cpp's when llama.cpp, too,
+keeps that prefix and evaluates the rest in the same batches; compared with a fresh
+evaluation of the whole prompt (other batches), its logits may differ in their last bits.
 """
 
 from __future__ import annotations
@@ -22,12 +28,12 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from ..schedule.generation import CANONICAL_SEQ
-from ..schedule.transaction import KvOp, seq_clear, seq_keep, seq_rm
+from ..schedule.transaction import KvOp, seq_clear, seq_compact, seq_keep, seq_rm
 
 
 @dataclass
 class SlotPrefix:
-    tokens: tuple[int, ...] = ()   # the prompt whose cells sequence 0 keeps, from position 0
+    tokens: tuple[int, ...] = ()   # the tokens whose cells sequence 0 keeps, from position 0
     used: int = 0                  # when the slot last took a request (least recent: lowest)
 
 
@@ -62,11 +68,12 @@ class PromptCache:
             return [seq_clear()] if kept else []
         return [seq_rm(CANONICAL_SEQ, cached, -1)] if cached < kept else []
 
-    def release(self, slot: int, prompt: Sequence[int], prefilled: bool) -> list[KvOp]:
-        """The slot's generation ended and its runs are back: the KV operations keeping its
-        prompt's cells (if its prefill completed on every rank) and no other."""
-        if not prefilled:
-            self.slots[slot].tokens = ()
+    def release(self, slot: int, kept: Sequence[int]) -> list[KvOp]:
+        """The slot's generation ended and its runs are back, with sequence 0 holding the
+        cells of `kept` (prompt and accepted answer tokens, from position 0): the KV
+        operations keeping those cells, and no other, at the front of the cache."""
+        self.slots[slot].tokens = tuple(kept)
+        if not kept:
             return [seq_clear()]
-        self.slots[slot].tokens = tuple(prompt)
-        return [seq_keep(CANONICAL_SEQ), seq_rm(CANONICAL_SEQ, len(prompt), -1)]
+        return [seq_keep(CANONICAL_SEQ), seq_rm(CANONICAL_SEQ, len(kept), -1),
+                seq_compact(CANONICAL_SEQ)]

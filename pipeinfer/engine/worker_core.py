@@ -40,6 +40,8 @@ def apply_kv(stage: Stage, ops: list[KvOp]) -> None:
             stage.seq_cp(op.seq, op.dst, op.p0, op.p1, slot=op.slot)
         elif op.kind == KvOpType.KV_SEQ_RM:
             stage.seq_rm(op.seq, op.p0, op.p1, slot=op.slot)
+        elif op.kind == KvOpType.KV_SEQ_COMPACT:
+            stage.seq_compact(op.seq, slot=op.slot)
         else:
             stage.seq_keep(op.seq, slot=op.slot)
 

@@ -69,7 +69,7 @@ def penalize(logits: np.ndarray, window: Sequence[int], p: SamplingParams) -> np
 
 
 class Constraint(Protocol):
-    """What a Sampler asks of a grammar (model/grammar.py)."""
+    """What a Sampler asks of a grammar (model/grammar.py); `allows(token)` optional."""
     def mask(self, logits: np.ndarray) -> np.ndarray: ...
     def accept(self, token: int) -> None: ...
 
@@ -138,9 +138,18 @@ class Sampler:
         probs[order] = weights / weights.sum()
         return probs
 
+    def _allowed_best(self, adjusted: np.ndarray) -> bool:
+        """Greedy: whether the grammar allows the likeliest token, which masking could then
+        not change (it only lowers the others, and argmax keeps the first of equals), so the
+        mask is skipped: one candidate checked costs microseconds, the mask of the whole
+        vocabulary 16 ms for Qwen2.5's 151,936 tokens, at every verified position."""
+        allows = getattr(self.constraint, "allows", None)
+        return (self.params.greedy and allows is not None
+                and bool(allows(int(np.argmax(adjusted)))))
+
     def sample(self, logits: np.ndarray) -> int:
         adjusted = self.adjusted(logits)
-        if self.constraint is not None:
+        if self.constraint is not None and not self._allowed_best(adjusted):
             adjusted = self.constraint.mask(adjusted)
         if self.params.greedy:
             token = int(np.argmax(adjusted))

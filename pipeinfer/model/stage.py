@@ -215,6 +215,20 @@ class Stage:
     def seq_keep(self, seq: int, slot: int = 0) -> None:
         llama_cpp.llama_memory_seq_keep(self._slots[slot].mem, seq)
 
+    def seq_compact(self, seq: int, slot: int = 0) -> None:
+        """Move `seq`'s cells (the only sequence left in context `slot`) to the front of the
+        cache, keeping their order and bits: llama.cpp's sequence state, read out and written
+        back (writing removes the sequence first, and the emptied cache takes it from cell 0).
+        Why: a later batch then lands right after them instead of in the holes dropped
+        sequences left, which would reorder attention's sums (transaction.seq_compact)."""
+        ctx = self._slots[slot].ctx
+        size = llama_cpp.llama_state_seq_get_size(ctx, seq)
+        buf = (ctypes.c_uint8 * size)()
+        got = llama_cpp.llama_state_seq_get_data(ctx, buf, size, seq)
+        if got != size or not llama_cpp.llama_state_seq_set_data(ctx, buf, size, seq):
+            raise LlamaError(f"{self.label}: could not compact sequence {seq} ({size} bytes): "
+                             f"{llama_lib.recent_log(3)}")
+
     def seq_pos_max(self, seq: int, slot: int = 0) -> int:
         """Last cached position of `seq`, -1 when it has none."""
         return llama_cpp.llama_memory_seq_pos_max(self._slots[slot].mem, seq)
@@ -297,6 +311,9 @@ class StageSlot:
 
     def seq_keep(self, seq: int, slot: int = 0) -> None:
         self.stage.seq_keep(seq, slot=self.index)
+
+    def seq_compact(self, seq: int, slot: int = 0) -> None:
+        self.stage.seq_compact(seq, slot=self.index)
 
     def seq_pos_max(self, seq: int) -> int:
         return self.stage.seq_pos_max(seq, slot=self.index)

@@ -249,9 +249,9 @@ class Speculation:
             node, drafted = child, drafted + 1
         self.emit_tokens(taken, run.run_id)
         self._credit(run, drafted)
-        if self.gen.done:
-            return
-        # Entries of the accepted path up to the new pending token move into sequence 0.
+        # Entries of the accepted path up to the new pending token move into sequence 0,
+        # also when the generation just ended: a serving slot keeps them for the next turn
+        # of the conversation (engine/prompt_cache.py).
         end, seq = self.pending, run.nodes[node].seqs[0]
         if seq != CANONICAL_SEQ and end > self.c0:
             self.emit(KvOps((seq_cp(seq, CANONICAL_SEQ, self.c0, end),)))

@@ -31,6 +31,7 @@ class KvOpType(enum.IntEnum):
     KV_SEQ_CP = 1
     KV_SEQ_RM = 2
     KV_SEQ_KEEP = 3
+    KV_SEQ_COMPACT = 4  # move a sequence's cells to the front of the cache, in cell order
 
 
 class Tag(enum.IntEnum):
@@ -77,6 +78,8 @@ class KvOp:
             if self.seq == ALL_SEQS:
                 return f"rm(all){at}"
             return f"rm({self.seq}, [{self.p0},{self.p1})){at}"
+        if self.kind == KvOpType.KV_SEQ_COMPACT:
+            return f"compact({self.seq}){at}"
         return f"keep({self.seq}){at}"
 
 
@@ -96,6 +99,14 @@ def seq_clear() -> KvOp:
 
 def seq_keep(seq: int) -> KvOp:
     return KvOp(KvOpType.KV_SEQ_KEEP, seq)
+
+
+def seq_compact(seq: int) -> KvOp:
+    """Move the cells of `seq`, the only sequence left in the cache, to cells 0..n-1 (in
+    their cell order, which is their position order: see engine/prompt_cache.py), so that
+    the next batch goes right after them, as it would in a cache that never held anything
+    else: attention then adds the cells up in the order llama.cpp alone would."""
+    return KvOp(KvOpType.KV_SEQ_COMPACT, seq)
 
 
 def encode_kv_ops(ops: Sequence[KvOp]) -> np.ndarray:

@@ -34,6 +34,11 @@ class ServeMetrics:
                                registry=r)
         self.accepted = Counter(PREFIX + "accepted_tokens", "Drafted tokens accepted",
                                 registry=r)
+        self.drafted_free = Counter(PREFIX + "drafted_free_tokens", "Tokens a grammar "
+                                    "forced (structured output), given as drafts without a "
+                                    "draft-model step", registry=r)
+        self.drafts_cut = Counter(PREFIX + "drafts_cut_tokens", "Drafted tokens a grammar "
+                                  "forbade, cut before being sent", registry=r)
         self.queue_depth = Gauge(PREFIX + "queue_depth", "Requests waiting for the pipeline",
                                  registry=r)
         self.running = Gauge(PREFIX + "requests_running", "Requests being generated",
@@ -58,6 +63,8 @@ class ServeMetrics:
         self.completion_tokens.inc(n_tokens)
         self.drafted.inc(counters.n_drafted)
         self.accepted.inc(counters.n_accepted)
+        self.drafted_free.inc(counters.n_drafted_free)
+        self.drafts_cut.inc(counters.n_drafts_cut)
         self._totals[0] += counters.n_drafted
         self._totals[1] += counters.n_accepted
         drafted, accepted = self._totals

@@ -1,0 +1,225 @@
+#!/usr/bin/env python3
+"""What the prompt cache and grammar drafts bring to clients, on the emulated cluster (4 nodes
+x 0.5 core, node 0 the head / main host without target layers), as experiments/bench_serve.py
+runs the servers:
+
+- turns: a 6-turn coding conversation, 1 client. Turn 1 pastes a source file (the first 90
+  lines of Python's textwrap.TextWrapper, about 950 tokens) with a question; each later turn
+  adds a question of at most 60 tokens to the history, which keeps every answer. pipeinfer
+  serve and llama-server over RPC, each with its prompt cache (their default); per turn the
+  time to first token, the prompt tokens and how many of them were reused.
+- json: one JSON-schema request (a list of 5 objects of 4 fields), pipeinfer's strategy (or
+  --json-system pipeinfer-speculative) with the text the grammar forces drafted for free and
+  without (PIPEINFER_FREE_DRAFTS=0); speed is completion tokens over the request's wall time.
+
+    python experiments/bench_turns.py -k 3 --scenario turns,json   # root (cgroups), peers built
+
+Every repeat starts each server afresh. Prints a line per repeat, then medians.
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import json
+import os
+import statistics
+import sys
+import textwrap
+import time
+
+import httpx
+
+from bench_serve import LlamaServer, PipeinferServer, host_cpu  # (puts the repo on sys.path)
+
+QUESTIONS = (
+    "Explain briefly what this class does and which of its options matter most.",
+    "How does _split handle hyphenated words? Answer in two sentences.",
+    "Write a short docstring for _munge_whitespace.",
+    "Is there a bug when width is smaller than the indent? Explain briefly.",
+    "Write one unit test for the break_on_hyphens option.",
+    "Summarize the whole conversation in three bullet points.",
+)
+SOURCE_LINES = 90
+SCHEMA = {"type": "object", "properties": {"languages": {
+    "type": "array", "minItems": 5, "maxItems": 5, "items": {
+        "type": "object", "properties": {
+            "name": {"type": "string"}, "paradigm": {"type": "string"},
+            "year": {"type": "integer"}, "typed": {"type": "boolean"}},
+        "required": ["name", "paradigm", "year", "typed"]}}}, "required": ["languages"]}
+JSON_ASK = "List 5 programming languages with their main paradigm, first year and whether " \
+           "they are statically typed, as JSON."
+
+
+def source_file() -> str:
+    lines = inspect.getsource(textwrap.TextWrapper).splitlines()[:SOURCE_LINES]
+    return "\n".join(lines)
+
+
+def chat(url: str, messages: list[dict], n: int, extra: dict) -> dict:
+    """One streamed chat request: text, TTFT, wall time and usage."""
+    body = {"messages": messages, "max_tokens": n, "temperature": 0, "stream": True,
+            "stream_options": {"include_usage": True}, **extra}
+    start, first, parts, usage = time.perf_counter(), None, [], None
+    with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=900) as r:
+        if r.status_code != 200:
+            raise RuntimeError(f"HTTP {r.status_code}: {r.read().decode()[:300]}")
+        for line in r.iter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            usage = chunk.get("usage") or usage
+            for choice in chunk.get("choices") or []:
+                piece = (choice.get("delta") or {}).get("content") or ""
+                if piece and first is None:
+                    first = time.perf_counter()
+                parts.append(piece)
+    end = time.perf_counter()
+    usage = usage or {}
+    cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
+    return {"text": "".join(parts), "ttft": (first or end) - start, "wall": end - start,
+            "prompt": usage.get("prompt_tokens"), "cached": cached,
+            "tokens": usage.get("completion_tokens")}
+
+
+def conversation(url: str, n: int, extra: dict) -> list[dict]:
+    """The 6 turns, each answer kept in the history."""
+    messages, turns = [], []
+    for i, question in enumerate(QUESTIONS):
+        content = f"```python\n{source_file()}\n```\n\n{question}" if i == 0 else question
+        messages.append({"role": "user", "content": content})
+        turn = chat(url, messages, n, extra)
+        turns.append(turn)
+        messages.append({"role": "assistant", "content": turn["text"]})
+    return turns
+
+
+def run_turns(args, bin_dir) -> dict[str, list[list[dict]]]:
+    results: dict[str, list[list[dict]]] = {s: [] for s in args.systems}
+    for rep in range(args.k):
+        for name in args.systems:
+            server = (LlamaServer(args, bin_dir) if name == "llama-server"
+                      else PipeinferServer(args, name))
+            extra = {"cache_prompt": True}
+            with server as url:
+                chat(url, [{"role": "user", "content": "Say hi."}], 4, extra)  # warm-up
+                turns = conversation(url, args.n, extra)
+            results[name].append(turns)
+            print(f"# turns rep {rep} {name}: TTFT "
+                  + " ".join(f"{t['ttft']:.2f}" for t in turns) + " s; prompt/cached "
+                  + " ".join(f"{t['prompt']}/{t['cached']}" for t in turns)
+                  + "; tokens " + " ".join(str(t["tokens"]) for t in turns), flush=True)
+    return results
+
+
+def summarize_turns(results: dict[str, list[list[dict]]]) -> None:
+    print("\nturns: median TTFT per turn (s), turn 1 / median of turns 2-6")
+    med = {}
+    for name, reps in results.items():
+        per_turn = [statistics.median(r[i]["ttft"] for r in reps) for i in range(len(QUESTIONS))]
+        later = statistics.median(per_turn[1:])
+        med[name] = (per_turn, later)
+        print(f"{name:<14}" + " ".join(f"{t:6.2f}" for t in per_turn)
+              + f"   turn 1 / later: {per_turn[0] / later:.1f}x")
+    if {"pipeinfer", "llama-server"} <= med.keys():
+        p, l = med["pipeinfer"][1], med["llama-server"][1]
+        print(f"turns 2-6 median TTFT: pipeinfer {p:.2f} s, llama-server {l:.2f} s "
+              f"({l / p:.2f}x)")
+        same = [a["text"] == b["text"] for a, b in zip(results["pipeinfer"][0],
+                                                       results["llama-server"][0])]
+        print(f"pipeinfer's answers equal llama-server's, per turn: {same}")
+    for name, reps in results.items():
+        stable = all([t["text"] for t in r] == [t["text"] for t in reps[0]] for r in reps)
+        print(f"{name}: the same answers in every repeat: {stable}")
+
+
+def run_json(args) -> dict[str, list[dict]]:
+    """The JSON-schema request on pipeinfer (--json-system) with free drafts on and off."""
+    results: dict[str, list[dict]] = {"free drafts": [], "no free drafts": []}
+    body = {"response_format": {"type": "json_schema",
+                                "json_schema": {"name": "languages", "schema": SCHEMA}}}
+    for rep in range(args.k):
+        for label, value in (("free drafts", "1"), ("no free drafts", "0")):
+            os.environ["PIPEINFER_FREE_DRAFTS"] = value
+            with PipeinferServer(args, args.json_system) as url:
+                chat(url, [{"role": "user", "content": "Say hi."}], 4, {})  # warm-up
+                answer = chat(url, [{"role": "user", "content": JSON_ASK}], args.json_n, body)
+                answer["metrics"] = free_metrics(url)
+            results[label].append(answer)
+            print(f"# json rep {rep} {label}: parses {parses(answer['text'])}, "
+                  f"{answer['tokens']} tokens in "
+                  f"{answer['wall']:.2f} s = {answer['tokens'] / answer['wall']:.2f} t/s; "
+                  f"{answer['metrics']}", flush=True)
+    os.environ.pop("PIPEINFER_FREE_DRAFTS", None)
+    return results
+
+
+def parses(text: str) -> bool:
+    try:
+        json.loads(text)
+        return True
+    except ValueError:
+        return False
+
+
+def free_metrics(url: str) -> dict:
+    text = httpx.get(url + "/metrics", timeout=10).text
+    out = {}
+    for name in ("drafted_tokens", "accepted_tokens", "drafted_free_tokens",
+                 "drafts_cut_tokens"):
+        line = next((x for x in text.splitlines()
+                     if x.startswith(f"pipeinfer_{name}_total ")), None)
+        out[name] = float(line.split()[1]) if line else None
+    return out
+
+
+def summarize_json(results: dict[str, list[dict]]) -> None:
+    speed = {k: statistics.median(a["tokens"] / a["wall"] for a in v)
+             for k, v in results.items()}
+    print(f"\njson: median t/s, free drafts {speed['free drafts']:.2f}, without "
+          f"{speed['no free drafts']:.2f} ({speed['free drafts'] / speed['no free drafts']:.2f}x)")
+    texts = {a["text"] for v in results.values() for a in v}
+    print(f"json: the same answer in every run, free drafts or not: {len(texts) == 1}")
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("-k", type=int, default=3, help="repeats")
+    p.add_argument("-n", type=int, default=64, help="max_tokens of every turn")
+    p.add_argument("--json-n", type=int, default=256, help="max_tokens of the JSON request")
+    p.add_argument("--scenario", default="turns,json")
+    p.add_argument("--json-system", default="pipeinfer",
+                   help="the json scenario's server: pipeinfer or pipeinfer-speculative")
+    p.add_argument("--nodes", type=int, default=4)
+    p.add_argument("--cpu", type=float, default=0.5, help="cores per node")
+    p.add_argument("-m", "--model", default="qwen-coder-1.5b")
+    p.add_argument("-md", "--draft", default="qwen-coder-0.5b")
+    p.add_argument("--systems", default="pipeinfer,llama-server")
+    p.add_argument("--split", default=None)
+    args = p.parse_args(argv)
+    args.systems = args.systems.split(",")
+    args.clients = 1
+    args.ctx = 4096     # context per slot, both servers (bench_serve's servers read it)
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    scenarios = args.scenario.split(",")
+    print(f"host: {host_cpu()}; {args.nodes} nodes x {args.cpu:g} core, {args.model} + "
+          f"{args.draft}; turns: {args.n} tokens an answer; json: up to {args.json_n} "
+          f"tokens, {args.json_system}",
+          flush=True)
+    if "turns" in scenarios:
+        bin_dir = None
+        if "llama-server" in args.systems:
+            import build_peers
+            bin_dir = build_peers.build(os.cpu_count() or 2) / "bin"
+        summarize_turns(run_turns(args, bin_dir))
+    if "json" in scenarios:
+        summarize_json(run_json(args))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

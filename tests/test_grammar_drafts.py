@@ -1,0 +1,89 @@
+"""Drafting under a grammar (engine/grammar_drafts.py) with SmolLM2's vocabulary: the text a
+JSON schema forces is found character by character (whitespace left out), drafted as the
+model's tokens without a draft-model step, and the draft model's drafts are cut where the
+grammar forbids; the grammar's state follows each job's context, also after a rejection."""
+
+from __future__ import annotations
+
+import pytest
+
+from pipeinfer.engine.drafter import DraftParams
+from pipeinfer.engine.grammar_drafts import GrammarDrafter, Probe
+from pipeinfer.metrics import Counters
+from pipeinfer.model.grammar import json_grammar
+from pipeinfer.model.tokenizer import Tokenizer
+
+pytestmark = pytest.mark.smollm2
+
+SCHEMA = {"type": "object", "properties": {"name": {"type": "string"},
+                                           "age": {"type": "integer"}},
+          "required": ["name", "age"]}
+PROMPT = (1, 2, 3)
+
+
+@pytest.fixture(scope="module")
+def tokenizer(smollm2):
+    tok = Tokenizer(smollm2)
+    yield tok
+    tok.close()
+
+
+class ScriptedDrafter:
+    """The draft model's side: returns the branches it was given, and says when it ran."""
+
+    def __init__(self, branches):
+        self.branches, self.calls, self.n_held = branches, 0, 7
+
+    def draft(self, context, params, cutoff, max_tokens=None, should_stop=None):
+        self.calls += 1
+        return [list(b) for b in self.branches], [0.9] * len(self.branches[0])
+
+
+def drafter_for(tokenizer, branches, free=True):
+    grammar = tokenizer.grammar(json_grammar(SCHEMA))
+
+    def tokenize(text):
+        return tokenizer.tokenize(text, add_special=False, parse_special=False)
+    probe = Probe(tokenize, tokenizer.piece, grammar.eos)
+    counters = Counters()
+    inner = ScriptedDrafter(branches)
+    return GrammarDrafter(inner, grammar, len(PROMPT), probe, tokenize, counters, free), \
+        inner, counters, tokenize
+
+
+def text(tokenizer, tokens):
+    return b"".join(tokenizer.piece(t) for t in tokens).decode()
+
+
+def test_forced_text_is_drafted_for_free(tokenizer):
+    gd, inner, counters, tokenize = drafter_for(tokenizer, [[5]])
+    branches, _ = gd.draft(PROMPT, DraftParams(), 0.0, max_tokens=16)
+    assert text(tokenizer, branches[0]) == '{"name":"'
+    assert inner.calls == 0 and counters.n_drafted_free == len(branches[0])
+    assert gd.n_held == 7                              # (the rest is the draft model's)
+    inside = list(PROMPT) + branches[0] + tokenize("Ann")
+    branches, _ = gd.draft(inside, DraftParams(), 0.0, max_tokens=2)
+    assert inner.calls == 1 and branches == [[5]]   # free text (a string): the model's
+    after = inside + tokenize('"')
+    branches, _ = gd.draft(after, DraftParams(), 0.0, max_tokens=16)
+    assert text(tokenizer, branches[0]) == ',"age":'
+    # a rejected draft: the state starts again from the generated tokens the context has
+    other = list(PROMPT) + tokenize('{"name":"Bo"')
+    branches, _ = gd.draft(other, DraftParams(), 0.0, max_tokens=3)
+    assert text(tokenizer, branches[0]).startswith(',"')
+
+
+def test_drafts_the_grammar_forbids_are_cut(tokenizer):
+    good, quote, bad = tokenize_all(tokenizer, 'Ann"', '"', "}")
+    gd, inner, counters, tokenize = drafter_for(tokenizer, [good + bad + good, quote + bad],
+                                                free=False)
+    context = list(PROMPT) + tokenize('{"name":"')
+    branches, _ = gd.draft(context, DraftParams(), 0.0, max_tokens=8)
+    assert inner.calls == 1   # cut at "}" after the name's string (age is required)
+    assert branches == [good, quote]
+    assert counters.n_drafts_cut == len(bad) + len(good) + len(bad)
+    assert counters.n_drafted_free == 0                 # (free drafts off)
+
+
+def tokenize_all(tokenizer, *texts):
+    return [tokenizer.tokenize(t, add_special=False, parse_special=False) for t in texts]
