@@ -3,4 +3,5 @@ console script is not beside its Python)."""
 
 from .cli import main
 
-main()
+if __name__ == "__main__":
+    main()

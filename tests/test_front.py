@@ -123,7 +123,7 @@ class Stream(threading.Thread):
 @pytest.fixture(scope="module")
 def front(smollm2, tmp_path_factory):
     srv = Front(tmp_path_factory.mktemp("front"), 3, "-m", str(smollm2), "--parallel", "4",
-                "--no-cache-prompt")
+                "--no-cache-prompt", "--max-restarts", "50")   # (its tests kill it often)
     try:
         srv.wait_ready()
         yield srv

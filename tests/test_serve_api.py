@@ -207,8 +207,8 @@ class FakeHead:
         self.tokenizer = FakeTokenizer()
         self.setup = SimpleNamespace(pipeline=SimpleNamespace(busy_s=0.0))
 
-    def request(self, prompt, n_predict, ignore_eos=False):
-        return Request(tuple(prompt), n_predict, 64, ignore_eos)
+    def request(self, prompt, n_predict, ignore_eos=False, resumed=()):
+        return Request(tuple(prompt), n_predict, 64, ignore_eos, resumed=tuple(resumed))
 
     def check_ranks(self):
         pass
