@@ -72,15 +72,16 @@ class Answer:
         return self.n_tokens / (self.end - self.start)
 
 
-def ask(url: str, prompt: str, n: int, extra: dict) -> Answer:
-    """One streamed chat request: its text, completion tokens, TTFT and wall time."""
-    body = {"messages": [{"role": "user", "content": prompt}], "max_tokens": n,
-            "temperature": 0, "stream": True, "stream_options": {"include_usage": True},
-            **extra}
+def stream_chat(url: str, messages: list[dict], n: int, extra: dict,
+                timeout: float = 600) -> tuple[str, dict | None, float, float | None, float]:
+    """One streamed greedy chat request: (text, usage, start, first content, end), times
+    from time.perf_counter (also bench_turns.py's)."""
+    body = {"messages": messages, "max_tokens": n, "temperature": 0, "stream": True,
+            "stream_options": {"include_usage": True}, **extra}
     start, first, parts, usage = time.perf_counter(), None, [], None
-    with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=600) as r:
+    with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=timeout) as r:
         if r.status_code != 200:
-            raise RuntimeError(f"HTTP {r.status_code}: {r.read().decode()[:200]}")
+            raise RuntimeError(f"HTTP {r.status_code}: {r.read().decode()[:300]}")
         for line in r.iter_lines():
             if not line.startswith("data: ") or line == "data: [DONE]":
                 continue
@@ -91,11 +92,16 @@ def ask(url: str, prompt: str, n: int, extra: dict) -> Answer:
                 if piece and first is None:
                     first = time.perf_counter()
                 parts.append(piece)
-    end = time.perf_counter()
+    return "".join(parts), usage, start, first, time.perf_counter()
+
+
+def ask(url: str, prompt: str, n: int, extra: dict) -> Answer:
+    """One streamed chat request: its text, completion tokens, TTFT and wall time."""
+    text, usage, start, first, end = stream_chat(
+        url, [{"role": "user", "content": prompt}], n, extra)
     if not usage:
         raise RuntimeError("the stream ended without usage")
-    return Answer("".join(parts), usage["completion_tokens"], (first or end) - start, start,
-                  end)
+    return Answer(text, usage["completion_tokens"], (first or end) - start, start, end)
 
 
 def ask_all(url: str, prompts, n: int, extra: dict) -> list[Answer]:

@@ -26,11 +26,10 @@ import os
 import statistics
 import sys
 import textwrap
-import time
 
 import httpx
 
-from bench_serve import LlamaServer, PipeinferServer, host_cpu  # (puts the repo on sys.path)
+from bench_serve import LlamaServer, PipeinferServer, host_cpu, stream_chat  # (puts the repo on sys.path)
 
 QUESTIONS = (
     "Explain briefly what this class does and which of its options matter most.",
@@ -58,26 +57,10 @@ def source_file() -> str:
 
 def chat(url: str, messages: list[dict], n: int, extra: dict) -> dict:
     """One streamed chat request: text, TTFT, wall time and usage."""
-    body = {"messages": messages, "max_tokens": n, "temperature": 0, "stream": True,
-            "stream_options": {"include_usage": True}, **extra}
-    start, first, parts, usage = time.perf_counter(), None, [], None
-    with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=900) as r:
-        if r.status_code != 200:
-            raise RuntimeError(f"HTTP {r.status_code}: {r.read().decode()[:300]}")
-        for line in r.iter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            chunk = json.loads(line[6:])
-            usage = chunk.get("usage") or usage
-            for choice in chunk.get("choices") or []:
-                piece = (choice.get("delta") or {}).get("content") or ""
-                if piece and first is None:
-                    first = time.perf_counter()
-                parts.append(piece)
-    end = time.perf_counter()
+    text, usage, start, first, end = stream_chat(url, messages, n, extra, timeout=900)
     usage = usage or {}
     cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
-    return {"text": "".join(parts), "ttft": (first or end) - start, "wall": end - start,
+    return {"text": text, "ttft": (first or end) - start, "wall": end - start,
             "prompt": usage.get("prompt_tokens"), "cached": cached,
             "tokens": usage.get("completion_tokens")}
 
