@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import secrets
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
@@ -30,33 +30,33 @@ class Front:
     metrics: FrontMetrics
     model_name: str
     api_key: str | None = None
-    created: int = 0
+    created: int = field(default_factory=lambda: int(time.time()))
 
-    def check_up(self) -> None:
-        """503 (with Retry-After while recovering) unless a job takes requests; a request
-        arriving during a recovery waits in the table instead (see _complete)."""
+    def unavailable(self) -> ApiError | None:
+        """The 503 (with Retry-After while recovering) while no job takes requests."""
         state, reason = self.supervisor.state, self.supervisor.reason
         if state == "failed":
-            raise ApiError(503, f"the server has failed: {reason}")
+            return ApiError(503, f"the server has failed: {reason}")
         if state == "stopping":
-            raise ApiError(503, "the server is shutting down")
+            return ApiError(503, "the server is shutting down")
         if state != "ok":
-            raise ApiError(503, f"the server is {state}: {reason or 'loading the model'}",
-                           headers={"Retry-After": "5"})
+            return ApiError(503, f"the server is {state}: {reason or 'loading the model'}",
+                            headers={"Retry-After": "5"})
+        return None
+
+    def check_up(self) -> None:
+        """Raise unavailable() if any (a completion arriving during a recovery waits in the
+        table instead: see _complete)."""
+        if (error := self.unavailable()) is not None:
+            raise error
 
 
 def build_app(front: Front, cors_origins: tuple[str, ...] = ("*",)):
-    def bound(handler):
-        async def handle(request: Request) -> Response:
-            return await handler(front, request)
-        return handle
-
-    handlers = {"completions": bound(_completions), "chat": bound(_chat),
-                "models": bound(_models), "one_model": bound(_one_model),
-                "health": bound(_health), "metrics": bound(_metrics),
-                "tokenize": bound(_tokenize), "detokenize": bound(_detokenize)}
-    return http_common.build(handlers, front.api_key, http_common.metric_counter(front.metrics),
-                             cors_origins)
+    handlers = {"completions": _completions, "chat": _chat, "models": _models,
+                "one_model": _one_model, "health": _health, "metrics": _metrics,
+                "tokenize": _tokenize, "detokenize": _detokenize}
+    return http_common.build(front, handlers, front.api_key,
+                             http_common.metric_counter(front.metrics), cors_origins)
 
 
 async def _completions(front: Front, request: Request) -> Response:
@@ -110,13 +110,9 @@ async def _health(front: Front, request: Request) -> Response:
     if state == "ok":   # (and which job, its ranks: for operators and tests)
         ranks = [{"rank": r, "host": h, "pid": p} for r, h, p in job.info.get("statuses", [])]
         return JSONResponse({"status": "ok", "job": job.number, "ranks": ranks})
-    try:
-        front.check_up()
-    except ApiError as err:
-        body = err.body()
-        body["status"] = state
-        return JSONResponse(body, status_code=503, headers=err.headers or None)
-    raise AssertionError("unreachable")
+    error = front.unavailable()
+    return JSONResponse(dict(error.body(), status=state), status_code=503,
+                        headers=error.headers or None)
 
 
 async def _metrics(front: Front, request: Request) -> Response:
@@ -142,7 +138,3 @@ async def _call(front: Front, request: Request, name: str) -> Response:
     body = api.parse_body(await read_body(request))
     front.check_up()
     return JSONResponse(await front.table.call(name, body, front.supervisor.send))
-
-
-def created_now(front: Front) -> None:
-    front.created = int(time.time())

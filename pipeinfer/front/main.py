@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import uvicorn
 
 from ..serve.http_thread import _listen
-from .app import Front, build_app, created_now
+from .app import Front, build_app
 from .launcher import Host, Launcher
 from .metrics import FrontMetrics
 from .supervisor import Supervisor
@@ -72,7 +72,6 @@ class _Thread:
         self.supervisor = Supervisor(launcher, table, metrics, o.max_restarts)
         self.supervisor.on_fatal = self._fatal
         front = Front(self.supervisor, table, metrics, o.model_name, o.api_key)
-        created_now(front)
         config = uvicorn.Config(build_app(front, o.cors_origins), log_config=None,
                                 log_level="warning", access_log=False, lifespan="off",
                                 timeout_graceful_shutdown=1)

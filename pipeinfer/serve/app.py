@@ -48,16 +48,10 @@ class Service:
 
 def build_app(service: Service, cors_origins: tuple[str, ...] = ("*",)) -> Starlette:
     """The app (routes and their checks: http_common.build)."""
-    def bound(handler):
-        async def handle(request: Request) -> Response:
-            return await handler(service, request)
-        return handle
-
-    handlers = {"completions": bound(_completions), "chat": bound(_chat),
-                "models": bound(_models), "one_model": bound(_one_model),
-                "health": bound(_health), "metrics": bound(_metrics),
-                "tokenize": bound(_tokenize), "detokenize": bound(_detokenize)}
-    return http_common.build(handlers, service.api_key, metric_counter(service.metrics),
+    handlers = {"completions": _completions, "chat": _chat, "models": _models,
+                "one_model": _one_model, "health": _health, "metrics": _metrics,
+                "tokenize": _tokenize, "detokenize": _detokenize}
+    return http_common.build(service, handlers, service.api_key, metric_counter(service.metrics),
                              cors_origins)
 
 

@@ -47,12 +47,19 @@ ROUTES = {"completions": (("/v1/completions", "/completions"), "completions", "P
           "detokenize": (("/detokenize",), "detokenize", "POST")}
 
 
-def build(handlers: dict[str, Handler], api_key: str | None, count,
+def build(server, handlers: dict[str, Callable], api_key: str | None, count,
           cors_origins: tuple[str, ...] = ("*",)) -> Starlette:
-    """The app of `handlers` (one per ROUTES name), each behind the key check and counted
-    with `count(name, status)`; browsers from `cors_origins` may call it (CORS: a preflight
-    OPTIONS is answered without the API key, answers carry Access-Control-Allow-Origin)."""
-    routes = [Route(path, guarded(handlers[key], name, api_key, count), methods=[method])
+    """The app of `handlers` (one per ROUTES name, each called as handler(server, request)),
+    each behind the key check and counted with `count(name, status)`; browsers from
+    `cors_origins` may call it (CORS: a preflight OPTIONS is answered without the API key,
+    answers carry Access-Control-Allow-Origin)."""
+    def bound(handler) -> Handler:
+        async def handle(request: Request) -> Response:
+            return await handler(server, request)
+        return handle
+
+    routes = [Route(path, guarded(bound(handlers[key]), name, api_key, count),
+                    methods=[method])
               for key, (paths, name, method) in ROUTES.items() for path in paths]
     cors = Middleware(CORSMiddleware, allow_origins=list(cors_origins), allow_methods=["*"],
                       allow_headers=["*"], max_age=600)
