@@ -6,7 +6,7 @@ from __future__ import annotations
 import sys
 
 from ..cli import Failure
-from .launcher import LaunchError, parse_host, read_hostfile
+from .launcher import LaunchError, parse_host, read_hostfile, strip_options
 from .main import FrontOptions, main
 
 # The front's own options, each with a value: the job gets every other option as given.
@@ -35,12 +35,4 @@ def job_args(argv: list[str]) -> list[str]:
     """The options after `serve` in `argv`, less FRONT_ONLY ones (`--opt value` or
     `--opt=value`), with the job's queue."""
     args = argv[argv.index("serve") + 1:] if "serve" in argv else argv[1:]
-    out, skip = [], False
-    for arg in args:
-        if skip:
-            skip = False
-        elif arg in FRONT_ONLY:
-            skip = True
-        elif not arg.startswith(tuple(f"{o}=" for o in FRONT_ONLY)):
-            out.append(arg)
-    return out + ["--queue", str(JOB_QUEUE)]
+    return strip_options(args, FRONT_ONLY) + ["--queue", str(JOB_QUEUE)]

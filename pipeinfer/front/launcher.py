@@ -114,17 +114,23 @@ class Launcher:
             return False
 
 
-def without_split(args: list[str]) -> list[str]:
-    """The job's options less --layer-split (and its value); `auto` when --profile is
-    among them (the planner then splits for the ranks there are)."""
+def strip_options(args: list[str], names: tuple[str, ...]) -> list[str]:
+    """`args` less the options `names` (each with a value: `--opt value` or `--opt=value`)."""
     out, skip = [], False
     for arg in args:
         if skip:
             skip = False
-        elif arg == "--layer-split":
+        elif arg in names:
             skip = True
-        elif not arg.startswith("--layer-split="):
+        elif not arg.startswith(tuple(f"{name}=" for name in names)):
             out.append(arg)
+    return out
+
+
+def without_split(args: list[str]) -> list[str]:
+    """The job's options less --layer-split (and its value); `auto` when --profile is
+    among them (the planner then splits for the ranks there are)."""
+    out = strip_options(args, ("--layer-split",))
     if any(a == "--profile" or a.startswith("--profile=") for a in out):
         out += ["--layer-split", "auto"]
     return out
