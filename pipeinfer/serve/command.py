@@ -151,25 +151,18 @@ def serve(model, draft, compact_draft, alias, n_ctx, n_batch, threads, split, pr
     from ..engine.config import RunConfig, resolve_draft_source
     from ..model.sampling import SamplingParams
 
-    under_launcher = supervisor.launcher_rank() is not None
     setup_logging(verbose, quiet, rank=supervisor.launcher_rank() or 0)
     parallel = _parallel(parallel, strategy)
     _refuse(parallel, split, strategy, speculation, n_batch)
     if profile is not None and split[0] != "auto":
         raise Failure("--profile is read by --layer-split auto only; add it, or drop --profile",
                       2)
+    _refuse_launch(ranks, hostfile or host_list or mpiexec)
     if ranks is not None:   # the front: no MPI, no llama.cpp in this process
-        if under_launcher:
-            raise Failure("--ranks starts the job itself: run `pipeinfer serve --ranks N` "
-                          "without mpiexec (or `mpiexec -n N pipeinfer serve` without "
-                          "--ranks, which has no failover)", 2)
         from ..front.command import run_front
         sys.exit(run_front(ranks, hostfile, host_list, mpiexec, max_restarts, host, port,
                            queue_size, api_key, alias or _name(model), cors_origins,
                            parallel))
-    if hostfile or host_list or mpiexec:
-        raise Failure("--hostfile, --hosts and --mpiexec go with --ranks (the front "
-                      "launches the job); under mpiexec, give the hosts to mpiexec", 2)
     from ..engine.mpi_transport import world
     from .service import ServeOptions, main as serve_main
 
@@ -211,6 +204,18 @@ def _refuse(parallel: int, split, strategy: str, speculation: dict, n_batch: int
     if strategy == "specpipe" and speculation["tree_width"] > n_batch:
         raise Failure(f"--tree-width ({speculation['tree_width']}) must be at most the batch "
                       f"size (-b {n_batch}): a tree level is evaluated in one batch", 2)
+
+
+def _refuse_launch(ranks: int | None, launch_options) -> None:
+    """--ranks (the front launches the job) not under a launcher; its launch options only
+    with it."""
+    if ranks is not None and supervisor.launcher_rank() is not None:
+        raise Failure("--ranks starts the job itself: run `pipeinfer serve --ranks N` "
+                      "without mpiexec (or `mpiexec -n N pipeinfer serve` without "
+                      "--ranks, which has no failover)", 2)
+    if ranks is None and launch_options:
+        raise Failure("--hostfile, --hosts and --mpiexec go with --ranks (the front "
+                      "launches the job); under mpiexec, give the hosts to mpiexec", 2)
 
 
 def _busy(given: str, strategy: str, parallel: int) -> str | None:
