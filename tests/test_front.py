@@ -467,11 +467,8 @@ def test_soak_every_request_completes_exactly_while_ranks_die(smollm2, tmp_path)
 
 def _is_rank(pid: int) -> bool:
     """A pipeinfer rank (or its supervisor), not the launcher or its proxy."""
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return b"pipeinfer\x00serve" in f.read() and b"mpiexec" not in f.read()
-    except OSError:
-        return False
+    args = _cmdline(pid).split()
+    return "serve" in args and not any(a.endswith("mpiexec") for a in args)
 
 
 def test_speculating_lanes_resume_exactly(smollm2, tmp_path, undisturbed):

@@ -47,8 +47,9 @@ class HostSet:
         hosts = self.hosts
         if not hosts:
             return None
+        placed = placement(hosts, self.ranks)
         for host in hosts:
-            held = placement(hosts, self.ranks)[host.name]
+            held = placed[host.name]
             if rank < held:
                 return host
             rank -= held
