@@ -59,6 +59,13 @@ def render_prompt(model: str, text: str) -> str:
         tokenizer.close()
 
 
+def target_layers(model: str) -> int:
+    from pipeinfer.model.gguf_header import read_header
+    from pipeinfer.model.models import resolve_model
+    header = read_header(resolve_model(model))
+    return int(header.get(f"{header.get('general.architecture')}.block_count"))
+
+
 def variants(systems: list[str], sweep: list[int]) -> list[tuple[str, str, int | None]]:
     """(variant name, system, draft max) in the order they run."""
     out = []
@@ -141,6 +148,11 @@ def main(argv: list[str] | None = None) -> int:
                         help="llama-speculative's --draft-max sweep (best is the peer's figure)")
     parser.add_argument("--link", default="none", choices=("none", "gigabit", "slow"),
                         help="shaped links between nodes (experiments/cluster.py presets)")
+    parser.add_argument("--same-slices", action="store_true",
+                        help="pipeinfer's workers get the layers llama.cpp gives each "
+                             "rpc-server under -ts 1,1,... (the last fewer, with the output "
+                             "matrix) instead of an even split: for comparing node memory "
+                             "slice for slice")
     parser.add_argument("--out", default="peers.csv", help="results CSV (appended)")
     parser.add_argument("--timeout", type=float, default=900, help="seconds per run")
     args = parser.parse_args(argv)
@@ -156,6 +168,7 @@ def main(argv: list[str] | None = None) -> int:
     if bin_dir is None:
         systems = [s for s in systems if s not in PEER_SYSTEMS]
     prompt = render_prompt(args.model, CODE_PROMPT)
+    n_layer = target_layers(args.model)
     results = defaultdict(list)
     for rep in range(args.k):
         for nodes in node_counts:
@@ -165,7 +178,8 @@ def main(argv: list[str] | None = None) -> int:
                                cpu=args.cpu_per_node or args.cpu_total / nodes,
                                model=args.model, draft=args.draft,
                                prompt=prompt, n=args.n, link=args.link, draft_max=draft_max,
-                               timeout=args.timeout)
+                               timeout=args.timeout, n_layer=n_layer,
+                               same_slices=args.same_slices)
                 t0 = time.time()
                 r = run_peer(spec, bin_dir) if system in PEER_SYSTEMS else run_pipeinfer(spec)
                 results[nodes, variant].append(r)

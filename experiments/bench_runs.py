@@ -39,6 +39,8 @@ class RunSpec:
     link: str = "none"
     draft_max: int | None = None
     timeout: float = 900
+    n_layer: int = 0     # the target's layers, for same_slices
+    same_slices: bool = False   # pipeinfer's workers get llama.cpp's layers (llama_ts_layers)
 
     @property
     def uses_draft(self) -> bool:
@@ -50,12 +52,28 @@ class RunSpec:
 
     @property
     def split(self) -> list[float]:
-        """Node 0 without target layers, the others even."""
+        """Node 0 without target layers, the others even (same_slices: the layers llama.cpp
+        gives each rpc-server under -ts 1,1,...)."""
+        if self.same_slices:
+            return [0.0] + [c / self.n_layer for c in llama_ts_layers(self.n_layer,
+                                                                      self.nodes - 1)]
         return [0.0] + [1.0 / (self.nodes - 1)] * (self.nodes - 1)
 
     @property
     def setting(self) -> str:
         return f"{self.nodes}n-{self.cpu:g}c" + ("" if self.link == "none" else f"-{self.link}")
+
+
+def llama_ts_layers(n_layer: int, devices: int) -> list[int]:
+    """The target layers llama.cpp puts on each of `devices` equal devices (-ts 1,1,... -ngl
+    99): it places n_layer + 1 layers, the output layer last, layer il on the first device
+    whose cumulative share exceeds il / (n_layer + 1). So the last device gets fewer
+    transformer layers and the output matrix (Qwen 1.5B on 3: 10, 10, 8 + output)."""
+    counts = [0] * devices
+    for il in range(n_layer):
+        share = il / (n_layer + 1)
+        counts[next(d for d in range(devices) if share < (d + 1) / devices)] += 1
+    return counts
 
 
 def _model_path(name: str) -> str:

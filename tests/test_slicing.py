@@ -67,8 +67,8 @@ def test_manifest(tiny_model: Path, split3):
 
 
 def check_stage_file(src: GGUFReader, path: Path, first: int, last: int, final: bool) -> None:
-    """A stage file holds exactly: the source's metadata (tokenizer dropped and a one-row
-    vocabulary unless final), block_count = last - first, the source's blocks [first, last)
+    """A stage file holds exactly: the source's metadata (tokenizer dropped: a "none" model of
+    the source's vocabulary size if final, else of one row), block_count = last - first, the source's blocks [first, last)
     renumbered from 0 with identical bytes, and the non-block tensors (zeros of shape
     [1, n_embd] for token_embd/output unless final)."""
     st = GGUFReader(path)
@@ -76,14 +76,12 @@ def check_stage_file(src: GGUFReader, path: Path, first: int, last: int, final: 
     n_embd = src_meta["llama.embedding_length"]
     assert st_meta.pop("llama.block_count") == last - first
     src_meta.pop("llama.block_count")
-    if final:
-        assert st_meta == src_meta
-    else:
-        assert st_meta.pop("tokenizer.ggml.model") == "none"
-        assert st_meta.pop("llama.vocab_size") == 1
-        assert not [k for k in st_meta if k.startswith("tokenizer.")]
-        assert st_meta == {k: v for k, v in src_meta.items()
-                           if not k.startswith("tokenizer.") and k != "llama.vocab_size"}
+    assert st_meta.pop("tokenizer.ggml.model") == "none"   # rank 0 tokenizes, no stage
+    n_vocab = len(src.fields["tokenizer.ggml.tokens"].data)
+    assert st_meta.pop("llama.vocab_size") == (n_vocab if final else 1)
+    assert not [k for k in st_meta if k.startswith("tokenizer.")]
+    assert st_meta == {k: v for k, v in src_meta.items()
+                       if not k.startswith("tokenizer.") and k != "llama.vocab_size"}
     src_t, st_t = _tensors(src), _tensors(st)
     expected = set()
     for name, t in src_t.items():

@@ -19,8 +19,9 @@ from .models import ModelError, cache_dir, locked
 from .partition import StageRange
 from .slicing import model_info, open_model, write_stage
 
-SLICER_VERSION = 3  # bump when the stage file layout changes (3: a final stage's output head
-#                    stands in for its unused token embeddings, slicing.TIED_OUTPUT_ARCHS)
+SLICER_VERSION = 4  # bump when the stage file layout changes (3: a final stage's output head
+#                    stands in for its unused token embeddings, slicing.TIED_OUTPUT_ARCHS;
+#                    4: no stage file carries the tokenizer)
 
 log = logging.getLogger(__name__)
 
