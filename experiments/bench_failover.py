@@ -80,7 +80,7 @@ class Front:
     def __init__(self, args, state: Path, log: Path):
         cmd = [str(PIPEINFER), "serve", "--ranks", str(args.nodes), "--port", "0",
                "-m", args.model, "--parallel", str(args.clients), "--no-cache-prompt",
-               "-c", "2048"]
+               "-c", "2048", *args.job_args.split()]
         if args.draft:
             cmd += ["-md", args.draft, "--strategy", args.strategy]
         if not args.small:
@@ -170,6 +170,9 @@ def main() -> int:
     parser.add_argument("-n", type=int, default=256)
     parser.add_argument("--kill-at", type=int, default=64)
     parser.add_argument("--clients", type=int, default=4)
+    parser.add_argument("--job-args", default="",
+                        help="more options for pipeinfer serve, e.g. \"-v\" (its log, with "
+                             "the front's, is kept in the run's directory, printed at the end)")
     parser.add_argument("--small", action="store_true",
                         help="SmolLM2, 3 ranks on this machine (the tests' server)")
     args = parser.parse_args()
@@ -205,6 +208,7 @@ def main() -> int:
                 f"{key} {value:.1f}" if isinstance(value, float) else f"{key} {value}"
                 for key, value in row.items()), flush=True)
     _summary(rows, args)
+    print(f"# the fronts' logs: {work}/*/front.log")
     return 0
 
 

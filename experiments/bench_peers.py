@@ -13,7 +13,9 @@ Every system gets the same nodes: N nodes share --cpu-total cores evenly (2 core
 4 x 0.5, 8 x 0.25), or each has --cpu-per-node cores, one CPU quota per node (experiments/cluster.py's cgroups), 1 thread per
 node; node 0 is the head / main host and holds no target layers, the other nodes split the
 target's layers evenly (llama.cpp: -ts 1,1,...; pipeinfer: --layer-split 0,1/(N-1),...);
-the extra system pipeinfer-default-split is pipeinfer without --layer-split (its default). The
+the extra system pipeinfer-default-split is pipeinfer without --layer-split (its default);
+--same-slices gives pipeinfer's workers the very layers llama.cpp gives each rpc-server (the
+last one fewer, with the output matrix), for comparing node memory slice for slice. The
 prompt is the coding prompt in the target's chat template, greedy, -n tokens with EOS ignored.
 Repeats are interleaved (rep, then node count, then system) so the ratios compare like with
 like on a noisy machine. Peak resident memory per node is kept for every run (peak_rss_mb).

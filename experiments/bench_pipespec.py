@@ -54,7 +54,7 @@ def make_m0(m1: Path, layers: int, out_dir: Path) -> Path:
         info = model_info(reader, m1)
         if not 0 < layers < info.n_layer:
             raise SystemExit(f"--m0-layers must be in 1..{info.n_layer - 1}")
-        write_stage(reader, info, StageRange(0, 0, layers, True), dst)
+        write_stage(reader, info, StageRange(0, 0, layers, True), dst, keep_tokenizer=True)
     return dst
 
 

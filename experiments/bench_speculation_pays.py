@@ -101,7 +101,8 @@ def unrelated_draft(draft: str, n_layers: int = 8) -> Path:
         out.parent.mkdir(parents=True, exist_ok=True)
         header = read_model(src)
         tmp = out.with_suffix(".tmp")
-        write_stage(header, model_info(header, src), StageRange(0, 0, n_layers, True), tmp)
+        write_stage(header, model_info(header, src), StageRange(0, 0, n_layers, True), tmp,
+                    keep_tokenizer=True)
         tmp.rename(out)
     return out
 

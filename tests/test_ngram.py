@@ -298,7 +298,8 @@ def smol_self_draft(smollm2, tmp_path_factory) -> Path:
 
     draft = tmp_path_factory.mktemp("ngram-draft") / "smollm2-first12.gguf"
     reader = open_model(smollm2)
-    write_stage(reader, model_info(reader, smollm2), StageRange(0, 0, 12, True), draft)
+    write_stage(reader, model_info(reader, smollm2), StageRange(0, 0, 12, True), draft,
+                keep_tokenizer=True)
     return draft
 
 

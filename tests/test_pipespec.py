@@ -45,7 +45,8 @@ def drafts(tiny, tmp_path_factory) -> dict[str, Path]:
     output head)."""
     first2 = tmp_path_factory.mktemp("pipespec") / "aligned-first2.gguf"
     reader = open_model(tiny.aligned)
-    write_stage(reader, model_info(reader, tiny.aligned), StageRange(0, 0, 2, True), first2)
+    write_stage(reader, model_info(reader, tiny.aligned), StageRange(0, 0, 2, True), first2,
+                keep_tokenizer=True)
     return {"aligned": Path(tiny.aligned), "unrelated": Path(tiny.unrelated), "first2": first2}
 
 

@@ -122,6 +122,24 @@ def test_stage_files(tiny_model: Path, split3):
         model_info(read_model(tiny_model), "src").n_vocab
 
 
+
+def test_stage_files_hold_no_tokenizer_unless_kept(tiny_model: Path, split3, tmp_path: Path):
+    """Rank 0 tokenizes from the model file; a stage file asked for a tokenizer is one clear
+    error (llama.cpp would abort the process), and keep_tokenizer makes the first layers a
+    model of their own (a smaller draft) that tokenizes as the source does."""
+    from pipeinfer.model.llama_lib import LlamaError
+    from pipeinfer.model.tokenizer import Tokenizer
+
+    out, _ = split3
+    with pytest.raises(LlamaError, match="has no tokenizer"):
+        Tokenizer(out / "stage-02.gguf")
+    first2 = tmp_path / "first2.gguf"
+    write_stage(open_model(tiny_model), model_info(read_model(tiny_model), tiny_model),
+                StageRange(0, 0, 2, True), first2, keep_tokenizer=True)
+    text = "the number of people in the world"
+    assert Tokenizer(first2).tokenize(text) == Tokenizer(tiny_model).tokenize(text)
+    assert _metadata(GGUFReader(first2))["tokenizer.ggml.model"] != "none"
+
 def test_head_without_layers_writes_no_file(tiny_model: Path, tmp_path: Path):
     m = json.loads(split_model(tiny_model, partition(4, [0, 0.5, 0.5]), tmp_path).read_text())
     assert [(s["first"], s["last"], s["file"]) for s in m["stages"]] == [

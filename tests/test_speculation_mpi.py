@@ -221,7 +221,7 @@ def smol_pair(smollm2, tmp_path_factory) -> tuple[Path, Path]:
     draft = tmp_path_factory.mktemp("smol-draft") / f"smollm2-first{SMOL_DRAFT_LAYERS}.gguf"
     reader = open_model(smollm2)
     write_stage(reader, model_info(reader, smollm2),
-                StageRange(0, 0, SMOL_DRAFT_LAYERS, True), draft)
+                StageRange(0, 0, SMOL_DRAFT_LAYERS, True), draft, keep_tokenizer=True)
     return smollm2, draft
 
 

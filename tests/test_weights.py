@@ -66,6 +66,25 @@ def test_slices_travel_and_stay_exact(tmp_path: Path, tiny8: Path):
     assert second["tokens"] == first["tokens"]
 
 
+
+@needs_cgroups
+def test_draft_rank_receives_its_model(tmp_path: Path, tiny8: Path):
+    """A draft model on a rank of its own (`/1`) travels like a slice: rank 2 receives the
+    whole draft file, a second start transfers nothing, the output is llama.cpp's."""
+    from pipeinfer.model.tinymodel import write_tiny_llama
+
+    draft = write_tiny_llama(tmp_path / "draft.gguf", n_layer=2, seed=3)
+    disks = tmp_path / "disks"
+    args = ("-md", str(draft), "--strategy", "pipespec", "--no-compact-draft")
+    first = ok(private(disks, tiny8, *args, split="0,1/1"))
+    received = first["weights_received_bytes"]
+    assert received[0] == 0 and received[2] == draft.stat().st_size, received
+    assert received[1] == sum(f.stat().st_size for f in node_files(disks, 1)) > 0
+    assert first["tokens"] == llama_greedy(tiny8, first["prompt_tokens"], N)
+    second = ok(private(disks, tiny8, *args, split="0,1/1"))
+    assert second["weights_received_bytes"] == [0, 0, 0]
+    assert second["tokens"] == first["tokens"]
+
 @needs_cgroups
 @pytest.mark.smollm2
 def test_smollm2_without_model_on_workers_is_exact(tmp_path: Path, smollm2: Path):

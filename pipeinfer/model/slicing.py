@@ -99,8 +99,10 @@ def _info(fields: dict, shapes: dict, path) -> ModelInfo:
 
 
 def write_stage(source: Header | GGUFReader, info: ModelInfo, stage: StageRange,
-                dst: Path) -> None:
-    """Write the stage file for `stage` to `dst` (written to a temporary name, then renamed).
+                dst: Path, keep_tokenizer: bool = False) -> None:
+    """Write the stage file for `stage` to `dst` (written to a temporary name, then renamed);
+    `keep_tokenizer`: a final stage from layer 0 keeps the tokenizer, so that it is a model
+    of its own (the tests' smaller drafts).
 
     `source` is the model's parsed header (open_model) or a GGUFReader of it. Metadata entries
     are copied as raw bytes: re-encoding a 150k-entry tokenizer through gguf's writer, after
@@ -111,7 +113,7 @@ def write_stage(source: Header | GGUFReader, info: ModelInfo, stage: StageRange,
         check_extents(header)
     except HeaderError as err:
         raise SliceError(str(err)) from None
-    kvs = _stage_kvs(header, info, stage)
+    kvs = _stage_kvs(header, info, stage, keep_tokenizer)
     tensors = _stage_tensors(header, info, stage)
     tmp = dst.with_name(dst.name + f".tmp{os.getpid()}")
     try:
@@ -126,7 +128,8 @@ def write_stage(source: Header | GGUFReader, info: ModelInfo, stage: StageRange,
             tmp.unlink()
 
 
-def _stage_kvs(header: Header, info: ModelInfo, stage: StageRange) -> list:
+def _stage_kvs(header: Header, info: ModelInfo, stage: StageRange,
+               keep_tokenizer: bool = False) -> list:
     """The stage's metadata entries: (start, end) spans of the source to copy, or new bytes."""
     # No stage file carries the tokenizer (rank 0 tokenizes from the model file): llama.cpp
     # builds a tokenizer's token map, merges and piece cache on the heap (Qwen2.5's 151,936
@@ -136,11 +139,13 @@ def _stage_kvs(header: Header, info: ModelInfo, stage: StageRange) -> list:
                  Keys.Tokenizer.MODEL: _kv_string("none"),
                  Keys.LLM.VOCAB_SIZE.format(arch=info.arch):
                      _kv_uint32(info.n_vocab if stage.final else 1)}
+    if keep_tokenizer and stage.final:
+        overrides.pop(Keys.Tokenizer.MODEL)
     kvs = []
     for key, span in header.kv_spans.items():
         if key in overrides:
             kvs.append(_kv_key(key) + overrides.pop(key))
-        elif not key.startswith("tokenizer."):
+        elif not key.startswith("tokenizer.") or (keep_tokenizer and stage.final):
             kvs.append(span)
     return kvs + [_kv_key(key) + value for key, value in overrides.items()]
 

@@ -25,6 +25,10 @@ class Tokenizer:
         if not self._model:
             raise LlamaError(f"could not load the vocabulary of {path}: {llama_lib.recent_log(3)}")
         self._vocab = llama_cpp.llama_model_get_vocab(self._model)
+        if llama_cpp.llama_vocab_type(self._vocab) == llama_cpp.LLAMA_VOCAB_TYPE_NONE:
+            self.close()   # (llama.cpp aborts the process on tokenizing without one)
+            raise LlamaError(f"{path} has no tokenizer (a pipeinfer stage file?): give the "
+                             "model file itself")
         self.n_vocab = llama_cpp.llama_vocab_n_tokens(self._vocab)
         self._chat_template: ChatTemplate | None = None
 
