@@ -108,6 +108,7 @@ async def _complete(service: Service, request: Request, chat: bool) -> Response:
     ask = parse(body, defaults, service.cache_prompt)
     service.bridge.check_ready()
     prepare.check(ask, service.head.tokenizer, service.model_name, service.slots)
+    ask = prepare.with_tools(ask, service.head.tokenizer)
     tickets: list[Ticket] = []
     choices = QueueChoices(request, lambda: [t.cancelled.set() for t in tickets])
     tickets += prepare.tickets(ask, service.head.tokenizer, service.n_ctx, choices.sink())

@@ -97,6 +97,7 @@ class FrontLink:
         ask = parse(body, service.defaults, service.cache_prompt)
         tokenizer = service.head.tokenizer
         prepare.check(ask, tokenizer, service.model_name, service.slots)
+        ask = prepare.with_tools(ask, tokenizer)
         left = [ask.n_choices - len(done)]
 
         def sink(index: int, event) -> None:
