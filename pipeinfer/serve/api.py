@@ -44,7 +44,7 @@ class Ask:
     cache_prompt: bool = True      # reuse a prefix a slot keeps (llama-server's field)
     tools: tuple[dict, ...] = ()   # rendered by the template; its answers' calls parsed
     tool_choice: ToolChoice = ToolChoice()
-    tool_format: str = NATIVE      # the model's (prepare.with_model decides: tool_formats.py)
+    tool_format: str = NATIVE      # the model's (prepare.with_tools decides: tool_formats.py)
     grammar: str | None = None     # GBNF the answer keeps to (json / schema / grammar)
     grammar_param: str = ""        # the field it came from (named in errors)
 
