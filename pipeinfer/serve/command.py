@@ -142,7 +142,9 @@ def serve(model, draft, compact_draft, alias, n_ctx, n_batch, threads, split, pr
     the template's own tool format (Qwen2.5's <tool_call>) or, for templates without tool
     support, llama-server's generic JSON format, calls forced by a grammar;
     response_format json_object / json_schema and GBNF grammars through llama.cpp's
-    grammar sampler; fields not supported are a 400 naming them), POST /tokenize and
+    grammar sampler; fields not supported are a 400 naming them), POST /v1/embeddings
+    (the last stage's hidden states, pooled: the model's pooling type or the mean, then
+    L2-normalized; float or base64), POST /tokenize and
     /detokenize, GET /v1/models and /v1/models/ID, /health (503 while the model loads) and
     /metrics (Prometheus); CORS for browsers (--cors-origin). Greedy answers (temperature
     0) are exactly single-node llama.cpp's, alone or with other requests in flight (with a
