@@ -21,6 +21,7 @@ import pytest
 
 from llama_oracle import chunked_states, token_states
 from pipeinfer.engine.embedding_job import MEAN, pool
+from pipeinfer.model import models
 from test_serve import (AUTH, KEY, N_CTX, Server, chat_tokens, expected, open_tokenizer,
                         openai_client, serving)
 
@@ -128,3 +129,26 @@ def test_bad_embedding_requests_are_400s_naming_the_field(server, client):
         client.embeddings.create(model="other", input="x")
     assert httpx.post(server.url + "/embeddings", headers=AUTH,
                       json={"input": "x"}).status_code == 200
+
+
+@pytest.fixture(scope="module")
+def qwen_server(tmp_path_factory):
+    try:
+        qwen = models.resolve_model("qwen-coder-0.5b", fetch_missing=False)
+    except models.ModelError as err:
+        pytest.skip(f"Qwen2.5-Coder 0.5B is not cached: {err}")
+    srv = Server(tmp_path_factory.mktemp("serve-embeddings-qwen"), 3, "-m", str(qwen),
+                 "--layer-split", "0,0.5,0.5", "-c", str(N_CTX), "--api-key", KEY,
+                 "--alias", "qwen", "--parallel", "1")
+    for ready in serving(srv, 240):
+        yield ready, qwen
+
+
+def test_qwen_vectors_too(qwen_server):
+    """Another architecture, a 151,936-token vocabulary (the last stage's logits are
+    computed beside the states): the same exactness."""
+    srv, qwen = qwen_server
+    client = openai_client(srv, 240)
+    got = client.embeddings.create(model="qwen", input=TEXTS[0]).data[0].embedding
+    states, _ = token_states(qwen, TEXTS[0], n_ctx=N_CTX)
+    assert np.array_equal(np.array(got, dtype=np.float32), pool(states, MEAN))
