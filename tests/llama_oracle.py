@@ -170,3 +170,60 @@ class KeptConversation:
 
     def close(self) -> None:
         self.llm.close()
+
+
+def token_states(model: Path, text: str, pooling: int | None = None, n_ctx: int = 512,
+                 repack: bool = True):
+    """llama-cpp-python's `Llama(embedding=True).embed(text)`: with the model's pooling (none
+    for SmolLM2) each token's final hidden state [n_tokens, n_embd], not normalized; with
+    `pooling` (llama_cpp.LLAMA_POOLING_TYPE_*) llama.cpp's own pooled vector, normalized.
+    Also the tokens it evaluated."""
+    from llama_cpp import Llama
+
+    from pipeinfer.model.llama_lib import llama_repacking
+
+    extra = {} if pooling is None else {"pooling_type": pooling}
+    with llama_repacking(repack):
+        llm = Llama(model_path=str(model), n_ctx=n_ctx, n_batch=n_ctx, n_threads=1,
+                    flash_attn=True, verbose=False, embedding=True, **extra)
+    try:
+        tokens = llm.tokenize(text.encode("utf-8"))
+        return np.array(llm.embed(text, normalize=pooling is not None),
+                        dtype=np.float32), tokens
+    finally:
+        llm.close()
+
+
+def chunked_states(model: Path, tokens: list[int], chunk: int, n_ctx: int = 512,
+                   repack: bool = True) -> np.ndarray:
+    """Each token's final hidden state [n_tokens, n_embd] from llama.cpp in embedding mode
+    (pooling none) with the tokens evaluated in decodes of `chunk` tokens, the earlier ones
+    kept in the KV cache (a server's runs)."""
+    import ctypes
+
+    import llama_cpp
+    from llama_cpp import Llama
+
+    from pipeinfer.model.llama_lib import llama_repacking
+
+    with llama_repacking(repack):
+        llm = Llama(model_path=str(model), n_ctx=n_ctx, n_batch=n_ctx, n_threads=1,
+                    flash_attn=True, verbose=False, embedding=True)
+    batch = llama_cpp.llama_batch_init(chunk, 0, 1)
+    rows = []
+    try:
+        for first in range(0, len(tokens), chunk):
+            part = tokens[first:first + chunk]
+            batch.n_tokens = len(part)
+            for i, token in enumerate(part):
+                batch.token[i], batch.pos[i], batch.n_seq_id[i] = token, first + i, 1
+                batch.seq_id[i][0], batch.logits[i] = 0, True
+            assert llama_cpp.llama_decode(llm._ctx.ctx, batch) == 0
+            ptr = llama_cpp.llama_get_embeddings(llm._ctx.ctx)
+            rows.append(np.ctypeslib.as_array(
+                ctypes.cast(ptr, ctypes.POINTER(ctypes.c_float)),
+                shape=(len(part) * llm.n_embd(),)).reshape(len(part), -1).copy())
+    finally:
+        llama_cpp.llama_batch_free(batch)
+        llm.close()
+    return np.concatenate(rows)

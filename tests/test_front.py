@@ -493,3 +493,30 @@ def test_a_job_that_cannot_start_ends_the_front_with_its_reason(tmp_path) -> Non
     assert res.returncode == 1, res.stderr
     assert "giving up: the job failed to start: model file not found" in res.stderr
     assert "Traceback" not in res.stderr
+
+
+def test_embeddings_and_tool_calls_come_through_the_front(front, smollm2):
+    """What the job answers with its template and its last stage's states (a tool call in
+    the generic format, an embedding) comes back through the front as from the job's own
+    server (tests/test_serve_tools_generic.py, tests/test_serve_embeddings.py)."""
+    import numpy as np
+
+    from llama_oracle import token_states
+    from pipeinfer.engine.embedding_job import MEAN, pool
+
+    front.wait_ready()
+    r = httpx.post(front.url + "/v1/embeddings", timeout=120,
+                   json={"input": "Hello there", "encoding_format": "float"})
+    assert r.status_code == 200, r.text
+    states, _ = token_states(smollm2, "Hello there")
+    assert np.array_equal(np.array(r.json()["data"][0]["embedding"], np.float32),
+                          pool(states, MEAN))
+    weather = {"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+    r = httpx.post(front.url + "/v1/chat/completions", timeout=120, json={
+        "messages": [{"role": "user", "content": "What is the weather in Paris?"}],
+        "tools": [weather], "tool_choice": "required", "max_tokens": 40, "temperature": 0})
+    assert r.status_code == 200, r.text
+    choice = r.json()["choices"][0]
+    assert choice["finish_reason"] == "tool_calls"
+    assert choice["message"]["tool_calls"][0]["function"]["name"] == "get_weather"

@@ -26,6 +26,7 @@ from pipeinfer.serve.http_thread import HttpThread
 from pipeinfer.serve.loop import serve_requests
 from pipeinfer.serve.metrics import ServeMetrics
 from pipeinfer.serve.stop_text import StopText
+from pipeinfer.serve.tool_calls import ToolChoice
 
 DEFAULTS = SamplingParams()
 
@@ -97,9 +98,17 @@ def test_fields_that_would_change_the_answer_are_refused_by_name():
                ("tools", {"tools": [{"type": "function", "function": {"name": "f",
                                                                         "parameters": 3}}]}),
                ("tools", {"tools": {"f": 1}}),
-               ("tool_choice", {"tool_choice": "required"}),
+               ("tool_choice", {"tool_choice": "required"}),     # (no tools)
                ("tool_choice", {"tool_choice": {"type": "function",
                                                 "function": {"name": "f"}}}),
+               ("tool_choice", {"tools": [{"type": "function", "function": {"name": "f"}}],
+                                "tool_choice": {"type": "function",
+                                                "function": {"name": "g"}}}),
+               ("tool_choice", {"tools": [{"type": "function", "function": {"name": "f"}}],
+                                "tool_choice": "always"}),
+               ("tool_choice", {"tools": [{"type": "function", "function": {"name": "f"}}],
+                                "tool_choice": {"function": {"name": "f"}}}),
+               ("parallel_tool_calls", {"parallel_tool_calls": "yes"}),
                ("function_call", {"function_call": {"name": "f"}}),
                ("mirostat", {"mirostat": 2}), ("typical_p", {"typical_p": 0.5}),
                ("n", {"n": -1}), ("frequency_penalty", {"frequency_penalty": 3}),
@@ -146,6 +155,13 @@ def test_chat_messages_are_checked():
     assert ask.tools == tuple(tools)
     assert api.parse_chat({"messages": [{"role": "user", "content": "go"}], "tools": tools,
                            "tool_choice": "none"}, DEFAULTS).tools == ()
+    named = api.parse_chat({"messages": [{"role": "user", "content": "go"}], "tools": tools,
+                            "tool_choice": {"type": "function", "function": {"name": "f"}},
+                            "parallel_tool_calls": True}, DEFAULTS)
+    assert named.tool_choice == ToolChoice(required=True, function="f", parallel=True)
+    assert api.parse_chat({"messages": [{"role": "user", "content": "go"}], "tools": tools,
+                           "tool_choice": "required"}, DEFAULTS).tool_choice == \
+        ToolChoice(required=True)
     for body in [{}, {"messages": []}, {"messages": "hi"}, {"messages": [{"role": "user"}]},
                  {"messages": [{"role": "wizard", "content": "x"}]},
                  {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}]:

@@ -1,7 +1,10 @@
 """Tool calls served for real: a 3-rank job of Qwen2.5-Coder 0.5B (its template has tool
-support) with pipeinfer's strategy, asked with the `openai` client. The prompt with tools (and
-with a history of calls and their results) is llama-cpp-python's Jinja2ChatFormatter's, the
-answer llama.cpp's greedy one, and its `<tool_call>` block comes back as tool_calls."""
+support: the native format) with pipeinfer's strategy, asked with the `openai` client. The
+prompt with tools (and with a history of calls and their results) is llama-cpp-python's
+Jinja2ChatFormatter's, the answer llama.cpp's greedy one, and its `<tool_call>` block comes
+back as tool_calls. With tool_choice "required" or a named function the answer is
+llama.cpp's greedy one under the grammar that forces the call (one token per decode), while
+the server speculates under it."""
 
 from __future__ import annotations
 
@@ -9,8 +12,10 @@ import json
 
 import pytest
 
+from llama_oracle import Chain, chain_greedy
 from pipeinfer.model import models
-from pipeinfer.serve.tool_calls import extract
+from pipeinfer.serve import tool_formats
+from pipeinfer.serve.tool_calls import NATIVE, ToolChoice, extract
 from test_chat_template import llama_chat_tokens
 from test_pipeline_mpi import llama_greedy
 from test_serve import KEY, Server, open_tokenizer, openai_client, serving
@@ -20,6 +25,10 @@ WEATHER = [{"type": "function", "function": {
     "name": "get_weather", "description": "Get the current weather in a city",
     "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
                    "required": ["city"]}}}]
+TIME = {"type": "function", "function": {
+    "name": "get_time", "description": "The time in a time zone",
+    "parameters": {"type": "object", "properties": {
+        "zone": {"type": "string", "enum": ["UTC", "CET", "EST"]}}, "required": ["zone"]}}}
 ASK = [{"role": "user", "content": "What is the weather like in Paris today?"}]
 
 
@@ -51,10 +60,13 @@ def tokenizer(qwen):
     yield from open_tokenizer(qwen[0])
 
 
-def llama_answer(model, tokenizer, prompt: list[int], n: int) -> str:
-    """llama.cpp's greedy answer up to its end-of-generation token, the tool-call marks as
-    text."""
-    tokens = llama_greedy(model, prompt, n, n_ctx=N_CTX, repack=True)
+def llama_answer(model, tokenizer, prompt: list[int], n: int, gbnf: str | None = None) -> str:
+    """llama.cpp's greedy answer (under the grammar `gbnf` if given) up to its
+    end-of-generation token, the tool-call marks as text."""
+    if gbnf is None:
+        tokens = llama_greedy(model, prompt, n, n_ctx=N_CTX, repack=True)
+    else:
+        tokens, _ = chain_greedy(model, prompt, n, Chain(grammar=gbnf), n_ctx=N_CTX)
     end = next((i for i, t in enumerate(tokens) if tokenizer.is_eog(t)), len(tokens))
     marks = {t for t in range(tokenizer.n_vocab - 400, tokenizer.n_vocab)
              if tokenizer.piece(t, special=True) in (b"<tool_call>", b"</tool_call>")}
@@ -100,3 +112,43 @@ def test_the_tools_result_goes_back_through_the_template(server, client, qwen, t
     assert answer.usage.prompt_tokens == len(prompt)
     assert answer.choices[0].message.content == extract(want, {"get_weather"})[0]
     assert "18" in answer.choices[0].message.content
+
+
+@pytest.mark.parametrize("mode", ["required", "named"])
+def test_a_forced_call_keeps_to_its_grammar_exactly(server, client, qwen, tokenizer, mode):
+    """"required" and a named function: the answer is a <tool_call> block of a valid call,
+    llama.cpp's greedy one under the same grammar; streamed as one delta."""
+    tools = [WEATHER[0], TIME]
+    choice = ToolChoice(True, "get_time" if mode == "named" else None)
+    tool_choice = ({"type": "function", "function": {"name": "get_time"}}
+                   if mode == "named" else "required")
+    prompt = llama_chat_tokens(qwen[0], ASK, tools=tools)
+    want = llama_answer(qwen[0], tokenizer, prompt, 60,
+                        tool_formats.grammar(tools, choice, NATIVE))
+    assert want.startswith("<tool_call>\n") and want.endswith("\n</tool_call>")
+    want_calls = [(c.name, json.loads(c.arguments)) for c in extract(want)[1]]
+    request = dict(model="qwen", messages=ASK, tools=tools, tool_choice=tool_choice,
+                   max_tokens=60, temperature=0)
+    answer = client.chat.completions.create(**request)
+    choice_ = answer.choices[0]
+    assert answer.usage.prompt_tokens == len(prompt)
+    assert choice_.finish_reason == "tool_calls" and choice_.message.content is None
+    assert [(c.function.name, json.loads(c.function.arguments))
+            for c in choice_.message.tool_calls] == want_calls
+    if mode == "named":
+        assert [name for name, _ in want_calls] == ["get_time"]
+    chunks = [c for c in client.chat.completions.create(stream=True, **request) if c.choices]
+    deltas = [(d.function.name, json.loads(d.function.arguments)) for c in chunks
+              for d in (c.choices[0].delta.tool_calls or [])]
+    assert deltas == want_calls and chunks[-1].choices[0].finish_reason == "tool_calls"
+    assert not "".join(c.choices[0].delta.content or "" for c in chunks)
+
+
+def test_tool_choice_none_leaves_the_tools_out(server, client, qwen, tokenizer):
+    prompt = llama_chat_tokens(qwen[0], ASK)
+    want = llama_answer(qwen[0], tokenizer, prompt, 30)
+    answer = client.chat.completions.create(model="qwen", messages=ASK, tools=WEATHER,
+                                            tool_choice="none", max_tokens=30, temperature=0)
+    assert answer.usage.prompt_tokens == len(prompt)
+    assert answer.choices[0].message.content == want
+    assert not answer.choices[0].message.tool_calls

@@ -1,11 +1,13 @@
-"""Tool calls in answers (serve/tool_calls.py): Qwen2.5's / Hermes' `<tool_call>` blocks
-parsed into OpenAI's tool_calls, whole and streamed."""
+"""Tool calls in answers (serve/tool_calls.py): Qwen2.5's / Hermes' `<tool_call>` blocks and
+the generic format's JSON replies parsed into OpenAI's tool_calls or content, whole and
+streamed."""
 
 from __future__ import annotations
 
 import json
 
-from pipeinfer.serve.tool_calls import ToolStream, extract
+from pipeinfer.serve.tool_calls import (GENERIC, NATIVE, GenericStream, ToolStream, extract,
+                                        extract_generic, parse, response_so_far)
 
 CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
 
@@ -50,3 +52,42 @@ def test_streamed_text_stops_at_a_call_and_the_rest_is_parsed_at_the_end():
     assert code.finish() == ("{} is a dict", [])
     prose = ToolStream({"f"})
     assert prose.push(" ") == "" and prose.push("Hi") == " Hi"
+
+
+def test_generic_replies_become_calls_or_content():
+    content, calls = extract_generic('{ "tool_call": { "name": "get_weather", '
+                                     '"arguments": { "city": "Paris" } } }')
+    assert content is None and [(c.name, json.loads(c.arguments)) for c in calls] == [
+        ("get_weather", {"city": "Paris"})]
+    content, calls = extract_generic('{"tool_calls": [{"name": "f", "arguments": {}, '
+                                     '"id": "call_a"}, {"name": "g", "arguments": {"x": 1},'
+                                     ' "id": "call_b"}]}')
+    assert [(c.name, c.id) for c in calls] == [("f", "call_a"), ("g", "call_b")]
+    assert extract_generic('{"response": "Hi!\nHow are \\u00e9 you?"}') == (
+        "Hi!\nHow are é you?", [])   # (the grammar lets strings hold raw newlines)
+    assert extract_generic('{"response": "cut sho') == ("cut sho", [])   # max_tokens
+    assert extract_generic('{"tool_call": {"name": "f", "argu') == (
+        '{"tool_call": {"name": "f", "argu', [])
+    assert extract_generic("plain") == ("plain", [])
+    assert parse(GENERIC, '{"response": "x"}', {"f"}) == ("x", [])
+    assert parse(NATIVE, '{"response": "x"}', {"f"}) == ('{"response": "x"}', [])
+
+
+def test_a_generic_response_streams_as_it_is_decoded():
+    assert response_so_far('{ "response": "a\\') == ("a", False)   # (escape not complete)
+    assert response_so_far('{"response": "\\ud83d') == ("", False)
+    assert response_so_far('{"response": "\\ud83d\\ude00"') == ("\U0001F600", True)
+    assert response_so_far('{"tool_call": {') is None
+    stream = GenericStream()
+    pieces = ['{', ' "response"', ': "Hel', 'lo\\', 'n wor', 'ld\\u00', 'e9"', ' }']
+    sent = [stream.push(p) for p in pieces]
+    assert sent == ["", "", "Hel", "lo", "\n wor", "ld", "é", ""]
+    assert stream.finish() == ("", [])
+    call = GenericStream()
+    assert [call.push(p) for p in ['{"tool_call": ', '{"name": "f", "arguments": {}}}']] \
+        == ["", ""]
+    rest, calls = call.finish()
+    assert rest == "" and [c.name for c in calls] == ["f"]
+    cut = GenericStream()
+    assert cut.push('{"tool_call": {"name"') == ""
+    assert cut.finish() == ('{"tool_call": {"name"', [])   # (cut short: kept as text)

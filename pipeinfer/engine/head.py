@@ -41,8 +41,10 @@ class Pipeline:
         """Start a run. Returns once the head's own slice (if any) has been evaluated."""
         t0 = time.perf_counter()
         if self.whole_model:
+            extra = {"states": True} if tx.states else {}   # (an embedding's run)
             out = self.stage.decode(tx.positions, tx.seq_ids, tokens=tokens,
-                                    logit_rows=tx.logit_rows, run_id=tx.run_id, slot=tx.slot)
+                                    logit_rows=tx.logit_rows, run_id=tx.run_id, slot=tx.slot,
+                                    **extra)
         else:
             out = self.embed(tokens)
             if self.stage is not None:
@@ -51,7 +53,8 @@ class Pipeline:
         self.busy_s += time.perf_counter() - t0
         self.in_flight += 1
         if self.transport is None:
-            self._local.append(RunResult(tx.run_id, out))
+            self._local.append(RunResult(tx.run_id, None, states=out) if tx.states
+                               else RunResult(tx.run_id, out))
         else:
             self.transport.send_decode(tx, out)
 

@@ -31,10 +31,12 @@ from typing import Any, Callable
 
 from .drafter import Drafter
 from .driver import Driver
+from .embedding_job import EMBEDDING, EmbeddingJob
 from .generate import driver_for
 from .grammar_drafts import GrammarDrafter, Probe, free_drafts_on
 from .head import Pipeline
 from .prompt_cache import PromptCache
+from .setup import MAX_OUTPUTS
 from ..model.grammar import Grammar
 from ..model.sampling import Constraint, LogitObserver, Sampler, SamplingParams
 from ..schedule.events import Cancel, ResultArrived
@@ -99,7 +101,7 @@ class PipelineShare:
 @dataclass
 class Lane:
     slot: int
-    driver: Driver          # its pipe is the lane's SlotPipeline
+    driver: Driver          # its pipe is the lane's SlotPipeline (or an EmbeddingJob)
     owner: Any              # the caller's object for this request (serve: its completion)
     strategy: str           # its scheduler's (Lanes.strategy_now when it started)
 
@@ -173,6 +175,20 @@ class Lanes:
         driver.begin()
         return lane
 
+    def start_embedding(self, inputs: list[list[int]], owner: Any, pooling: str) -> Lane:
+        """An embedding request in a free slot (the least recently used: its kept cells are
+        dropped), its runs out now (embedding_job.py)."""
+        slot, _ = self.cache.pick(self._free, (), False)
+        self._free.remove(slot)
+        pipe = SlotPipeline(self.pipe, slot, self._owners)
+        pipe.kv(self.cache.take(slot, 0))
+        job = EmbeddingJob(pipe, inputs, self.head.run_ids,
+                           min(self.cfg.n_batch, MAX_OUTPUTS), pooling)
+        lane = pipe.lane = Lane(slot, job, owner, EMBEDDING)
+        self.active.append(lane)
+        job.begin()
+        return lane
+
     def _drafter_for(self, slot: int, gen: Generation, constraint: Constraint | None):
         """The slot's draft model, under the request's grammar if it has one: its drafts
         cut to the grammar, the text the grammar forces drafted for free
@@ -227,7 +243,7 @@ class Lanes:
             self.active.remove(lane)
             if lane.driver.drafts is not None:
                 lane.driver.drafts.close()
-            kept = kept_tokens(lane)
+            kept = kept_tokens(lane) if lane.strategy != EMBEDDING else []
             lane.driver.pipe.kv(self.cache.release(   # (the lane's SlotPipeline: its slot)
                 lane.slot, kept))
             drafter = self._drafters[lane.slot]

@@ -341,8 +341,10 @@ class HeadTransport(Link):
             return RunResult(run_id, None)
         if flags & ResultFlag.ARGMAX:
             return RunResult(run_id, None, self.recv_array(self.last, Tag.LOGITS, np.int32))
-        logits = self.recv_array(self.last, Tag.LOGITS, np.float32)
-        return RunResult(run_id, logits.reshape(n_rows, self.n_vocab))
+        rows = self.recv_array(self.last, Tag.LOGITS, np.float32)
+        if flags & ResultFlag.STATES:
+            return RunResult(run_id, None, states=rows.reshape(n_rows, -1))
+        return RunResult(run_id, rows.reshape(n_rows, self.n_vocab))
 
     def shutdown(self) -> list[dict]:
         """Stop every worker and collect their statistics (rank order)."""
@@ -384,11 +386,15 @@ class WorkerLink(Link):
     def forward(self, header: np.ndarray, *payload: tuple[np.ndarray, Tag]) -> None:
         self.send(self.next, (header, Tag.BEGIN), *payload)
 
-    def send_result(self, run_id: int, logits: np.ndarray | None, argmax_only: bool) -> None:
-        """Send a run's logits to the head (only each row's argmax if `argmax_only`)."""
+    def send_result(self, run_id: int, logits: np.ndarray | None, argmax_only: bool,
+                    states: bool = False) -> None:
+        """Send a run's logits to the head (only each row's argmax if `argmax_only`), or its
+        hidden states (`states`: an embedding's run)."""
         n_rows = 0 if logits is None else logits.shape[0]
         if logits is None:
             flags, payload = ResultFlag.SKIPPED, None
+        elif states:
+            flags, payload = ResultFlag.STATES, logits.reshape(-1)
         elif argmax_only:
             flags, payload = ResultFlag.ARGMAX, np.argmax(logits, axis=1).astype(np.int32)
         else:

@@ -107,4 +107,5 @@ class LocalTransport:
         for core in self.cores:
             x, outcome = core.decode(tx, x, upstream_skipped=skipped)
             skipped = outcome != COMPUTED
-        return RunResult(tx.run_id, x)
+        return RunResult(tx.run_id, None, states=x) if tx.states and x is not None \
+            else RunResult(tx.run_id, x)

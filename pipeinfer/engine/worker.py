@@ -104,7 +104,7 @@ class Worker:
         if outcome == COMPUTED and self.core.stats[COMPUTED] % RSS_EVERY == 0:
             self._rss_trace_mb.append(round(rss_mb(), 1))
         if self.is_last:
-            self.link.send_result(tx.run_id, out, self.argmax_only)
+            self.link.send_result(tx.run_id, out, self.argmax_only, states=tx.states)
         elif out is None:
             self.link.forward(tx.header(skipped=True, meta_len=len(meta)), (meta, Tag.DECODE_META))
         else:

@@ -120,8 +120,10 @@ class StageCore:
         if self._computing is not None:
             self._computing.set()
         try:
+            # (`states` only for an embedding's run: stand-in stages of tests take no such)
+            extra = {"states": True} if tx.states else {}
             out = self.stage.decode(tx.positions, tx.seq_ids, embd=x, logit_rows=tx.logit_rows,
-                                    run_id=tx.run_id, slot=tx.slot)
+                                    run_id=tx.run_id, slot=tx.slot, **extra)
             outcome = COMPUTED
         except StageAborted:
             out, outcome = None, ABORTED

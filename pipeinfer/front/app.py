@@ -52,7 +52,8 @@ class Front:
 
 
 def build_app(front: Front, cors_origins: tuple[str, ...] = ("*",)):
-    handlers = {"completions": _completions, "chat": _chat, "models": _models,
+    handlers = {"completions": _completions, "chat": _chat, "embeddings": _embeddings,
+                "models": _models,
                 "one_model": _one_model, "health": _health, "metrics": _metrics,
                 "tokenize": _tokenize, "detokenize": _detokenize}
     return http_common.build(front, handlers, front.api_key,
@@ -88,6 +89,24 @@ async def _complete(front: Front, request: Request, kind: str) -> Response:
                                  media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache"})
     return await http_common.whole(choices, reply)
+
+
+async def _embeddings(front: Front, request: Request) -> Response:
+    """Taken as a completion is, by the job that is up; sent again to the next job if that
+    one ends first."""
+    body = api.parse_body(await read_body(request))
+    if front.supervisor.state in ("failed", "stopping"):
+        front.check_up()
+    pending = front.table.add("embeddings", body, front.supervisor.send, front.supervisor.up)
+    choices = QueueChoices(request, lambda: front.table.cancel(pending.rid,
+                                                               front.supervisor.send))
+    try:
+        ask = await pending.accepted
+    except BaseException:
+        front.table.requests.pop(pending.rid, None)
+        raise
+    choices.events = pending.events
+    return await http_common.embedded(choices, ask, front.model_name)
 
 
 async def _models(front: Front, request: Request) -> Response:

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from ..serve.api import ApiError
-from ..serve.bridge import Done, Failed, Piece
+from ..serve.bridge import Done, Embedded, Failed, Piece
 
 Send = Callable[[tuple], bool]   # to the job that is up; False when none is
 
@@ -24,7 +24,7 @@ Send = Callable[[tuple], bool]   # to the job that is up; False when none is
 @dataclass(eq=False)
 class Pending:
     rid: int
-    kind: str                   # "chat" or "completions"
+    kind: str                   # "chat", "completions" or "embeddings"
     body: dict
     tokens: dict[int, list[int]] = field(default_factory=dict)   # choice -> tokens sent
     done: set[int] = field(default_factory=set)
@@ -150,7 +150,7 @@ class Table:
     def _event(self, request: Pending, index: int, event) -> None:
         if isinstance(event, Piece) and event.token is not None:
             request.tokens.setdefault(index, []).append(event.token)
-        elif isinstance(event, (Done, Failed)):
+        elif isinstance(event, (Done, Embedded, Failed)):
             request.done.add(index)
             if request.finished or isinstance(event, Failed):
                 self.requests.pop(request.rid, None)

@@ -141,9 +141,11 @@ class Stage:
     def decode(self, positions: Sequence[int], seq_ids: Sequence[Sequence[int]], *,
                embd: np.ndarray | None = None, tokens: Sequence[int] | None = None,
                logit_rows: Sequence[bool] | None = None, run_id: int = 0,
-               slot: int = 0) -> np.ndarray:
-        """Evaluate one batch in context `slot`. Returns float32 activations [n, n_embd] (non-final stage) or
-        logits [rows asked, n_vocab] (final stage; every row unless `logit_rows` says which).
+               slot: int = 0, states: bool = False) -> np.ndarray:
+        """Evaluate one batch in context `slot`. Returns float32 activations [n, n_embd]
+        (non-final stage) or logits [rows asked, n_vocab] (final stage; every row unless
+        `logit_rows` says which; with `states`, the final hidden states [rows asked, n_embd]
+        instead: llama.cpp's embeddings, the output norm applied, not pooled).
         Raises StageAborted if `cancel(run_id)` was called before or during the decode."""
         n = len(positions)
         if n == 0 or n > self.config.n_batch:
@@ -161,11 +163,16 @@ class Stage:
         if not self.final:
             out = np.empty((n, self.n_embd), dtype=np.float32)
             _native.state_reset(context.state, out.ctypes.data, out.nbytes)
+        states = states and self.final
         _native.set_active_run(context.state, run_id)
+        if states:
+            llama_cpp.llama_set_embeddings(context.ctx, True)
         try:
             rc = llama_cpp.llama_decode(context.ctx, batch.batch)
         finally:
             _native.set_active_run(context.state, -1)
+            if states:
+                llama_cpp.llama_set_embeddings(context.ctx, False)
         if rc == DECODE_ABORTED:
             self._forget(positions, seq_ids, slot)
             raise StageAborted(run_id)
@@ -179,10 +186,10 @@ class Stage:
                 raise LlamaError(f"{self.label}: captured {used} of {out.nbytes} activation "
                                  "bytes (n_ubatch smaller than the batch?)")
             return out
-        n_out = sum(rows)
-        ptr = llama_cpp.llama_get_logits(context.ctx)
-        return np.ctypeslib.as_array(ptr, shape=(n_out * self.n_vocab,)).reshape(
-            n_out, self.n_vocab).copy()
+        n_out, width = sum(rows), self.n_embd if states else self.n_vocab
+        ptr = (llama_cpp.llama_get_embeddings if states else llama_cpp.llama_get_logits)(
+            context.ctx)
+        return np.ctypeslib.as_array(ptr, shape=(n_out * width,)).reshape(n_out, width).copy()
 
     def _forget(self, positions: Sequence[int], seq_ids: Sequence[Sequence[int]],
                 slot: int) -> None:
@@ -256,6 +263,9 @@ class _Context:
             # ask for a few and a prompt chunk for one. Only the buffer's size changes.
             cparams.n_outputs_max = min(cfg.n_batch, cfg.max_outputs)
         cparams.no_perf = True
+        # (hidden states per token, for embeddings: the head pools them, whatever the model's
+        # own pooling type)
+        cparams.pooling_type = llama_cpp.LLAMA_POOLING_TYPE_NONE
         get_name, nbytes, tensor_get = llama_lib.ggml_function_addresses()
         self.state = _native.state_new(f"l_out-{stage.n_layer - 1}".encode(),
                                        get_name, nbytes, tensor_get)

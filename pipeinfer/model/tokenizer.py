@@ -66,6 +66,18 @@ class Tokenizer:
     def token_text(self, token: int) -> str:
         return self.piece(token).decode("utf-8", "replace")
 
+    def metadata(self, key: str) -> str | None:
+        """A GGUF metadata value as text (None if the file has no such key)."""
+        size = 256
+        while True:
+            buf = ctypes.create_string_buffer(size)
+            n = llama_cpp.llama_model_meta_val_str(self._model, key.encode(), buf, size)
+            if n < 0:
+                return None
+            if n < size:
+                return buf.value.decode("utf-8", "replace")
+            size = n + 1
+
     @property
     def add_bos(self) -> bool:
         """Whether tokenizing with special tokens puts a BOS token first."""

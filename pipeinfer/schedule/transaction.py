@@ -56,6 +56,7 @@ class DecodeFlag(enum.IntFlag):
     NONE = 0
     SPECULATIVE = 1
     SKIPPED = 2     # no activations follow: the run was cancelled before this rank computed it
+    STATES = 4      # the last stage returns its final hidden states (embeddings), not logits
 
 
 ALL_SEQS = -1  # a KV operation's sequence meaning every sequence (seq_clear)
@@ -128,6 +129,7 @@ class DecodeTx:
     logit_rows: tuple[bool, ...]
     speculative: bool = False
     slot: int = 0       # the stage's context it decodes in (KvOp.slot)
+    states: bool = False   # the last stage returns its hidden states (DecodeFlag.STATES)
 
     @property
     def n_tokens(self) -> int:
@@ -158,11 +160,13 @@ class DecodeTx:
             at += int(c)
         return cls(run_id, tuple(int(p) for p in meta[:n]), tuple(seq_ids),
                    tuple(bool(x) for x in meta[2 * n:3 * n]),
-                   bool(int(header[4]) & DecodeFlag.SPECULATIVE), int(header[5]))
+                   bool(int(header[4]) & DecodeFlag.SPECULATIVE), int(header[5]),
+                   bool(int(header[4]) & DecodeFlag.STATES))
 
     def header(self, skipped: bool = False, meta_len: int = 0) -> np.ndarray:
         flags = (DecodeFlag.SPECULATIVE if self.speculative else DecodeFlag.NONE) | \
-                (DecodeFlag.SKIPPED if skipped else DecodeFlag.NONE)
+                (DecodeFlag.SKIPPED if skipped else DecodeFlag.NONE) | \
+                (DecodeFlag.STATES if self.states else DecodeFlag.NONE)
         return make_header(TxType.DECODE, self.run_id, self.n_tokens, meta_len, int(flags),
                            self.slot)
 
@@ -176,20 +180,23 @@ class ResultFlag(enum.IntFlag):
     NONE = 0
     SKIPPED = 1     # cancelled along the pipeline: no payload
     ARGMAX = 2      # greedy sampling: the payload is each row's argmax, not its logits
+    STATES = 4      # the payload is each row's final hidden state (DecodeFlag.STATES)
 
 
 @dataclass(frozen=True)
 class RunResult:
     """What comes back to the head for one run: logits for its output rows (or, under greedy
-    sampling, just each row's argmax: 4 bytes instead of 4 x n_vocab), or nothing if the run
-    was cancelled somewhere along the pipeline."""
+    sampling, just each row's argmax: 4 bytes instead of 4 x n_vocab; for an embedding, each
+    row's final hidden state), or nothing if the run was cancelled somewhere along the
+    pipeline."""
     run_id: int
     logits: np.ndarray | None
     argmax: np.ndarray | None = None
+    states: np.ndarray | None = None
 
     @property
     def cancelled(self) -> bool:
-        return self.logits is None and self.argmax is None
+        return self.logits is None and self.argmax is None and self.states is None
 
     def token(self, row: int, sampler) -> int:
         """The token the sampler picks from output row `row`."""

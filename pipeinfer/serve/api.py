@@ -17,6 +17,7 @@ from ..model.sampling import SamplingParams
 from . import fields, tool_calls
 from .errors import ERROR_TYPES, ApiError  # noqa: F401 (the API's errors, from here too)
 from .fields import boolean as _boolean, integer as _integer
+from .tool_calls import NATIVE, ToolChoice
 
 MAX_BODY = 1 << 20      # bytes of a request body (413 beyond)
 MAX_STOPS = 4           # stop strings per request, as OpenAI allows
@@ -42,6 +43,8 @@ class Ask:
     n: int = 1
     cache_prompt: bool = True      # reuse a prefix a slot keeps (llama-server's field)
     tools: tuple[dict, ...] = ()   # rendered by the template; its answers' calls parsed
+    tool_choice: ToolChoice = ToolChoice()
+    tool_format: str = NATIVE      # the model's (prepare.with_tools decides: tool_formats.py)
     grammar: str | None = None     # GBNF the answer keeps to (json / schema / grammar)
     grammar_param: str = ""        # the field it came from (named in errors)
 
@@ -104,7 +107,7 @@ def parse_chat(body: dict, defaults: SamplingParams, cache_prompt: bool = True) 
     if not messages:
         raise ApiError(400, "'messages' is empty", param="messages")
     pairs = tuple(_message(i, m) for i, m in enumerate(messages))
-    tools = tool_calls.parse_tools(body)
+    tools, tool_choice = tool_calls.parse_tools(body)
     max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
     kwargs = body.get("chat_template_kwargs")
     if kwargs is not None and not isinstance(kwargs, dict):
@@ -115,7 +118,7 @@ def parse_chat(body: dict, defaults: SamplingParams, cache_prompt: bool = True) 
     if tools and ask.grammar is not None:
         raise ApiError(400, f"'{ask.grammar_param}' and 'tools' together are not supported",
                        param=ask.grammar_param)
-    return replace(ask, template_kwargs=kwargs or {}, tools=tools)
+    return replace(ask, template_kwargs=kwargs or {}, tools=tools, tool_choice=tool_choice)
 
 
 def _message(i: int, message: Any) -> dict:

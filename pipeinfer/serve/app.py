@@ -1,6 +1,6 @@
 """The ASGI app of `pipeinfer serve` (Starlette): OpenAI-style completions and chat
-completions (streamed as server-sent events or whole), models, tokenize / detokenize, health
-and metrics, with CORS.
+completions (streamed as server-sent events or whole), embeddings, models, tokenize /
+detokenize, health and metrics, with CORS.
 
 Handlers run on the HTTP thread's event loop. They check and tokenize a request there (so a
 bad one is answered at once, not after the requests before it), hand its tickets (one per
@@ -21,7 +21,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from ..model.sampling import SamplingParams
-from . import api, http_common, prepare, text_api
+from . import api, embeddings, http_common, prepare, text_api
 from .bridge import Bridge, State, Ticket
 from .http_common import QueueChoices, metric_counter, read_body
 from .metrics import ServeMetrics
@@ -48,7 +48,8 @@ class Service:
 
 def build_app(service: Service, cors_origins: tuple[str, ...] = ("*",)) -> Starlette:
     """The app (routes and their checks: http_common.build)."""
-    handlers = {"completions": _completions, "chat": _chat, "models": _models,
+    handlers = {"completions": _completions, "chat": _chat, "embeddings": _embeddings,
+                "models": _models,
                 "one_model": _one_model, "health": _health, "metrics": _metrics,
                 "tokenize": _tokenize, "detokenize": _detokenize}
     return http_common.build(service, handlers, service.api_key, metric_counter(service.metrics),
@@ -61,6 +62,18 @@ async def _completions(service: Service, request: Request) -> Response:
 
 async def _chat(service: Service, request: Request) -> Response:
     return await _complete(service, request, chat=True)
+
+
+async def _embeddings(service: Service, request: Request) -> Response:
+    ask = embeddings.parse(api.parse_body(await read_body(request)))
+    service.bridge.check_ready()
+    api.check_model(ask.model, service.model_name)
+    tickets: list[Ticket] = []
+    choices = QueueChoices(request, lambda: [t.cancelled.set() for t in tickets])
+    tickets.append(embeddings.ticket(ask, service.head.tokenizer, service.n_ctx,
+                                     choices.sink()))
+    service.bridge.submit_all(tickets)
+    return await http_common.embedded(choices, ask, service.model_name)
 
 
 async def _models(service: Service, request: Request) -> Response:
@@ -108,6 +121,7 @@ async def _complete(service: Service, request: Request, chat: bool) -> Response:
     ask = parse(body, defaults, service.cache_prompt)
     service.bridge.check_ready()
     prepare.check(ask, service.head.tokenizer, service.model_name, service.slots)
+    ask = prepare.with_tools(ask, service.head.tokenizer)
     tickets: list[Ticket] = []
     choices = QueueChoices(request, lambda: [t.cancelled.set() for t in tickets])
     tickets += prepare.tickets(ask, service.head.tokenizer, service.n_ctx, choices.sink())

@@ -53,6 +53,14 @@ class Done:
 
 
 @dataclass(frozen=True)
+class Embedded:
+    """An embedding request's answer: each input's vector (float32), and the tokens of all
+    its inputs."""
+    vectors: tuple
+    prompt_tokens: int
+
+
+@dataclass(frozen=True)
 class Failed:
     """The request could not be completed (ApiError's fields)."""
     status: int
@@ -78,6 +86,8 @@ class Ticket:
     preserve: frozenset[int] = frozenset()   # special tokens whose text the answer keeps
     constraint: Any = None          # its grammar's state (model/grammar.py), if any
     resumed: tuple[int, ...] = ()   # tokens it sent before its job ended (front_link.py)
+    inputs: tuple[tuple[int, ...], ...] = ()   # an embedding request's inputs (no generation)
+    pooling: str = ""               # and how its tokens' states become a vector
     cancelled: threading.Event = field(default_factory=threading.Event)
     arrived: float = field(default_factory=time.perf_counter)
     number: int = field(default_factory=lambda: next(_ids))

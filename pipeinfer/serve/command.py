@@ -138,9 +138,13 @@ def serve(model, draft, compact_draft, alias, n_ctx, n_batch, threads, split, pr
     Endpoints (also without /v1): POST /v1/completions and /v1/chat/completions (stream or
     not; chat through the GGUF's own Jinja template, as llama-server --jinja renders it;
     logprobs, logit_bias, repeat/frequency/presence penalties and min_p as llama.cpp's
-    sampler chain; tools with tool_choice auto for templates with tool support;
-    response_format json_object / json_schema and GBNF grammars through llama.cpp's grammar
-    sampler; fields not supported are a 400 naming them), POST /tokenize and
+    sampler chain; tools with tool_choice auto, none, required or a named function, in
+    the template's own tool format (Qwen2.5's <tool_call>) or, for templates without tool
+    support, llama-server's generic JSON format, calls forced by a grammar;
+    response_format json_object / json_schema and GBNF grammars through llama.cpp's
+    grammar sampler; fields not supported are a 400 naming them), POST /v1/embeddings
+    (the last stage's hidden states, pooled: the model's pooling type or the mean, then
+    L2-normalized; float or base64), POST /tokenize and
     /detokenize, GET /v1/models and /v1/models/ID, /health (503 while the model loads) and
     /metrics (Prometheus); CORS for browsers (--cors-origin). Greedy answers (temperature
     0) are exactly single-node llama.cpp's, alone or with other requests in flight (with a

@@ -5,14 +5,15 @@ and MPI: the tokenizer and chat template, the grammars, the lanes. Messages are 
 tuples over multiprocessing.connection (length-framed, the peer authenticated with the key
 the front put in the job's environment):
 
-    front -> job   ("start", rid, kind, body, resumed, done)   a request; `resumed[i]`: the
+    front -> job   ("start", rid, kind, body, resumed, done)   a request (kind: "chat",
+                                       "completions" or "embeddings"); `resumed[i]`: the
                                        tokens choice i already sent, `done`: choices ended
                    ("cancel", rid)     its client went away
                    ("call", rid, name, body)   tokenize / detokenize / metrics
                    ("stop",)           end the job in order
     job -> front   ("hello", pid, job, host) at once, ("ready", info) once the model is loaded
                    ("accepted", rid, ask) or ("refused", rid, status, message, kind, param)
-                   ("event", rid, choice, Piece | Done | Failed)
+                   ("event", rid, choice, Piece | Done | Embedded | Failed)
                    ("answer", rid, result) or ("refused", rid, ...) for a call
                    ("lost", message)   the job is ending (a rank failed): the front resumes
                                        its requests on a new one
@@ -28,7 +29,7 @@ import socket
 import threading
 from multiprocessing.connection import Client, Connection
 
-from . import api, prepare, text_api
+from . import api, embeddings, prepare, text_api
 from .api import ApiError
 from .bridge import Done, Failed
 
@@ -93,10 +94,14 @@ class FrontLink:
 
     def _start(self, rid: int, kind: str, body: dict, resumed: list, done: set) -> None:
         service = self.service
+        if kind == "embeddings":
+            self._start_embeddings(rid, body)
+            return
         parse = api.parse_chat if kind == "chat" else api.parse_completion
         ask = parse(body, service.defaults, service.cache_prompt)
         tokenizer = service.head.tokenizer
         prepare.check(ask, tokenizer, service.model_name, service.slots)
+        ask = prepare.with_tools(ask, tokenizer)
         left = [ask.n_choices - len(done)]
 
         def sink(index: int, event) -> None:
@@ -111,6 +116,21 @@ class FrontLink:
         self._requests[rid] = tickets
         self.send(("accepted", rid, ask))
         service.bridge.submit_all(tickets)
+
+    def _start_embeddings(self, rid: int, body: dict) -> None:
+        """An embedding request (done again from the start if it is resumed)."""
+        service = self.service
+        ask = embeddings.parse(body)
+        api.check_model(ask.model, service.model_name)
+
+        def sink(index: int, event) -> None:
+            self.send(("event", rid, index, event))
+            self._requests.pop(rid, None)
+
+        ticket = embeddings.ticket(ask, service.head.tokenizer, service.n_ctx, sink)
+        self._requests[rid] = [ticket]
+        self.send(("accepted", rid, ask))
+        service.bridge.submit_all([ticket])
 
     def _call(self, name: str, body: dict):
         service = self.service

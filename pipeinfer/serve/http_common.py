@@ -25,9 +25,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from . import api
+from . import api, embeddings
 from .api import ApiError
-from .bridge import Done, Failed, Piece
+from .bridge import Done, Embedded, Failed, Piece
 from .responses import Reply
 
 log = logging.getLogger(__name__)
@@ -39,6 +39,7 @@ Handler = Callable[[Request], Awaitable[Response]]
 # (paths, name in the metrics, method) of every route, by the name of its handler
 ROUTES = {"completions": (("/v1/completions", "/completions"), "completions", "POST"),
           "chat": (("/v1/chat/completions", "/chat/completions"), "chat", "POST"),
+          "embeddings": (("/v1/embeddings", "/embeddings"), "embeddings", "POST"),
           "models": (("/v1/models", "/models"), "models", "GET"),
           "one_model": (("/v1/models/{model:path}", "/models/{model:path}"), "models", "GET"),
           "health": (("/health", "/v1/health"), "health", "GET"),
@@ -201,6 +202,22 @@ async def events(choices: Choices, reply: Reply, opened: bool = False):
                     yield text
                 if isinstance(event, Failed) or reply.complete:
                     return
+    finally:
+        choices.cancel()
+
+
+async def embedded(choices: Choices, ask, model: str) -> Response:
+    """The answer of an embedding request (embeddings.py) from its one event."""
+    try:
+        got = await choices.next()
+        if got is None:
+            return Response(status_code=499)  # nobody is there to read it
+        event = got[1]
+        if isinstance(event, Failed):
+            raise ApiError(event.status, event.message)
+        if not isinstance(event, Embedded):
+            raise ApiError(500, f"an embedding request got {type(event).__name__}")
+        return JSONResponse(embeddings.response(ask, model, event))
     finally:
         choices.cancel()
 

@@ -21,7 +21,7 @@ from ..engine.job import Head, describe
 from ..engine.lanes import Lane, Lanes
 from ..model.tokenizer import TextStream
 from ..schedule.generation import Generation
-from .bridge import Bridge, Done, Piece, State, Ticket
+from .bridge import Bridge, Done, Embedded, Piece, State, Ticket
 from .logprobs import TokenLogprob, measure
 from .metrics import ServeMetrics
 from .stop_text import StopText
@@ -115,6 +115,25 @@ class Completion:
         ticket.send(Done(reason, len(ticket.prompt), self.n_tokens, cached, rest))
 
 
+class EmbeddingAnswer:
+    """One embedding request's way back: its vectors once its runs are back."""
+
+    def __init__(self, ticket: Ticket, metrics: ServeMetrics):
+        self.ticket, self.metrics = ticket, metrics
+
+    @property
+    def wants_end(self) -> bool:
+        return self.ticket.cancelled.is_set()
+
+    def finish(self, job) -> None:
+        """The job (engine/embedding_job.py) is done: its vectors to the handler."""
+        if job.cancelled or self.wants_end:
+            self.metrics.cancelled.inc()
+            return
+        n_tokens = sum(len(tokens) for tokens in self.ticket.inputs)
+        self.ticket.send(Embedded(tuple(job.vectors()), n_tokens))
+
+
 class BusyProbe:
     """The workers' busy seconds for /metrics: a probe through the pipeline every
     BUSY_EVERY_S (one out at a time; it passes each rank after the work sent before it)."""
@@ -193,8 +212,14 @@ def _admit(lanes: Lanes, head: Head, bridge: Bridge, metrics: ServeMetrics) -> N
 
 def _start(lanes: Lanes, head: Head, bridge: Bridge, metrics: ServeMetrics,
            ticket: Ticket) -> None:
-    completion = Completion(ticket, head.tokenizer, metrics)
     bridge.running.add(ticket)  # until it is done: a failure answers it too
+    if ticket.inputs:
+        lane = lanes.start_embedding([list(t) for t in ticket.inputs],
+                                     EmbeddingAnswer(ticket, metrics), ticket.pooling)
+        log.info("request %d: embeddings of %d input(s), %d tokens, slot %d", ticket.number,
+                 len(ticket.inputs), sum(len(t) for t in ticket.inputs), lane.slot)
+        return
+    completion = Completion(ticket, head.tokenizer, metrics)
     if ticket.resumed:
         completion.replay(ticket.resumed)
         if (ended := completion.ended_before(head.tokenizer.is_eog)):
@@ -213,7 +238,7 @@ def _start(lanes: Lanes, head: Head, bridge: Bridge, metrics: ServeMetrics,
 
 
 def _end(lane: Lane, bridge: Bridge) -> None:
-    completion: Completion = lane.owner
+    completion: Completion | EmbeddingAnswer = lane.owner
     if lane.rooted_runs:
         log.info("request %d: %d of its runs carried its drafts behind its next token "
                  "(others under way)", completion.ticket.number, lane.rooted_runs)

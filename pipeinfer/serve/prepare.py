@@ -1,5 +1,6 @@
-"""A checked request (api.Ask) into its tickets for the head: its prompts rendered and
-tokenized, one ticket per choice, each with a fresh state of its grammar. Runs in the job's
+"""A checked request (api.Ask) into its tickets for the head: its tool format decided with
+the model's template (tool_formats.py), its prompts rendered and tokenized, one ticket per
+choice, each with a fresh state of its grammar. Runs in the job's
 process (it needs the tokenizer): on the HTTP thread of the job's own server, or on the
 thread that takes the front's requests (front_link.py)."""
 
@@ -11,10 +12,10 @@ from typing import Callable, Sequence
 from ..model.chat_template import ChatTemplateError
 from ..model.grammar import GrammarError
 from ..model.llama_lib import LlamaError
-from . import api, text_api
+from . import api, text_api, tool_formats
 from .api import ApiError, Ask
 from .bridge import Ticket
-from .tool_calls import CLOSE, OPEN
+from .tool_calls import CLOSE, NATIVE, OPEN
 
 Sink = Callable[[int, object], None]   # (choice, event) back to the request's handler
 
@@ -48,32 +49,54 @@ def tickets(ask: Ask, tokenizer, n_ctx: int, sink: Sink,
     return out
 
 
+def with_tools(ask: Ask, tokenizer) -> Ask:
+    """The request with its tool format (the model's template decides: tool_formats.py) and
+    the grammar its calls keep to, if any (400 naming `tools` if a tool's parameters cannot
+    be turned into one)."""
+    if not (ask.chat and (ask.tools or _has_tool_history(ask.messages))):
+        return ask
+    fmt = tool_formats.tool_format(_template(tokenizer))
+    try:
+        gbnf = tool_formats.grammar(ask.tools, ask.tool_choice, fmt) if ask.tools else None
+    except GrammarError as err:
+        raise ApiError(400, f"'tools': {err}", param="tools") from None
+    if gbnf is None:
+        return replace(ask, tool_format=fmt)
+    return replace(ask, tool_format=fmt, grammar=gbnf, grammar_param="tools")
+
+
+def _has_tool_history(messages) -> bool:
+    return any(m.get("tool_calls") or m["role"] == "tool" for m in messages)
+
+
+def _template(tokenizer):
+    try:
+        return tokenizer.chat_template()
+    except (LlamaError, ChatTemplateError) as err:
+        raise ApiError(400, f"cannot render the chat: {err}", param="messages") from None
+
+
 def _prompt_tokens(tokenizer, ask: Ask, prompt) -> list[int]:
     if isinstance(prompt, tuple):
         text_api.check_tokens(prompt, tokenizer.n_vocab, "prompt")
         return list(prompt)
     if not ask.chat:
         return tokenizer.tokenize(prompt)
-    context = dict(ask.template_kwargs)
+    context, messages = dict(ask.template_kwargs), ask.messages
+    if ask.tools:
+        context["tools"] = [dict(t) for t in ask.tools]
+    if ask.tools or _has_tool_history(messages):
+        messages = tool_formats.conversation(_template(tokenizer), messages, ask.tools,
+                                             ask.tool_format)
     try:
-        if ask.tools:
-            _check_tool_template(tokenizer)
-            context["tools"] = [dict(t) for t in ask.tools]
-        return tokenizer.chat_tokens(ask.messages, **context)
+        return tokenizer.chat_tokens(messages, **context)
     except (LlamaError, ChatTemplateError) as err:
         raise ApiError(400, f"cannot render the chat: {err}", param="messages") from None
 
 
-def _check_tool_template(tokenizer) -> None:
-    if "tools" not in tokenizer.chat_template().source:
-        raise ApiError(400, "'tools': this model's chat template has no tool support (the "
-                            "generic tool format needs constrained decoding, which this "
-                            "server does not do yet)", param="tools")
-
-
 def _preserved(tokenizer, ask: Ask) -> frozenset[int]:
     """Special tokens whose text the answer keeps (so its tool calls can be parsed)."""
-    if not ask.tools:
+    if not ask.tools or ask.tool_format != NATIVE:
         return frozenset()
     ids = [tokenizer.tokenize(mark, add_special=False) for mark in (OPEN, CLOSE)]
     return frozenset(t[0] for t in ids if len(t) == 1)

@@ -10,7 +10,7 @@ import time
 from .api import Ask
 from .bridge import Done, Piece
 from .logprobs import CompletionLogprobs, TokenLogprob, chat_content
-from .tool_calls import ToolStream, extract
+from . import tool_calls
 
 
 class Reply:
@@ -26,8 +26,9 @@ class Reply:
         self.text: list[list[str]] = [[] for _ in range(n)]
         self.logprobs: list[list[TokenLogprob]] = [[] for _ in range(n)]
         self._offsets = [CompletionLogprobs() for _ in range(n)]   # (completions' offsets)
-        names = {t["function"]["name"] for t in ask.tools}
-        self._tools = [ToolStream(names) for _ in range(n)] if ask.tools else None
+        self._names = {t["function"]["name"] for t in ask.tools}
+        self._tools = [tool_calls.stream(ask.tool_format, self._names)
+                       for _ in range(n)] if ask.tools else None
         self.dones: dict[int, Done] = {}
 
     @property
@@ -72,12 +73,11 @@ class Reply:
             text, logprobs = "".join(self.text[i]), self._logprobs(i, self.logprobs[i])
             reason = self.dones[i].finish_reason
             if self.ask.chat:
-                message = {"role": "assistant", "content": text}
-                content, calls = (extract(text, {t["function"]["name"] for t in self.ask.tools})
+                content, calls = (tool_calls.parse(self.ask.tool_format, text, self._names)
                                   if self.ask.tools else (text, []))
+                message = {"role": "assistant", "content": content}
                 if calls:
-                    message = dict(message, content=content,
-                                   tool_calls=[c.json() for c in calls])
+                    message["tool_calls"] = [c.json() for c in calls]
                     reason = "tool_calls" if reason == "stop" else reason
                 choices.append({"index": i, "message": message, "logprobs": logprobs,
                                 "finish_reason": reason})
