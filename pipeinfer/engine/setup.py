@@ -22,7 +22,9 @@ from ..schedule.partition_pool import PartitionPool
 from ..model.slicing import model_info, read_model
 from ..model.stage import Stage, StageConfig
 from ..model.stage_cache import stage_file
+from ..model.stage_loading import LoadingStage
 from ..model.tokenizer import Tokenizer
+from ..model.vocab_check import check_same_vocabulary
 from .config import MULTI_DRAFT, STRATEGY_NAMES, RunConfig
 
 # Rows of logits one decode of the target's last stage or a draft model may ask for: runs are a
@@ -97,7 +99,7 @@ def draft_rank_file(cfg: RunConfig, tokenizer: Tokenizer, i: int) -> Path:
     """Rank 0: the file draft rank number `i` loads (the -md numbered i, compacted unless
     --no-compact-draft), checked against the target's vocabulary here, where both are."""
     path = _draft_path(cfg, cfg.drafts[i])
-    _check_same_vocabulary(Path(cfg.drafts[i]).name, path, tokenizer)
+    check_same_vocabulary(Path(cfg.drafts[i]).name, path, tokenizer)
     return path
 
 
@@ -175,8 +177,9 @@ def _load_drafters(cfg: RunConfig, tokenizer: Tokenizer) -> Drafter | list[Draft
 
 def _load_drafter(cfg: RunConfig, tokenizer: Tokenizer, draft: str) -> Drafter:
     path = _draft_path(cfg, draft)
-    _check_same_vocabulary(Path(draft).name, path, tokenizer)
-    stage = Stage(path, _draft_config(cfg, cfg.threads_for(0)), final=True, label="draft model")
+    check_same_vocabulary(Path(draft).name, path, tokenizer)
+    config = _draft_config(cfg, cfg.threads_for(0))
+    stage = LoadingStage(lambda: Stage(path, config, final=True, label="draft model"))
     return Drafter(stage, cfg.n_batch)
 
 
@@ -194,21 +197,4 @@ def _draft_config(cfg: RunConfig, threads: int) -> StageConfig:
                        n_seq_max=(cfg.spec.tree_width + 1 if cfg.strategy == "specpipe"
                                   else cfg.spec.n_parallel),
                        n_threads=threads, n_slots=cfg.slots, max_outputs=MAX_OUTPUTS)
-
-
-def _check_same_vocabulary(name: str, draft_path: Path, target: Tokenizer) -> None:
-    draft = Tokenizer(draft_path)
-    try:
-        if draft.n_vocab != target.n_vocab:
-            raise ValueError(f"the draft model {name} has {draft.n_vocab} tokens in its "
-                             f"vocabulary but the target has {target.n_vocab}; they must share "
-                             "one vocabulary")
-        for token in range(target.n_vocab):
-            if draft.piece(token) != target.piece(token):
-                raise ValueError(f"the draft model {name} and the target disagree on token "
-                                 f"{token} ({draft.piece(token)!r} vs {target.piece(token)!r}); "
-                                 "they must share one vocabulary")
-    finally:
-        draft.close()
-
 
