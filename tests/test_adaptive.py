@@ -32,6 +32,11 @@ class Share:
     def rebuilding(self) -> bool:
         return self.rebuild
 
+    lag = 0   # context tokens the lane's draft model has still to read
+
+    def draft_lag(self, sched) -> int:
+        return self.lag
+
     def load(self) -> int:
         return self.sched.in_flight + (self.n_stages if self.on else 0)
 
@@ -91,6 +96,29 @@ def test_no_draft_work_while_a_resumed_generation_rebuilds(on):
         later += s.step(Tick()) + (s.finish_oldest() if s.sched.in_flight else [])
     assert of(later, A.StartDraft)
 
+
+
+def test_shared_the_pending_token_runs_alone_while_the_draft_catches_up():
+    """A resumed request after its rebuild (or a long prompt): its draft model has the whole
+    context still to read. A rooted draft job would hold the pending token's run until it had;
+    instead the token runs alone and the draft model reads the context meanwhile (WarmDraft,
+    once per new context); once it is close behind, the rooted jobs come back."""
+    s, share = adaptive(True, n_predict=12)
+    share.lag = 100
+    s.step(Start())
+    actions = s.finish_oldest()             # the prefill's result
+    assert not of(actions, A.StartDraft)
+    warm = of(actions, A.WarmDraft)
+    assert len(warm) == 1 and list(warm[0].tokens) == TARGET[:P + 1]
+    run = of(actions, A.StartRun)[0]
+    assert not run.tx.speculative and run.tokens == (TARGET[P],)
+    assert not of(s.step(Tick()), A.WarmDraft)       # (not again for the same context)
+    actions = s.finish_oldest()             # still behind: alone again, warm the new context
+    assert not of(actions, A.StartDraft) and of(actions, A.StartRun)
+    assert list(of(actions, A.WarmDraft)[0].tokens) == TARGET[:P + 2]
+    share.lag = 3                           # caught up: a rooted draft job again
+    actions = s.finish_oldest()
+    assert of(actions, A.StartDraft) and not of(actions, A.StartRun)
 
 def test_shared_a_whole_generation_is_exact_with_one_run_at_a_time():
     s, _ = adaptive(True, n_predict=20)

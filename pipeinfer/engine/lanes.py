@@ -93,6 +93,15 @@ class PipelineShare:
         return any(lane.gen.request.resumed and not lane.driver.sched.prefilled
                    for lane in self.lanes.active)
 
+    def draft_lag(self, sched) -> int:
+        """Tokens of `sched`'s accepted context that its lane's draft model does not hold
+        yet (0 without a draft model): a resumed request's whole context after its rebuild,
+        or a long prompt still being read."""
+        lane = next((ln for ln in self.lanes.active if ln.driver.sched is sched), None)
+        drafter = None if lane is None else self.lanes.drafter_of(lane.slot)
+        held = getattr(drafter, "n_held", None)
+        return 0 if held is None else max(0, len(sched.gen.accepted) - held)
+
     def limit(self, max_runs: int) -> int:
         """Most runs in flight under which a lane may start a speculative run."""
         return min(max_runs, self.lanes.pipe.n_stages) if self.shared() else max_runs
@@ -147,6 +156,11 @@ class Lanes:
     @property
     def n_free(self) -> int:
         return len(self._free)
+
+    def drafter_of(self, slot: int):
+        """Slot `slot`'s draft model (a Drafter), or None."""
+        drafter = self._drafters[slot]
+        return drafter if isinstance(drafter, Drafter) else None
 
     def start(self, request: Request, sampling: SamplingParams, owner: Any,
               on_token: Callable[[int], None], observe: LogitObserver | None = None,
