@@ -75,23 +75,29 @@ def parse_body(raw: bytes) -> dict:
 def parse_completion(body: dict, defaults: SamplingParams, cache_prompt: bool = True) -> Ask:
     """POST /v1/completions: `prompt` is a non-empty string or array of token ids, or a
     list of those (one choice per prompt, `n` each)."""
-    prompt = body.get("prompt")
-    if isinstance(prompt, str) or _tokens(prompt):
-        prompts = [prompt]
-    elif isinstance(prompt, list) and prompt:
-        prompts = prompt
-    else:
-        raise ApiError(400, "'prompt' is required: a string, an array of token ids, or a "
-                            "list of those", param="prompt")
-    for i, one in enumerate(prompts):
-        if not (isinstance(one, str) or _tokens(one)):
-            raise ApiError(400, f"'prompt[{i}]' must be a string or an array of token ids",
-                           param="prompt")
-        if not one:
-            raise ApiError(400, "'prompt' is empty" if len(prompts) == 1 else
-                                f"'prompt[{i}]' is empty", param="prompt")
+    prompts = texts_or_tokens(body.get("prompt"), "prompt")
     return _ask(body, defaults, cache_prompt, chat=False,
                 prompts=tuple(p if isinstance(p, str) else tuple(p) for p in prompts))
+
+
+def texts_or_tokens(value, field: str) -> list:
+    """A field that is a string, an array of token ids, or a non-empty list of those, as a
+    list (400 naming the field, or the item, that is not one)."""
+    if isinstance(value, str) or _tokens(value):
+        items = [value]
+    elif isinstance(value, list) and value:
+        items = value
+    else:
+        raise ApiError(400, f"'{field}' is required: a string, an array of token ids, or a "
+                            "list of those", param=field)
+    for i, one in enumerate(items):
+        if not (isinstance(one, str) or _tokens(one)):
+            raise ApiError(400, f"'{field}[{i}]' must be a string or an array of token ids",
+                           param=field)
+        if not one:
+            raise ApiError(400, f"'{field}' is empty" if len(items) == 1 else
+                                f"'{field}[{i}]' is empty", param=field)
+    return items
 
 
 def _tokens(value) -> bool:

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..engine.embedding_job import pooling_of
-from .api import ApiError
+from .api import ApiError, texts_or_tokens
 from .bridge import Embedded, Ticket
 from .text_api import check_tokens
 
@@ -35,28 +35,12 @@ class EmbedAsk:
     stream: bool = False
 
 
-def _token_ids(value) -> bool:
-    return isinstance(value, list) and bool(value) and all(
-        isinstance(t, int) and not isinstance(t, bool) for t in value)
-
-
 def parse(body: dict) -> EmbedAsk:
     """The request's inputs and options (400 naming the field that is wrong)."""
-    given = body.get("input")
-    if isinstance(given, str) or _token_ids(given):
-        inputs = [given]
-    elif isinstance(given, list) and given:
-        inputs = given
-    else:
-        raise ApiError(400, "'input' is required: a string, an array of token ids, or a "
-                            "non-empty list of those", param="input")
+    inputs = texts_or_tokens(body.get("input"), "input")
     if len(inputs) > MAX_INPUTS:
         raise ApiError(400, f"'input' has {len(inputs)} items, at most {MAX_INPUTS} are "
                             "allowed", param="input")
-    for i, one in enumerate(inputs):
-        if not (isinstance(one, str) and one) and not _token_ids(one):
-            raise ApiError(400, f"'input[{i}]' must be a non-empty string or array of token "
-                                "ids", param="input")
     fmt = body.get("encoding_format") or "float"
     if fmt not in FORMATS:
         raise ApiError(400, f"'encoding_format' must be 'float' or 'base64', not "
