@@ -64,14 +64,15 @@ def _wait_streams(streams: list[Stream], chunks: int) -> None:
         time.sleep(0.01)
 
 
-def test_a_stopped_worker_is_killed_and_the_streams_resume_exactly(watched, reference):
+@pytest.mark.parametrize("rank", [1, 0], ids=["worker", "head"])
+def test_a_stopped_rank_is_killed_and_the_streams_resume_exactly(watched, reference, rank):
     before = watched.wait_ready()
     old = set(watched.job_processes())
     streams = [Stream(watched.url, p) for p in PROMPTS]
     for s in streams:
         s.start()
     _wait_streams(streams, KILL_AFTER)
-    pid = next(r["pid"] for r in before["ranks"] if r["rank"] == 1)
+    pid = next(r["pid"] for r in before["ranks"] if r["rank"] == rank)
     os.kill(pid, signal.SIGSTOP)
     stopped_at = time.monotonic()
     try:
@@ -87,7 +88,7 @@ def test_a_stopped_worker_is_killed_and_the_streams_resume_exactly(watched, refe
         assert s.text == reference[prompt], (prompt, s.text, reference[prompt])
     assert STALL_S <= took < STALL_S + RELAUNCH_S, took
     assert f"job {before['job']} hangs: no progress for" in watched.stderr
-    assert f"rank 1 (pid {pid}) is stopped" in watched.stderr
+    assert f"rank {rank} (pid {pid}) is stopped" in watched.stderr
     assert _gone(pid), "the stopped rank outlived its job"
     assert not old & set(watched.job_processes()), "processes of the hung job remain"
     assert after["job"] == before["job"] + 1
@@ -143,6 +144,26 @@ def test_an_idle_job_is_never_taken_for_hung_even_with_a_rank_stopped(watched, r
             os.kill(pid, signal.SIGCONT)
     assert watched.wait_ready()["job"] > before["job"]
     assert _gone(pid)
+
+
+def test_a_stopped_head_is_found_by_a_metrics_scrape(watched):
+    """Idle, the head stopped: /metrics (a call the head answers) waits the stall timeout,
+    then gets the front's own metrics; the job is replaced."""
+    before = watched.wait_ready()
+    pid = next(r["pid"] for r in before["ranks"] if r["rank"] == 0)
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        t0 = time.monotonic()
+        r = httpx.get(watched.url + "/metrics", timeout=STALL_S + 30)
+        assert r.status_code == 200 and "pipeinfer_front_job_restarts_total" in r.text
+        assert time.monotonic() - t0 >= STALL_S - 1
+    finally:
+        if Path(f"/proc/{pid}").exists():
+            os.kill(pid, signal.SIGCONT)
+    # (the default wait: after this module's failures in a row, the back-off reaches 30 s)
+    assert watched.wait_ready(after_job=before["job"])["job"] > before["job"]
+    assert _gone(pid)
+    assert "0 request(s) and 1 call(s) under way" in watched.stderr
 
 
 def test_a_slow_prompt_keeps_beating(smollm2, tmp_path):

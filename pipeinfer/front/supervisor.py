@@ -239,7 +239,9 @@ class Supervisor:
             job = self.job
             up = job is not None and job.ready is not None and not job.lost and \
                 job.proc.returncode is None and not self.stopping
-            quiet = self.watchdog.quiet(up and bool(self.table.requests))
+            # (a call, /metrics or /tokenize, left unanswered is work under way too: a
+            # stopped head is found by the next scrape)
+            quiet = self.watchdog.quiet(up and bool(self.table.requests or self.table.calls))
             if quiet is not None:
                 self._hung(job, quiet)
 
@@ -249,7 +251,8 @@ class Supervisor:
         stopped = stopped_ranks(job.info.get("statuses", []), socket.gethostname())
         which = "; ".join(f"rank {r} (pid {p}) is stopped" for r, p in stopped)
         job.lost = (f"no progress for {quiet:.0f} s with {len(self.table.requests)} "
-                    f"request(s) under way (--stall-timeout {self.watchdog.stall_s:g})"
+                    f"request(s) and {len(self.table.calls)} call(s) under way "
+                    f"(--stall-timeout {self.watchdog.stall_s:g})"
                     f"{': ' + which if which else ''}")
         if stopped:
             job.failed_rank = stopped[0][0]

@@ -113,7 +113,8 @@ BUSY_CHOICES = ("auto", "same", "speculative", "iterative")
                    "(a job that ran for a minute resets the count); back-off 1 to 30 s.")
 @click.option("--stall-timeout", default=60.0, type=click.FloatRange(0, None),
               help="With --ranks: a job that sends nothing (no token, no end, no heartbeat) "
-                   "for this many seconds while requests are under way is taken as hung (a "
+                   "for this many seconds while requests (or /metrics, /tokenize calls) are "
+                   "under way is taken as hung (a "
                    "rank stopped, a host swapping or cut off without a reset): it is killed "
                    "and started again, its requests resumed as after a crash. Its head beats "
                    "whenever the pipeline returns results, so a slow job (a long prompt on "
