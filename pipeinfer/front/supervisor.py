@@ -238,7 +238,7 @@ class Supervisor:
             await asyncio.sleep(self.watchdog.every)
             job = self.job
             up = job is not None and job.ready is not None and not job.lost and \
-                job.proc.returncode is None and not self.stopping
+                job.proc.returncode is None and not (self.stopping or job.planned)
             # (a call, /metrics or /tokenize, left unanswered is work under way too: a
             # stopped head is found by the next scrape)
             quiet = self.watchdog.quiet(up and bool(self.table.requests or self.table.calls))
