@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import time
@@ -156,6 +157,8 @@ def test_a_stopped_head_is_found_by_a_metrics_scrape(watched):
         t0 = time.monotonic()
         r = httpx.get(watched.url + "/metrics", timeout=STALL_S + 30)
         assert r.status_code == 200 and "pipeinfer_front_job_restarts_total" in r.text
+        stalls = re.search(r"^pipeinfer_front_job_stalls_total (\S+)$", r.text, re.M)
+        assert stalls and float(stalls[1]) >= 3, r.text   # (this module's hung jobs)
         assert time.monotonic() - t0 >= STALL_S - 1
     finally:
         if Path(f"/proc/{pid}").exists():
@@ -166,12 +169,15 @@ def test_a_stopped_head_is_found_by_a_metrics_scrape(watched):
     assert "0 request(s) and 1 call(s) under way" in watched.stderr
 
 
-def test_a_slow_prompt_keeps_beating(smollm2, tmp_path):
+@pytest.mark.parametrize("strategy", ["iterative", "pipeinfer"])
+def test_a_slow_prompt_keeps_beating(smollm2, tmp_path, strategy):
     """A long prompt evaluated in small chunks takes several stall timeouts before its first
-    token: the head's beats (a run came back) keep the watchdog quiet."""
+    token: the head's beats (a run evaluated or back) keep the watchdog quiet, also while a
+    draft model takes the prompt in (pipeinfer)."""
     stall = 1.5
-    srv = Front(tmp_path, 3, "-m", str(smollm2), "-c", "4096", "-b", "32", "--parallel", "1",
-                "--stall-timeout", str(stall), "--trace", str(tmp_path / "trace.jsonl"))
+    draft = ["-md", str(smollm2)] if strategy == "pipeinfer" else []
+    srv = Front(tmp_path, 3, "-m", str(smollm2), *draft, "--strategy", strategy, "-c", "4096",
+                "-b", "32", "--parallel", "1", "--stall-timeout", str(stall))
     try:
         first = srv.wait_ready()
         prompt = " ".join(f"item {i} of the list is number {i * 7 % 100};"

@@ -257,6 +257,7 @@ class Supervisor:
         if stopped:
             job.failed_rank = stopped[0][0]
         log.warning("job %d hangs: %s; killing it", job.number, job.lost)
+        self.metrics.stalls.inc()
         self.trace.record("stall", job=job.number, quiet_s=round(quiet, 1),
                           requests=len(self.table.requests), stopped=stopped)
         self._kill(job)
