@@ -6,8 +6,8 @@ the job is stopped in order and started again on every host, its requests resume
 
 The launcher's stderr passes through the front, which reads in it which rank failed (the
 rank supervisors' `pipeinfer: error: rank N ...` lines) to know which host to blame. A job
-that hangs instead (quiet for --stall-timeout seconds while requests are under way:
-watchdog.py) is killed and taken as failed, its stopped rank on this host (if one is) blamed.
+that hangs instead (quiet for --stall-timeout seconds while requests or calls are under
+way: watchdog.py) is killed and taken as failed, its stopped rank on this host (if one is) blamed.
 Each job's start, readiness and end, and each request resumed, go to --trace (trace.py).
 
 States, as /health reports them: loading (the first job starting), ok, recovering (a job
@@ -98,7 +98,7 @@ class Supervisor:
         elif message[0] == "hello":
             job.head_pid = message[1] if message[3] == socket.gethostname() else None
         elif message[0] == "beat":
-            pass   # (its pipeline returned results: progress, nothing for the table)
+            pass   # (its pipeline worked: progress, nothing for the table)
         else:
             self.table.receive(message)
 
@@ -246,7 +246,7 @@ class Supervisor:
                 self._hung(job, quiet)
 
     def _hung(self, job: Job, quiet: float) -> None:
-        """The job sent nothing for `quiet` s with requests under way: killed, and failed
+        """The job sent nothing for `quiet` s with work under way: killed, and failed
         over as if a rank had died (a stopped rank on this host is named and blamed)."""
         stopped = stopped_ranks(job.info.get("statuses", []), socket.gethostname())
         which = "; ".join(f"rank {r} (pid {p}) is stopped" for r, p in stopped)
@@ -259,7 +259,8 @@ class Supervisor:
         log.warning("job %d hangs: %s; killing it", job.number, job.lost)
         self.metrics.stalls.inc()
         self.trace.record("stall", job=job.number, quiet_s=round(quiet, 1),
-                          requests=len(self.table.requests), stopped=stopped)
+                          requests=len(self.table.requests), calls=len(self.table.calls),
+                          stopped=stopped)
         self._kill(job)
         self._ended.set()
 

@@ -7,7 +7,8 @@ before it:
     {..., "name": "job_ready", "job": 2, "ranks": [{"rank": 0, "host": "a", "pid": 7}, ...]}
     {..., "name": "job_end", "job": 1, "reason": "no progress for 60 s ...", "ready": true,
      "failed_rank": 1, "planned": false, "returncode": -9}
-    {..., "name": "stall", "job": 1, "quiet_s": 60.2, "requests": 4, "stopped": [[1, 4242]]}
+    {..., "name": "stall", "job": 1, "quiet_s": 60.2, "requests": 4, "calls": 0,
+     "stopped": [[1, 4242]]}
     {..., "name": "resume", "job": 2, "request": 17, "kind": "completions",
      "tokens": [12, 12], "sent": 24}
     {..., "name": "recovered", "job": 2, "seconds": 4.5, "requests": 4}
