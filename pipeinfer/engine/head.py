@@ -27,6 +27,11 @@ class Pipeline:
         self._local: deque[RunResult] = deque()
         self.busy_s = 0.0
         self.in_flight = 0
+        # Work done: runs evaluated here and results taken. `on_progress(count)` after each
+        # (the front's heartbeat, serve/front_link.py: a long prompt's chunks all go out in
+        # one turn of the head's loop, through the head's own slice first).
+        self.progress = 0
+        self.on_progress: Callable[[int], None] | None = None
 
     @property
     def n_stages(self) -> int:
@@ -52,6 +57,7 @@ class Pipeline:
                                         slot=tx.slot)
         self.busy_s += time.perf_counter() - t0
         self.in_flight += 1
+        self._progressed()
         if self.transport is None:
             self._local.append(RunResult(tx.run_id, None, states=out) if tx.states
                                else RunResult(tx.run_id, out))
@@ -82,7 +88,13 @@ class Pipeline:
             self.transport.poll_result() if self.transport is not None else None)
         if result is not None:
             self.in_flight -= 1
+            self._progressed()
         return result
+
+    def _progressed(self) -> None:
+        self.progress += 1
+        if self.on_progress is not None:
+            self.on_progress(self.progress)
 
     def wait(self, idle: Callable[[], None] | None = None) -> RunResult:
         """Block (politely: the sleep between polls grows with the time waited) for the next

@@ -11,12 +11,13 @@ from .main import FrontOptions, main
 
 # The front's own options, each with a value: the job gets every other option as given.
 FRONT_ONLY = ("--ranks", "--hostfile", "--hosts", "--mpiexec", "--max-restarts", "--host",
-              "--port", "--api-key", "--cors-origin", "--queue", "--channel")
+              "--port", "--api-key", "--cors-origin", "--queue", "--channel", "--stall-timeout",
+              "--trace")
 JOB_QUEUE = 4096   # the front holds the waiting requests (its --queue); the job takes them all
 
 
 def run_front(ranks, hostfile, host_list, mpiexec, max_restarts, host, port, queue, api_key,
-              model_name, cors_origins, slots) -> int:
+              model_name, cors_origins, slots, stall_timeout, trace) -> int:
     if hostfile and host_list:
         raise Failure("give --hostfile or --hosts, not both", 2)
     try:
@@ -27,7 +28,7 @@ def run_front(ranks, hostfile, host_list, mpiexec, max_restarts, host, port, que
         raise Failure(str(err), 2) from None
     options = FrontOptions(ranks, tuple(hosts) if hosts else None, mpiexec, max_restarts,
                            tuple(job_args(sys.argv)), host, port, queue, api_key, model_name,
-                           tuple(cors_origins) or ("*",), slots)
+                           tuple(cors_origins) or ("*",), slots, stall_timeout, trace)
     return main(options)
 
 

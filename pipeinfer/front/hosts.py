@@ -12,6 +12,7 @@ from collections import Counter
 from typing import Awaitable, Callable
 
 from .launcher import Host, placement
+from .trace import FrontTrace
 
 log = logging.getLogger(__name__)
 
@@ -21,8 +22,9 @@ Probe = Callable[[Host], Awaitable[bool]]
 
 
 class HostSet:
-    def __init__(self, hosts: list[Host] | None, ranks: int):
+    def __init__(self, hosts: list[Host] | None, ranks: int, trace: FrontTrace | None = None):
         self.all, self.total = hosts, ranks
+        self.trace = trace or FrontTrace(None)
         self.held = placement(hosts, ranks) if hosts else {}
         self.left: list[Host] = []
         self.failures: Counter[str] = Counter()
@@ -81,6 +83,7 @@ class HostSet:
     def _leave(self, host: Host, why: str) -> None:
         self.left.append(host)
         self.failures.pop(host.name, None)
+        self.trace.record("host_left", host=host.name, why=why, ranks=self.ranks)
         log.warning("host %s %s: left out (it held %d rank(s)); the next job runs %d ranks "
                     "on %s, its split planned again", host.name, why, self.held[host.name],
                     self.ranks, ", ".join(h.name for h in self.hosts or []) or "no host")
@@ -92,6 +95,7 @@ class HostSet:
 
     def take_back(self, hosts: list[Host]) -> None:
         self.left = [h for h in self.left if h not in hosts]
+        self.trace.record("host_back", hosts=[h.name for h in hosts], ranks=self.ranks)
         log.warning("host(s) %s answer again: the next job runs %d ranks on %s",
                     ", ".join(h.name for h in hosts), self.ranks,
                     ", ".join(h.name for h in self.hosts or []))

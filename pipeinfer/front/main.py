@@ -19,6 +19,7 @@ from .launcher import Host, Launcher
 from .metrics import FrontMetrics
 from .supervisor import Supervisor
 from .table import Table
+from .trace import FrontTrace
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +40,8 @@ class FrontOptions:
     model_name: str
     cors_origins: tuple[str, ...]
     slots: int
+    stall_timeout: float = 60.0
+    trace: str | None = None
 
 
 class _Thread:
@@ -66,10 +69,11 @@ class _Thread:
         o = self.options
         self.loop = asyncio.get_running_loop()
         metrics = FrontMetrics()
-        table = Table(o.queue + o.slots, metrics.resumed.inc)
+        table = Table(o.queue + o.slots)   # (resumed requests: the supervisor counts)
         launcher = Launcher(o.mpiexec, o.ranks, list(o.hosts) if o.hosts else None,
                             list(o.job_args))
-        self.supervisor = Supervisor(launcher, table, metrics, o.max_restarts)
+        self.supervisor = Supervisor(launcher, table, metrics, o.max_restarts,
+                                     stall_s=o.stall_timeout, trace=FrontTrace(o.trace))
         self.supervisor.on_fatal = self._fatal
         front = Front(self.supervisor, table, metrics, o.model_name, o.api_key)
         config = uvicorn.Config(build_app(front, o.cors_origins), log_config=None,

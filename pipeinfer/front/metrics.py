@@ -1,6 +1,7 @@
 """The front's own Prometheus metrics (GET /metrics gives them, then the job's): HTTP
-requests, restarts of the job, requests resumed on a new job, and how long recoveries took
-(from the failure noticed to the new job taking requests)."""
+requests, restarts of the job (and how many of them were for a job that hung: --stall-timeout),
+requests resumed on a new job, and how long recoveries took (from the failure noticed to the
+new job taking requests)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,9 @@ class FrontMetrics:
                                 registry=r)
         self.restarts = Counter(PREFIX + "job_restarts", "Times the job ended unexpectedly "
                                 "and was started again", registry=r)
+        self.stalls = Counter(PREFIX + "job_stalls", "Times the job sent nothing for "
+                              "--stall-timeout seconds with work under way and was killed "
+                              "(counted in job_restarts too)", registry=r)
         self.resumed = Counter(PREFIX + "requests_resumed", "Requests sent again to a new "
                                "job, to go on from the tokens they had sent", registry=r)
         self.recovery = Histogram(PREFIX + "recovery_seconds", "From a job's failure "

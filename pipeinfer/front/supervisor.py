@@ -5,7 +5,10 @@ answers again joins at the next moment no request is under way (or after REJOIN_
 the job is stopped in order and started again on every host, its requests resumed.
 
 The launcher's stderr passes through the front, which reads in it which rank failed (the
-rank supervisors' `pipeinfer: error: rank N ...` lines) to know which host to blame.
+rank supervisors' `pipeinfer: error: rank N ...` lines) to know which host to blame. A job
+that hangs instead (quiet for --stall-timeout seconds while requests or calls are under
+way: watchdog.py) is killed and taken as failed, its stopped rank on this host (if one is) blamed.
+Each job's start, readiness and end, and each request resumed, go to --trace (trace.py).
 
 States, as /health reports them: loading (the first job starting), ok, recovering (a job
 ended; requests wait and resume on the next one), failed (given up), stopping."""
@@ -26,7 +29,9 @@ from .channel import Channel
 from .hosts import HostSet
 from .launcher import Launcher, kill_group
 from .metrics import FrontMetrics
-from .table import Table
+from .table import Pending, Table
+from .trace import FrontTrace
+from .watchdog import DEFAULT_STALL_S, Watchdog, stopped_ranks
 
 log = logging.getLogger(__name__)
 
@@ -50,16 +55,21 @@ class Job:
     planned: bool = False   # stopped by the front to take a host back
     head_pid: int | None = None
     info: dict = field(default_factory=dict)
+    traced: bool = False    # its end is in the trace
 
 
 class Supervisor:
     def __init__(self, launcher: Launcher, table: Table, metrics: FrontMetrics,
-                 max_restarts: int, tcp_host: str | None = None):
+                 max_restarts: int, tcp_host: str | None = None,
+                 stall_s: float = DEFAULT_STALL_S, trace: FrontTrace | None = None):
         self.launcher, self.table, self.metrics = launcher, table, metrics
         self.max_restarts = max_restarts
+        self.watchdog = Watchdog(stall_s)
+        self.trace = trace or FrontTrace(None)
+        table.on_resumed = self._resumed
         self.loop = asyncio.get_running_loop()
         self.channel = Channel(self._deliver, tcp_host)
-        self.hosts = HostSet(launcher.hosts, launcher.ranks)
+        self.hosts = HostSet(launcher.hosts, launcher.ranks, self.trace)
         self.state, self.reason = "loading", ""
         self.job: Job | None = None
         self.stopping = False
@@ -77,6 +87,7 @@ class Supervisor:
         job = self.job
         if job is None or number != job.number:
             return
+        self.watchdog.hear()
         if message is None or message[0] == "lost":
             job.lost = job.lost or (message[1] if message else "its head went away")
             self._ended.set()
@@ -86,23 +97,38 @@ class Supervisor:
             job.error = message[1]
         elif message[0] == "hello":
             job.head_pid = message[1] if message[3] == socket.gethostname() else None
+        elif message[0] == "beat":
+            pass   # (its pipeline worked: progress, nothing for the table)
         else:
             self.table.receive(message)
 
     def _ready(self, job: Job, info: dict) -> None:
         job.ready, job.info = time.monotonic(), info
         self.ever_ready = True
+        statuses = info.get("statuses", [])
+        self.trace.record("job_ready", job=job.number, ranks=[
+            {"rank": r, "host": h, "pid": p} for r, h, p in statuses])
         resuming = self.table.resend(self.send, job.number)
         if self._failed_at is not None:
             took = job.ready - self._failed_at
             self.metrics.recovery.observe(took)
             log.info("job %d took requests %.1f s after the failure; %d request(s) resume",
                      job.number, took, resuming)
+            self.trace.record("recovered", job=job.number, seconds=round(took, 3),
+                              requests=resuming)
             self._failed_at = None
-        hosts = sorted({s[1] for s in info.get("statuses", [])})
+        hosts = sorted({s[1] for s in statuses})
         log.info("job %d ready: %d ranks on %s", job.number, len(info.get("statuses", [])),
                  ", ".join(hosts))
         self.state, self.reason = "ok", ""
+
+    def _resumed(self, request: Pending) -> None:
+        """`request` is sent again, to a new job, with the tokens it has sent."""
+        self.metrics.resumed.inc()
+        tokens = [len(request.tokens.get(i, [])) for i in range(max(request.tokens,
+                                                                    default=-1) + 1)]
+        self.trace.record("resume", job=request.job, request=request.rid, kind=request.kind,
+                          tokens=tokens, sent=sum(tokens))
 
     def send(self, message: tuple) -> bool:
         job = self.job
@@ -117,10 +143,12 @@ class Supervisor:
     # --- the loop ------------------------------------------------------------------------
     async def run(self) -> None:
         rejoin = asyncio.ensure_future(self._rejoin())
+        watch = asyncio.ensure_future(self._watchdog())
         try:
             await self._keep_running()
         finally:
             rejoin.cancel()
+            watch.cancel()
 
     async def _keep_running(self) -> None:
         in_a_row = 0
@@ -137,6 +165,7 @@ class Supervisor:
                 continue
             job = await self._launch()
             await self._watch(job)
+            self._ended_trace(job)
             if self.stopping:
                 return
             if job.ready is None and not self.ever_ready and not self.hosts.changed:
@@ -163,6 +192,8 @@ class Supervisor:
         env = dict(os.environ, **self.channel.env(number))
         log.info("starting job %d: %d ranks%s", number, ranks,
                  f" on {', '.join(h.name for h in hosts)}" if hosts else "")
+        self.trace.record("job_start", job=number, ranks=ranks,
+                          hosts=[h.name for h in hosts] if hosts else [socket.gethostname()])
         log.debug("job %d: %s", number, " ".join(command))
         proc = await asyncio.create_subprocess_exec(*command, env=env, start_new_session=True,
                                                     stdin=asyncio.subprocess.DEVNULL,
@@ -201,6 +232,51 @@ class Supervisor:
         except asyncio.TimeoutError:
             pass
 
+    async def _watchdog(self) -> None:
+        """A job up and quiet for the stall timeout while requests are under way: hung."""
+        while True:
+            await asyncio.sleep(self.watchdog.every)
+            job = self.job
+            up = job is not None and job.ready is not None and not job.lost and \
+                job.proc.returncode is None and not (self.stopping or job.planned)
+            # (a call, /metrics or /tokenize, left unanswered is work under way too: a
+            # stopped head is found by the next scrape)
+            quiet = self.watchdog.quiet(up and bool(self.table.requests or self.table.calls))
+            if quiet is not None:
+                self._hung(job, quiet)
+
+    def _hung(self, job: Job, quiet: float) -> None:
+        """The job sent nothing for `quiet` s with work under way: killed, and failed
+        over as if a rank had died (a stopped rank on this host is named and blamed)."""
+        stopped = stopped_ranks(job.info.get("statuses", []), socket.gethostname())
+        which = "; ".join(f"rank {r} (pid {p}) is stopped" for r, p in stopped)
+        job.lost = (f"no progress for {quiet:.0f} s with {len(self.table.requests)} "
+                    f"request(s) and {len(self.table.calls)} call(s) under way "
+                    f"(--stall-timeout {self.watchdog.stall_s:g})"
+                    f"{': ' + which if which else ''}")
+        if stopped:
+            job.failed_rank = stopped[0][0]
+        log.warning("job %d hangs: %s; killing it", job.number, job.lost)
+        self.metrics.stalls.inc()
+        self.trace.record("stall", job=job.number, quiet_s=round(quiet, 1),
+                          requests=len(self.table.requests), calls=len(self.table.calls),
+                          stopped=stopped)
+        self._kill(job)
+        self._ended.set()
+
+    def _ended_trace(self, job: Job) -> None:
+        if job.traced:
+            return
+        job.traced = True
+        self.trace.record("job_end", job=job.number, reason=self._why(job),
+                          ready=job.ready is not None, failed_rank=job.failed_rank,
+                          planned=job.planned or self.stopping,
+                          returncode=job.proc.returncode)
+
+    @staticmethod
+    def _why(job: Job) -> str:
+        return job.lost or job.error or f"its launcher exited with status {job.proc.returncode}"
+
     def _kill(self, job: Job) -> None:
         """SIGKILL to the launcher's process group and to the job's ranks on this host (a
         rank stuck in a blocking MPI call would otherwise keep the launcher waiting for its
@@ -218,7 +294,7 @@ class Supervisor:
         """The job ended by itself: requests wait for the next one."""
         self._failed_at = self._failed_at or time.monotonic()
         self.table.fail_calls()
-        why = job.lost or job.error or f"its launcher exited with status {job.proc.returncode}"
+        why = self._why(job)
         self.state = "recovering"
         self.reason = f"job {job.number} ended ({why}); starting it again"
         self.metrics.restarts.inc()
@@ -242,6 +318,7 @@ class Supervisor:
                         f"{self.max_restarts})")
         self.reason = f"{what}: {why}"
         log.error("giving up: %s", self.reason)
+        self.trace.record("give_up", reason=self.reason)
         self.table.fail_all(503, self.reason)
         if not self.ever_ready:
             self.on_fatal()
@@ -275,6 +352,7 @@ class Supervisor:
         self.stopping = True
         self.state = "stopping"
         job = self.job
+        self.trace.record("front_stop", job=job.number if job is not None else None)
         if job is not None and job.proc.returncode is None:
             self.channel.send(job.number, ("stop",))
             try:
@@ -284,4 +362,6 @@ class Supervisor:
                             STOP_WAIT_S)
                 kill_group(job.proc.pid, signal.SIGKILL)
                 await job.proc.wait()
+            self._ended_trace(job)
         self.channel.close()
+        self.trace.close()

@@ -42,7 +42,8 @@ class Pending:
 
 
 class Table:
-    def __init__(self, limit: int, on_resumed: Callable[[], None] = lambda: None):
+    def __init__(self, limit: int,
+                 on_resumed: Callable[["Pending"], None] = lambda request: None):
         self.limit = limit
         self.requests: dict[int, Pending] = {}   # in arrival order
         self.calls: dict[int, asyncio.Future] = {}
@@ -64,10 +65,11 @@ class Table:
 
     def _send(self, request: Pending, send: Send, job: int) -> None:
         tokens = [request.tokens.get(i, []) for i in range(max(request.tokens, default=-1) + 1)]
-        if request.job >= 0 and request.job != job:
-            request.resumed += 1
-            self.on_resumed()
+        resumed = request.job >= 0 and request.job != job
         request.job = job
+        if resumed:
+            request.resumed += 1
+            self.on_resumed(request)
         send(("start", request.rid, request.kind, request.body, tokens, set(request.done)))
 
     def resend(self, send: Send, job: int) -> int:

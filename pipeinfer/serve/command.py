@@ -111,20 +111,37 @@ BUSY_CHOICES = ("auto", "same", "speculative", "iterative")
 @click.option("--max-restarts", default=5, type=click.IntRange(0, None),
               help="With --ranks: give up after the job failed this many times in a row "
                    "(a job that ran for a minute resets the count); back-off 1 to 30 s.")
+@click.option("--stall-timeout", default=60.0, type=click.FloatRange(0, None),
+              help="With --ranks: a job that sends nothing (no token, no end, no heartbeat) "
+                   "for this many seconds while requests (or /metrics, /tokenize calls) are "
+                   "under way is taken as hung (a "
+                   "rank stopped, a host swapping or cut off without a reset): it is killed "
+                   "and started again, its requests resumed as after a crash. Its head beats "
+                   "whenever the pipeline returns results, so a slow job (a long prompt on "
+                   "slow nodes) is not taken for a hung one as long as each run comes back "
+                   "within it; an idle server is never taken for hung. 0: off.")
+@click.option("--trace", "trace_path", type=click.Path(dir_okay=False), default=None,
+              help="With --ranks: write the front's record of its jobs here, one JSON line "
+                   "each (type \"front\"): job_start (job, ranks, hosts), job_ready (each "
+                   "rank's host and pid), job_end (reason, failed_rank), stall, resume "
+                   "(request, the tokens each choice had sent), recovered (seconds from the "
+                   "failure to the new job taking requests), host_left, host_back, give_up.",
+              show_default=False)
 @click.option("--channel", default=None, hidden=True)   # the front's address (front_link.py)
 @_verbosity("-v: progress of every rank, the head's scheduling and tracebacks; -vv: also "
             "llama.cpp's log.", "Only notices and errors on stderr.")
 def serve(model, draft, compact_draft, alias, n_ctx, n_batch, threads, split, profile, strategy,
           temp, top_k, top_p, seed, host, port, queue_size, parallel, busy_strategy, api_key,
           cache_prompt, cors_origins, ranks, hostfile, host_list, mpiexec, max_restarts,
-          channel, verbose, quiet, **speculation):
+          stall_timeout, trace_path, channel, verbose, quiet, **speculation):
     """Serve the model over HTTP with an OpenAI-compatible API. Two ways:
 
       pipeinfer serve --ranks 3 -m smollm2 --port 8080        (with failover)
 
     starts a front process here (no MPI, no llama.cpp in it) that owns the HTTP server and
     every request's state and launches the job of 3 ranks itself (--hostfile/--hosts,
-    --mpiexec); when the job ends unexpectedly (a rank killed, a host gone) /health says
+    --mpiexec); when the job ends unexpectedly (a rank killed, a host gone) or hangs
+    (nothing from it for --stall-timeout seconds while requests are under way) /health says
     `recovering`, the hosts that no longer answer are left out, the job is started again
     and every request goes on from the last token it sent, with the same tokens as an
     undisturbed run (greedy, or sampled with a seed: the front draws one for a request
@@ -161,12 +178,12 @@ def serve(model, draft, compact_draft, alias, n_ctx, n_batch, threads, split, pr
     if profile is not None and split[0] != "auto":
         raise Failure("--profile is read by --layer-split auto only; add it, or drop --profile",
                       2)
-    _refuse_launch(ranks, hostfile or host_list or mpiexec)
+    _refuse_launch(ranks, hostfile or host_list or mpiexec or trace_path)
     if ranks is not None:   # the front: no MPI, no llama.cpp in this process
         from ..front.command import run_front
         sys.exit(run_front(ranks, hostfile, host_list, mpiexec, max_restarts, host, port,
                            queue_size, api_key, alias or _name(model), cors_origins,
-                           parallel))
+                           parallel, stall_timeout, trace_path))
     from ..engine.mpi_transport import world
     from .service import ServeOptions, main as serve_main
 
@@ -218,8 +235,8 @@ def _refuse_launch(ranks: int | None, launch_options) -> None:
                       "without mpiexec (or `mpiexec -n N pipeinfer serve` without "
                       "--ranks, which has no failover)", 2)
     if ranks is None and launch_options:
-        raise Failure("--hostfile, --hosts and --mpiexec go with --ranks (the front "
-                      "launches the job); under mpiexec, give the hosts to mpiexec", 2)
+        raise Failure("--hostfile, --hosts, --mpiexec and --trace go with --ranks (the "
+                      "front launches the job); under mpiexec, give the hosts to mpiexec", 2)
 
 
 def _busy(given: str, strategy: str, parallel: int) -> str | None:

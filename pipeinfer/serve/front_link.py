@@ -12,6 +12,12 @@ the front put in the job's environment):
                    ("call", rid, name, body)   tokenize / detokenize / metrics
                    ("stop",)           end the job in order
     job -> front   ("hello", pid, job, host) at once, ("ready", info) once the model is loaded
+                   ("beat", n)         the pipeline worked (n: runs evaluated on the head
+                                       and results taken so far): at most every BEAT_S
+                                       while it does, so that a slow job (a long prefill)
+                                       is not taken for a hung one by the front's watchdog
+                                       (--stall-timeout); a stopped rank returns nothing,
+                                       the runs in flight reach their cap, and the beats stop
                    ("accepted", rid, ask) or ("refused", rid, status, message, kind, param)
                    ("event", rid, choice, Piece | Done | Embedded | Failed)
                    ("answer", rid, result) or ("refused", rid, ...) for a call
@@ -27,6 +33,7 @@ import logging
 import os
 import socket
 import threading
+import time
 from multiprocessing.connection import Client, Connection
 
 from . import api, embeddings, prepare, text_api
@@ -37,6 +44,7 @@ log = logging.getLogger(__name__)
 
 KEY_ENV = "PIPEINFER_FRONT_KEY"   # the channel's key (hex), from the front
 JOB_ENV = "PIPEINFER_FRONT_JOB"   # which of the front's launches this job is
+BEAT_S = 0.5                      # at most one beat this often
 
 
 class FrontLink:
@@ -49,6 +57,7 @@ class FrontLink:
         self.closed = threading.Event()   # the front went away or asked to stop
         self.service = None
         self._requests: dict[int, list] = {}   # rid -> its tickets
+        self._beat = (0, 0.0)   # results counted at the last beat, and when
         self.send(("hello", os.getpid(), int(os.environ.get(JOB_ENV, "0")),
                    socket.gethostname()))
 
@@ -148,6 +157,14 @@ class FrontLink:
 
     def alive(self) -> bool:
         return not self.closed.is_set()
+
+    def beat(self, progress: int) -> None:
+        """After each run the head's pipeline evaluated or took back (Pipeline.on_progress,
+        on the head's thread; a clock read): a beat to the front if BEAT_S has passed."""
+        now = time.monotonic()
+        if now - self._beat[1] >= BEAT_S:
+            self._beat = (progress, now)
+            self.send(("beat", progress))
 
     def close(self) -> None:
         self.closed.set()

@@ -134,6 +134,7 @@ def _head_of_front(cfg: RunConfig, job: Job, service: Service, link: FrontLink) 
     log.info("ready: %s", "; ".join(f"rank {r} pid {pid} on {host}"
                                     for r, host, pid, *_ in job.statuses))
     try:
+        job.head.setup.pipeline.on_progress = link.beat   # (the front's watchdog)
         serve_requests(job.head, service.bridge, service.metrics, link.alive)
     except KeyboardInterrupt:
         pass
