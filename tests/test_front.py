@@ -181,6 +181,33 @@ def test_the_launcher_killed_leaves_nothing_of_its_job(front, undisturbed):
     assert complete(front.url, PROMPTS[1]) == undisturbed[PROMPTS[1]]
 
 
+
+def test_a_rank_killed_while_the_next_job_loads(front, undisturbed):
+    """Kill -9 during a relaunch: a worker dies mid-stream, then a rank of the job that
+    replaces it dies while that job is still starting (before it takes requests); the job
+    after that takes them, and every answer equals the undisturbed one."""
+    before = front.wait_ready()
+    streams = [Stream(front.url, p) for p in PROMPTS]
+    for s in streams:
+        s.start()
+    deadline = time.monotonic() + 120
+    while any(len(s.chunks) < KILL_AFTER and s.is_alive() for s in streams):
+        assert time.monotonic() < deadline, "the streams did not get going"
+        time.sleep(0.01)
+    old = set(front.job_processes())
+    os.kill(next(r["pid"] for r in before["ranks"] if r["rank"] == 1), signal.SIGKILL)
+    deadline = time.monotonic() + 60
+    while not (new := [p for p in front.job_processes() if p not in old and _is_rank(p)]):
+        assert time.monotonic() < deadline, f"no next job:\n{front.stderr[-3000:]}"
+        time.sleep(0.02)
+    os.kill(new[0], signal.SIGKILL)
+    front.wait_ready(after_job=before["job"] + 1)
+    for s in streams:
+        s.join(240)
+    assert f"job {before['job'] + 1} ready" not in front.stderr   # it died starting
+    assert [s.error for s in streams] == [None] * 4 and all(s.done for s in streams)
+    assert [s.text for s in streams] == [undisturbed[p] for p in PROMPTS]
+
 def _cmdline(pid: int) -> str:
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
