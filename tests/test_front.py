@@ -136,10 +136,8 @@ def undisturbed(front):
     return {p: complete(front.url, p) for p in PROMPTS}
 
 
-def _kill_mid_stream(front, rank: int, **fields) -> tuple[list[Stream], dict]:
-    """Four concurrent streams; once each has KILL_AFTER chunks, SIGKILL `rank` of the job;
-    the streams' ends and /health while the job was being replaced."""
-    before = front.wait_ready()
+def _streams_going(front, **fields) -> list[Stream]:
+    """Four concurrent streams, once each has KILL_AFTER chunks."""
     streams = [Stream(front.url, p, **fields) for p in PROMPTS]
     for s in streams:
         s.start()
@@ -147,6 +145,13 @@ def _kill_mid_stream(front, rank: int, **fields) -> tuple[list[Stream], dict]:
     while any(len(s.chunks) < KILL_AFTER and s.is_alive() for s in streams):
         assert time.monotonic() < deadline, "the streams did not get going"
         time.sleep(0.01)
+    return streams
+
+def _kill_mid_stream(front, rank: int, **fields) -> tuple[list[Stream], dict]:
+    """Four concurrent streams; once each has KILL_AFTER chunks, SIGKILL `rank` of the job;
+    the streams' ends and /health while the job was being replaced."""
+    before = front.wait_ready()
+    streams = _streams_going(front, **fields)
     pid = next(r["pid"] for r in before["ranks"] if r["rank"] == rank)
     os.kill(pid, signal.SIGKILL)
     statuses = set()
@@ -187,13 +192,7 @@ def test_a_rank_killed_while_the_next_job_loads(front, undisturbed):
     replaces it dies while that job is still starting (before it takes requests); the job
     after that takes them, and every answer equals the undisturbed one."""
     before = front.wait_ready()
-    streams = [Stream(front.url, p) for p in PROMPTS]
-    for s in streams:
-        s.start()
-    deadline = time.monotonic() + 120
-    while any(len(s.chunks) < KILL_AFTER and s.is_alive() for s in streams):
-        assert time.monotonic() < deadline, "the streams did not get going"
-        time.sleep(0.01)
+    streams = _streams_going(front)
     old = set(front.job_processes())
     os.kill(next(r["pid"] for r in before["ranks"] if r["rank"] == 1), signal.SIGKILL)
     deadline = time.monotonic() + 60
