@@ -40,12 +40,7 @@ HEAD = 0
 # The last message on every cancellation channel (head -> last worker -> ... -> rank 1): a
 # worker ends only after it, so no cancellation is ever left in flight to a rank that is gone.
 CANCEL_END = -1
-# Clock offset measurement: ping-pong rounds per rank (the shortest round trip wins), and the
-# waits' ceiling, short so that a sleep adds little to the round trip it is part of. A rank
-# waiting for its first ping (other ranks' turns) sleeps longer, not to take their cores.
-CLOCK_ROUNDS = 8
-CLOCK_WAIT_S = 50e-6
-CLOCK_IDLE_WAIT_S = 2e-3
+CLOCK_ROUNDS = 8   # clock offset ping-pongs per rank (clock_sync.py)
 # A rank with sends not yet complete sleeps at most this long: a large message moves only
 # while its sender calls into MPI.
 SEND_PROGRESS_S = 250e-6
@@ -147,48 +142,10 @@ class Link:
             backoff.wait()
 
     def clock_offsets(self, rounds: int = CLOCK_ROUNDS) -> dict[int, float] | None:
-        """Collective, called once by every rank of the communicator at the same point: the
-        head measures each other rank's time.monotonic() offset against its own (those clocks
-        are unrelated across hosts). On the head {rank: offset}, a time t of that rank being
-        t - offset in the head's clock; None on the other ranks.
-
-        Per rank, `rounds` ping-pongs: the head reads t0, pings, the rank answers with its
-        clock, the head reads t1. A reply read at the midpoint is off by at most half the round
-        trip, so the round with the shortest one gives the estimate (the first round may
-        include the wait for a rank still starting up: ask for 2 or more)."""
-        if rounds < 1:
-            raise ValueError(f"clock_offsets: rounds must be at least 1, not {rounds}")
-        if self.rank != HEAD:
-            for i in range(rounds):
-                self._clock_recv(HEAD, CLOCK_WAIT_S if i else CLOCK_IDLE_WAIT_S)
-                self.isend(np.array([_now()]), HEAD, Tag.CLOCK)
-            self.flush()
-            return None
-        offsets = {}
-        for rank in range(1, self.size):
-            best_rtt, offset = float("inf"), 0.0
-            for i in range(rounds):
-                t0 = _now()
-                self.isend(np.array([float(i)]), rank, Tag.CLOCK)
-                remote = float(self._clock_recv(rank, CLOCK_WAIT_S)[0])
-                t1 = _now()
-                if t1 - t0 < best_rtt:
-                    best_rtt, offset = t1 - t0, remote - (t0 + t1) / 2
-            offsets[rank] = offset
-        self.flush()
-        return offsets
-
-    def _clock_recv(self, source: int, limit: float) -> np.ndarray:
-        """One float64 clock message, waited for with short sleeps (never a spinning MPI wait);
-        the head watches for failure reports meanwhile, as a rank that failed never answers."""
-        backoff = Backoff(first=5e-6, limit=limit)
-        while (status := self.probe(source, Tag.CLOCK)) is None:
-            if self.rank == HEAD:
-                self.check_errors()
-            backoff.wait()
-        buf = np.empty(status.Get_count(MPI.BYTE) // 8, dtype=np.float64)
-        self.comm.Recv(buf, source=source, tag=int(Tag.CLOCK))
-        return buf
+        """Collective: the head's {rank: offset} of every other rank's clock (clock_sync.py);
+        None on the other ranks."""
+        from .clock_sync import clock_offsets
+        return clock_offsets(self, rounds)
 
     # --- sends ------------------------------------------------------------------------------
     def isend(self, buf: np.ndarray, dest: int, tag: Tag) -> None:
