@@ -361,6 +361,34 @@ def test_a_host_that_answers_again_joins_back(smollm2, tmp_path, monkeypatch):
         srv.kill()
 
 
+
+def test_no_host_left_is_a_503_saying_so_until_hosts_answer_again(smollm2, tmp_path,
+                                                                  monkeypatch, undisturbed):
+    """Every host gone: /health and every request that comes get a 503 that says why (with
+    Retry-After) instead of waiting; the front keeps probing, and hosts that answer again bring
+    the service back on the ranks they hold, its answers exact."""
+    monkeypatch.setenv("PIPEINFER_REJOIN_S", "1")
+    srv, state = _cluster_front(smollm2, tmp_path, "--no-cache-prompt")
+    try:
+        first = srv.wait_ready(240)
+        for k in range(4):
+            (state / "down" / f"node{k}").touch()
+        deadline = time.monotonic() + 180
+        while not ((r := srv.health()).status_code == 503 and "no host" in r.text):
+            assert time.monotonic() < deadline, srv.stderr[-3000:]
+            time.sleep(0.2)
+        assert r.json()["status"] == "waiting" and r.headers.get("retry-after")
+        body = {"prompt": PROMPTS[1], "max_tokens": N_TOKENS, "temperature": 0}
+        refused = httpx.post(srv.url + "/v1/completions", json=body, timeout=30)
+        assert refused.status_code == 503 and "no host" in refused.text, refused.text
+        for k in (0, 1):
+            (state / "down" / f"node{k}").unlink()
+        back = srv.wait_ready(240, after_job=first["job"])
+        assert len(back["ranks"]) == 2
+        assert complete(srv.url, PROMPTS[1]) == undisturbed[PROMPTS[1]]
+    finally:
+        srv.kill()
+
 def test_a_host_whose_rank_keeps_dying_is_left_out(smollm2, tmp_path):
     srv, state = _cluster_front(smollm2, tmp_path)
     try:

@@ -70,8 +70,8 @@ async def _chat(front: Front, request: Request) -> Response:
 
 async def _complete(front: Front, request: Request, kind: str) -> Response:
     body = api.parse_body(await read_body(request))
-    if front.supervisor.state in ("failed", "stopping"):
-        front.check_up()
+    if front.supervisor.state in ("failed", "stopping", "waiting"):
+        front.check_up()   # (a recovery's requests wait in the table instead)
     if body.get("seed") is None:   # sampled answers resume exactly only with a seed
         body["seed"] = secrets.randbits(SEED_BITS)
     pending = front.table.add(kind, body, front.supervisor.send, front.supervisor.up)
@@ -95,8 +95,8 @@ async def _embeddings(front: Front, request: Request) -> Response:
     """Taken as a completion is, by the job that is up; sent again to the next job if that
     one ends first."""
     body = api.parse_body(await read_body(request))
-    if front.supervisor.state in ("failed", "stopping"):
-        front.check_up()
+    if front.supervisor.state in ("failed", "stopping", "waiting"):
+        front.check_up()   # (a recovery's requests wait in the table instead)
     pending = front.table.add("embeddings", body, front.supervisor.send, front.supervisor.up)
     choices = QueueChoices(request, lambda: front.table.cancel(pending.rid,
                                                                front.supervisor.send))

@@ -183,6 +183,8 @@ class Supervisor:
             self._lost(job)
 
     async def _launch(self) -> Job:
+        if self.state == "waiting":   # hosts answer again
+            self.state, self.reason = "recovering", "hosts answer again: starting the job"
         self._launches += 1
         number = self._launches
         hosts, ranks = self.hosts.hosts, self.hosts.ranks
@@ -302,7 +304,9 @@ class Supervisor:
                     len(self.table.requests))
 
     def _waiting_for_hosts(self) -> None:
-        self.state = "recovering"
+        """No host answers: every request, those under way and those that come, gets a 503
+        saying so (app.py) until a host answers again (_rejoin takes it back)."""
+        self.state = "waiting"
         self.reason = ("no host that answers is left to hold the model; waiting for one to "
                        "come back")
         log.warning("%s", self.reason)

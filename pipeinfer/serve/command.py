@@ -145,7 +145,8 @@ def serve(model, draft, compact_draft, alias, n_ctx, n_batch, threads, split, pr
     `recovering`, the hosts that no longer answer are left out, the job is started again
     and every request goes on from the last token it sent, with the same tokens as an
     undisturbed run (greedy, or sampled with a seed: the front draws one for a request
-    without). A host that answers again rejoins when the service is idle.
+    without). With no host left that answers, every request gets a 503 saying so. A
+    host that answers again rejoins when the service is idle.
 
       mpiexec -n 3 pipeinfer serve -m smollm2 --port 8080     (without failover)
 
