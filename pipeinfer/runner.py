@@ -39,8 +39,7 @@ def main(cfg: RunConfig, summary: bool = True) -> int:
     except KeyboardInterrupt:
         return _interrupted(rank)
     if rank == 0 and job.link.size > 1:  # launchers name a dead rank by pid and host only
-        log.info("ready: %s", "; ".join(f"rank {r} pid {pid} on {host}"
-                                        for r, host, pid, *_ in job.statuses))
+        log.info("%s", job.ready_line())
     try:
         return _run_head(job.cfg, job.head, summary) if job.is_head else job.serve()
     except KeyboardInterrupt:

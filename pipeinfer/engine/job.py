@@ -143,6 +143,18 @@ class Job:
     def is_head(self) -> bool:
         return self.link.rank == 0
 
+    def ready_line(self) -> str:
+        """Where every rank runs and what it holds, for the log (launchers name a dead rank by
+        pid and host only; after a failover the front's log shows the new split here)."""
+        ranges = self.ranges or []
+
+        def held(r: int) -> str:
+            if r >= len(ranges):
+                return ", a draft model"
+            return f", layers [{ranges[r].first},{ranges[r].last})" if ranges[r].n_layer else ""
+        return "ready: " + "; ".join(f"rank {r} pid {pid} on {host}{held(r)}"
+                                     for r, host, pid, *_ in self.statuses)
+
     @classmethod
     def start(cls, cfg: RunConfig, check: Callable[[], None] | None = None) -> "Job":
         """Every rank: rank 0 plans the split, every other rank obtains its file (from its

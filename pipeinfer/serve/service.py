@@ -106,8 +106,7 @@ def main(cfg: RunConfig, options: ServeOptions) -> int:
 
 def _head(cfg: RunConfig, job: Job, service: Service, http: HttpThread) -> int:
     ready(service, job.head)
-    log.info("ready: %s", "; ".join(f"rank {r} pid {pid} on {host}"
-                                    for r, host, pid, *_ in job.statuses))
+    log.info("%s", job.ready_line())
     log.info("serving %s on http://%s:%d", service.model_name, http.sock.getsockname()[0],
              http.port)
     try:
@@ -131,8 +130,7 @@ def _head_of_front(cfg: RunConfig, job: Job, service: Service, link: FrontLink) 
     link.serve(service)
     ready(service, job.head)
     link.ready(service, job.statuses)
-    log.info("ready: %s", "; ".join(f"rank {r} pid {pid} on {host}"
-                                    for r, host, pid, *_ in job.statuses))
+    log.info("%s", job.ready_line())
     try:
         job.head.setup.pipeline.on_progress = link.beat   # (the front's watchdog)
         serve_requests(job.head, service.bridge, service.metrics, link.alive)
