@@ -11,7 +11,8 @@ way: watchdog.py) is killed and taken as failed, its stopped rank on this host (
 Each job's start, readiness and end, and each request resumed, go to --trace (trace.py).
 
 States, as /health reports them: loading (the first job starting), ok, recovering (a job
-ended; requests wait and resume on the next one), failed (given up), stopping."""
+ended; requests wait and resume on the next one), waiting (no host answers: every request
+gets a 503 until one does), failed (given up), stopping."""
 
 from __future__ import annotations
 
