@@ -143,7 +143,10 @@ def wait_healthy(url: str, proc: subprocess.Popen, log: Path) -> None:
 # pipeinfer's systems: their strategy flags (the rest as for every pipeinfer system)
 PIPEINFER_SYSTEMS = {"pipeinfer": ["--strategy", "pipeinfer", "-md", "{draft}"],
                      "pipeinfer-speculative": ["--strategy", "speculative", "-md", "{draft}"],
-                     "pipeinfer-iterative": ["--strategy", "iterative"]}
+                     "pipeinfer-iterative": ["--strategy", "iterative"],
+                     # drafts from the draft model only (no n-gram lookup of the text first)
+                     "pipeinfer-model-drafts": ["--strategy", "pipeinfer", "-md", "{draft}",
+                                                "--draft-source", "model"]}
 
 
 class PipeinferServer:

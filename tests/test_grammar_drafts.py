@@ -33,10 +33,19 @@ class ScriptedDrafter:
 
     def __init__(self, branches):
         self.branches, self.calls, self.n_held = branches, 0, 7
+        self.steps = 0   # tokens of branch 0 the "model" drafted
 
-    def draft(self, context, params, cutoff, max_tokens=None, should_stop=None):
+    def draft(self, context, params, cutoff, max_tokens=None, should_stop=None,
+              stop_at=None):
         self.calls += 1
-        return [list(b) for b in self.branches], [0.9] * len(self.branches[0])
+        main = []
+        for token in self.branches[0]:   # as Drafter.draft: stop_at after each token
+            main.append(token)
+            if stop_at is not None and stop_at(main):
+                break
+        self.steps += len(main)
+        branches = [main] + [list(b) for b in self.branches[1:]]
+        return branches, [0.9] * len(main)
 
 
 def drafter_for(tokenizer, branches, free=True):
@@ -87,3 +96,22 @@ def test_drafts_the_grammar_forbids_are_cut(tokenizer):
 
 def tokenize_all(tokenizer, *texts):
     return [tokenizer.tokenize(t, add_special=False, parse_special=False) for t in texts]
+
+
+def test_the_model_stops_where_the_grammar_forces_the_rest(tokenizer):
+    """A value the model drafts ends the model's part of the job: the text the grammar forces
+    after it follows as free drafts, with no model step for it."""
+    tokenize = lambda t: tokenizer.tokenize(t, add_special=False, parse_special=False)  # noqa
+    value, forced = tokenize('Ann"'), tokenize(',"age":')
+    gd, inner, counters, tokenize = drafter_for(tokenizer, [value + forced + tokenize("4")])
+    context = list(PROMPT) + tokenize('{"name":"')
+    branches, probs = gd.draft(context, DraftParams(), 0.0, max_tokens=16)
+    assert text(tokenizer, branches[0]) == 'Ann",' + '"age":'
+    assert inner.steps == len(value)                  # the model stopped after the value
+    assert counters.n_drafted_free == len(forced) and len(probs) == len(branches[0])
+    gd, inner, counters, _ = drafter_for(tokenizer, [value + forced], free=False)
+    branches, _ = gd.draft(context, DraftParams(), 0.0, max_tokens=16)
+    assert inner.steps == len(value + forced) and counters.n_drafted_free == 0
+    gd, inner, counters, _ = drafter_for(tokenizer, [value + forced])
+    branches, _ = gd.draft(context, DraftParams(), 0.0, max_tokens=len(value) + 1)
+    assert len(branches[0]) == len(value) + 1         # the job's budget holds

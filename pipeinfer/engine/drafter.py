@@ -122,14 +122,18 @@ class Drafter:
         self._sync(context[:done], want_logits=False)
 
     def draft(self, context: Sequence[int], params: DraftParams, cutoff: float,
-              max_tokens: int | None = None, should_stop: Callable[[], bool] | None = None
+              max_tokens: int | None = None, should_stop: Callable[[], bool] | None = None,
+              stop_at: Callable[[list[int]], bool] | None = None
               ) -> tuple[list[list[int]], list[float]]:
         """Branches continuing `context` (branch 0 first) and the draft probability of each
         token of branch 0. Empty when the draft's first guess is under `cutoff`. When
         `should_stop` (asked after every draft step) says so, drafting ends early with the
         tree drafted so far: a micro-batch that is ready goes out rather than wait (paper
         IV-B: speculation runs whenever the head would otherwise idle); while the draft is
-        still catching up on a long context, stopping gives nothing (progress is kept)."""
+        still catching up on a long context, stopping gives nothing (progress is kept).
+        `stop_at(branch 0)`, asked after each token branch 0 gains, ends drafting after
+        that token when it says so (a grammar that forces the text from there on:
+        engine/grammar_drafts.py drafts that text without the model)."""
         limit = params.max_tokens if max_tokens is None else max_tokens
         if limit <= 0:
             return [], []
@@ -143,6 +147,7 @@ class Drafter:
         main_probs: list[float] = []
         base = len(context)
         last_evaluated = True  # branch 0's last token has been evaluated (logits[0] follows it)
+        stopped = False
         for depth in range(limit):
             grown = []
             for b in range(len(branches)):
@@ -164,8 +169,9 @@ class Drafter:
                 if b == 0:
                     main_probs.append(float(probs[first]))
                     last_evaluated = False
+                    stopped = stop_at is not None and stop_at(branches[0])
                 grown.append(b)
-            if not grown or depth + 1 == limit:
+            if not grown or depth + 1 == limit or stopped:
                 break
             if should_stop is not None and should_stop():
                 break

@@ -73,6 +73,28 @@ class Probe:
         return text
 
 
+class ForcedWatch:
+    """Drafter.draft's `stop_at` under a grammar: follows branch 0 from the drafts' tip and
+    says stop where the grammar forces text from there on (the job then ends with that text,
+    drafted for free: `forced`), or where it forbids the branch's last token (cut anyway).
+    Without it the draft model went on guessing the forced text after each value, a step a
+    token (a 5-object JSON list: 127 model-drafted tokens for 124 generated)."""
+
+    def __init__(self, tip: Grammar, probe: Probe):
+        self.state, self.probe = tip.clone(), probe
+        self.n_seen = 0
+        self.forced = ""
+
+    def __call__(self, branch: Sequence[int]) -> bool:
+        for token in branch[self.n_seen:]:
+            self.n_seen += 1
+            if not self.state.allows(token):
+                return True
+            self.state.accept(token)
+        self.forced = self.probe.forced_text(self.state.clone())
+        return bool(self.forced)
+
+
 class GrammarDrafter:
     """A Drafter (engine/drafter.py) whose drafts keep to one generation's grammar. Runs
     where the draft jobs run (the draft thread), with a grammar state of its own advanced
@@ -102,12 +124,18 @@ class GrammarDrafter:
             if forced:
                 self.counters.n_drafted_free += len(forced)
                 return [forced], [1.0] * len(forced)
+        watch = ForcedWatch(tip, self.probe) if self.free else None
         branches, probs = self.drafter.draft(context, params, cutoff, max_tokens,
-                                             should_stop)
+                                             should_stop, stop_at=watch)
         kept = [self._keep(tip, branch) for branch in branches]
         self.counters.n_drafts_cut += sum(map(len, branches)) - sum(map(len, kept))
+        probs = probs[:len(kept[0])] if kept else []
+        if watch is not None and watch.forced and kept and kept[0] == branches[0]:
+            forced = self.tokenize(watch.forced)[:max(0, limit - len(kept[0]))]
+            self.counters.n_drafted_free += len(forced)
+            kept[0], probs = kept[0] + forced, list(probs) + [1.0] * len(forced)
         cut = [b for b in kept if b]
-        return cut, probs[:len(kept[0])] if kept else []
+        return cut, probs
 
     def _tip(self, context: Sequence[int]) -> Grammar | None:
         """The grammar's state after `context`'s generated tokens (None if one of them is
