@@ -11,7 +11,7 @@ import llama_cpp
 
 from . import llama_lib
 from .chat_template import ChatTemplate
-from .grammar import Grammar
+from .grammar import Grammar, GrammarError
 from .llama_lib import LlamaError
 
 
@@ -99,13 +99,23 @@ class Tokenizer:
         token = which(self._vocab)
         return "" if token < 0 else self.piece(token, special=True).decode("utf-8", "replace")
 
-    def grammar(self, gbnf: str) -> Grammar:
+    def grammar(self, gbnf: str, triggers: Sequence[str] = ()) -> Grammar:
         """A fresh state of the GBNF grammar `gbnf` over this vocabulary (GrammarError if it
-        does not parse)."""
+        does not parse); lazy if `triggers` are given: texts of single tokens it waits for
+        (GrammarError if one is not a single token)."""
         eos = llama_cpp.llama_vocab_eos(self._vocab)
         if eos < 0:
             eos = llama_cpp.llama_vocab_eot(self._vocab)
-        return Grammar(self._vocab, self.n_vocab, eos, gbnf)
+        tokens = [self.single_token(text) for text in triggers]
+        if None in tokens:
+            raise GrammarError(f"a grammar trigger is not one token: {list(triggers)}")
+        return Grammar(self._vocab, self.n_vocab, eos, gbnf, triggers=tuple(tokens))
+
+    def single_token(self, text: str) -> int | None:
+        """The token whose text `text` is (special tokens included), None if it takes
+        several tokens."""
+        tokens = self.tokenize(text, add_special=False)
+        return tokens[0] if len(tokens) == 1 else None
 
     def chat_tokens(self, messages: "Sequence[dict]", **context) -> list[int]:
         """The prompt of a conversation (dicts with role and content), as llama-server
