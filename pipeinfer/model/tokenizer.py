@@ -120,10 +120,11 @@ class Tokenizer:
     def chat_tokens(self, messages: "Sequence[dict]", **context) -> list[int]:
         """The prompt of a conversation (dicts with role and content), as llama-server
         builds it with --jinja: the template's text (`context`: more template variables,
-        llama-server's chat_template_kwargs), less a leading BOS text when the tokenizer
+        llama-server's chat_template_kwargs; system messages folded into user messages
+        if the template has no system role), less a leading BOS text when the tokenizer
         adds the BOS token itself, tokenized with special tokens parsed."""
         template = self.chat_template()
-        text = template.render(messages, **context)
+        text = template.render(template.with_system_folded(messages), **context)
         if self.add_bos and template.bos_token and text.startswith(template.bos_token):
             text = text[len(template.bos_token):]
         return self.tokenize(text)
