@@ -8,14 +8,18 @@ prompt."""
 from __future__ import annotations
 
 import gguf
+import httpx
 import pytest
 
 from pipeinfer.model import tinymodel
 from pipeinfer.model.tokenizer import Tokenizer
+from pipeinfer.serve import tool_formats
+from pipeinfer.serve.tool_calls import GENERIC
+from pipeinfer.serve.tool_formats import GENERIC_SYSTEM
 from test_pipeline_mpi import llama_greedy
-from test_serve import KEY, Server, openai_client, serving
+from test_serve import AUTH, KEY, Server, openai_client, serving
 
-N_CTX = 256
+N_CTX = 1024
 NO_SYSTEM = (   # the tiny model's ChatML template, refusing the system role
     "{% for message in messages %}"
     "{% if message['role'] == 'system' %}"
@@ -72,3 +76,22 @@ def test_a_system_message_is_folded_when_served(server, model, tokenizer):
     # (the tokens' bytes: the random model's text may end inside a character)
     assert [bytes(e.bytes) for e in answer.choices[0].logprobs.content] == [
         tokenizer.piece(t) for t in tokens[:end]]
+
+
+def test_the_generic_tool_format_s_system_message_is_folded_too(server, tokenizer):
+    """Tools with this template: the generic format (serve/tool_formats.py) asks for JSON in
+    a system message of its own, folded with the request's into the user's message."""
+    template = tokenizer.chat_template()
+    tools = [{"type": "function", "function": {"name": "get_time", "parameters": {
+        "type": "object", "properties": {"zone": {"type": "string"}}}}}]
+    assert tool_formats.tool_format(template) == GENERIC
+    messages = tool_formats.conversation(template, ASK, tools, GENERIC)
+    text = template.render(template.with_system_folded(messages), tools=tools)
+    user = text.split("<|im_start|>user\n", 1)[1]
+    assert text.startswith("<|im_start|>user\n") and "system" not in text
+    assert user.index("You answer in code.") < user.index(GENERIC_SYSTEM) \
+        < user.index("get_time") < user.index("Print the time")
+    r = httpx.post(server.url + "/v1/chat/completions", headers=AUTH, json={
+        "messages": ASK, "tools": tools, "max_tokens": 4, "temperature": 0})
+    assert r.status_code == 200, r.text
+    assert r.json()["usage"]["prompt_tokens"] == len(tokenizer.tokenize(text))
