@@ -20,6 +20,7 @@ class Chain:
     presence_penalty: float = 0.0
     repeat_last_n: int = 64
     grammar: str | None = None      # GBNF: llama.cpp's grammar sampler before the chain
+    triggers: tuple[int, ...] = ()  # the grammar lazy, waiting for one of these tokens
 
 
 def _sampler(chain: Chain, n_vocab: int, n_ctx: int):
@@ -56,8 +57,8 @@ def chain_greedy(model: Path, prompt: list[int], n: int, chain: Chain = Chain(),
         llm = Llama(model_path=str(model), n_ctx=n_ctx, n_threads=1, flash_attn=True,
                     verbose=False)
     smpl = _sampler(chain, llm.n_vocab(), n_ctx)
-    grammar = None if chain.grammar is None else llama_cpp.llama_sampler_init_grammar(
-        llama_cpp.llama_model_get_vocab(llm.model), chain.grammar.encode(), b"root")
+    grammar = None if chain.grammar is None else _grammar(
+        llama_cpp.llama_model_get_vocab(llm.model), chain)
     try:
         for token in prompt:
             llama_cpp.llama_sampler_accept(smpl, token)
@@ -88,6 +89,17 @@ def chain_greedy(model: Path, prompt: list[int], n: int, chain: Chain = Chain(),
             llama_cpp.llama_sampler_free(grammar)
         llm.close()
     return tokens, logprobs
+
+
+def _grammar(vocab, chain: Chain):
+    """llama.cpp's grammar sampler of `chain` (lazy if it has triggers)."""
+    import llama_cpp
+
+    if not chain.triggers:
+        return llama_cpp.llama_sampler_init_grammar(vocab, chain.grammar.encode(), b"root")
+    tokens = (llama_cpp.llama_token * len(chain.triggers))(*chain.triggers)
+    return llama_cpp.llama_sampler_init_grammar_lazy_patterns(
+        vocab, chain.grammar.encode(), b"root", None, 0, tokens, len(chain.triggers))
 
 
 def _constrained(grammar, smpl, row: np.ndarray) -> int:

@@ -97,3 +97,43 @@ def test_template_helpers_and_errors():
         ChatTemplate("{% for %}", "", "")
     with pytest.raises(ChatTemplateError):   # the sandbox refuses attribute games
         ChatTemplate("{{ messages.__class__.__mro__ }}", "", "").render([])
+
+
+# A template without a system role, as Gemma's and older Mistral's raise on one; and one that
+# leaves system messages out without a word.
+NO_SYSTEM = ("{% for m in messages %}{% if m.role == 'system' %}"
+             "{{ raise_exception('System role not supported') }}{% endif %}"
+             "<{{ m.role }}>{{ m.content }}</{{ m.role }}>{% endfor %}"
+             "{% if add_generation_prompt %}<assistant>{% endif %}")
+DROPS_SYSTEM = ("{% for m in messages %}{% if m.role != 'system' %}"
+                "<{{ m.role }}>{{ m.content }}</{{ m.role }}>{% endif %}{% endfor %}")
+CHATML = ("{% for m in messages %}<{{ m.role }}>{{ m.content }}</{{ m.role }}>{% endfor %}"
+          "{% if add_generation_prompt %}<assistant>{% endif %}")
+
+
+def test_a_template_without_a_system_role_gets_it_in_the_user_message():
+    """As llama-server (minja's polyfill): system messages joined by "\\n" before the next
+    user message's content, "\\n" between; before another role, a user message of their
+    own; a template with the role renders exactly as before."""
+    messages = [{"role": "system", "content": "Be brief."},
+                {"role": "system", "content": "Answer in French."},
+                {"role": "user", "content": "Hi!"},
+                {"role": "assistant", "content": "Salut !"},
+                {"role": "system", "content": "Now in English."},
+                {"role": "assistant", "content": None, "tool_calls": []},
+                {"role": "user", "content": ""}]
+    for source in (NO_SYSTEM, DROPS_SYSTEM):
+        template = ChatTemplate(source, "", "")
+        assert not template.supports_system_role
+        folded = template.with_system_folded(messages)
+        assert folded == [{"role": "user", "content": "Be brief.\nAnswer in French.\nHi!"},
+                          messages[3], messages[5],
+                          {"role": "user", "content": "Now in English."}]   # (into the empty one)
+    assert ChatTemplate(NO_SYSTEM, "", "").render(
+        ChatTemplate(NO_SYSTEM, "", "").with_system_folded(messages[:4])) == \
+        "<user>Be brief.\nAnswer in French.\nHi!</user><assistant>Salut !</assistant><assistant>"
+    assert ChatTemplate(NO_SYSTEM, "", "").with_system_folded(
+        [messages[4], messages[3]]) == [{"role": "user", "content": "Now in English."},
+                                        messages[3]]
+    chatml = ChatTemplate(CHATML, "", "")
+    assert chatml.supports_system_role and chatml.with_system_folded(messages) == messages

@@ -2,7 +2,8 @@
 support: the native format) with pipeinfer's strategy, asked with the `openai` client. The
 prompt with tools (and with a history of calls and their results) is llama-cpp-python's
 Jinja2ChatFormatter's, the answer llama.cpp's greedy one, and its `<tool_call>` block comes
-back as tool_calls. With tool_choice "required" or a named function the answer is
+back as tool_calls (under tool_choice "auto"'s lazy grammar, which the model's own call
+keeps to). With tool_choice "required" or a named function the answer is
 llama.cpp's greedy one under the grammar that forces the call (one token per decode), while
 the server speculates under it."""
 
@@ -60,13 +61,15 @@ def tokenizer(qwen):
     yield from open_tokenizer(qwen[0])
 
 
-def llama_answer(model, tokenizer, prompt: list[int], n: int, gbnf: str | None = None) -> str:
-    """llama.cpp's greedy answer (under the grammar `gbnf` if given) up to its
-    end-of-generation token, the tool-call marks as text."""
+def llama_answer(model, tokenizer, prompt: list[int], n: int, gbnf: str | None = None,
+                 triggers: tuple[int, ...] = ()) -> str:
+    """llama.cpp's greedy answer (under the grammar `gbnf` if given, lazy with `triggers`)
+    up to its end-of-generation token, the tool-call marks as text."""
     if gbnf is None:
         tokens = llama_greedy(model, prompt, n, n_ctx=N_CTX, repack=True)
     else:
-        tokens, _ = chain_greedy(model, prompt, n, Chain(grammar=gbnf), n_ctx=N_CTX)
+        tokens, _ = chain_greedy(model, prompt, n, Chain(grammar=gbnf, triggers=triggers),
+                                 n_ctx=N_CTX)
     end = next((i for i, t in enumerate(tokens) if tokenizer.is_eog(t)), len(tokens))
     marks = {t for t in range(tokenizer.n_vocab - 400, tokenizer.n_vocab)
              if tokenizer.piece(t, special=True) in (b"<tool_call>", b"</tool_call>")}
@@ -75,7 +78,10 @@ def llama_answer(model, tokenizer, prompt: list[int], n: int, gbnf: str | None =
 
 def test_a_tool_call_comes_back_parsed(server, client, qwen, tokenizer):
     prompt = llama_chat_tokens(qwen[0], ASK, tools=WEATHER)
-    want_content, want_calls = extract(llama_answer(qwen[0], tokenizer, prompt, 60),
+    auto = ToolChoice()   # (its lazy grammar: from the model's <tool_call> on)
+    lazy = tool_formats.grammar(WEATHER, auto, NATIVE), tuple(
+        tokenizer.single_token(t) for t in tool_formats.triggers(auto, NATIVE))
+    want_content, want_calls = extract(llama_answer(qwen[0], tokenizer, prompt, 60, *lazy),
                                        {"get_weather"})
     assert want_calls, "the model does not call the tool here: pick another question"
     answer = client.chat.completions.create(model="qwen", messages=ASK, tools=WEATHER,

@@ -74,13 +74,17 @@ def test_qwen_gets_the_native_format_through_its_own_template(qwen):
     template = qwen.chat_template()
     assert tool_formats.tool_format(template) == NATIVE
     assert tool_formats.conversation(template, HISTORY, [WEATHER], NATIVE) == HISTORY
-    assert tool_formats.grammar([WEATHER], ToolChoice(), NATIVE) is None   # auto: free
+    # auto: the required grammar, lazy (it applies from a <tool_call> token on)
+    assert tool_formats.grammar([WEATHER], ToolChoice(), NATIVE) == tool_formats.grammar(
+        [WEATHER], ToolChoice(required=True), NATIVE)
+    assert tool_formats.triggers(ToolChoice(), NATIVE) == ("<tool_call>",)
+    assert tool_formats.triggers(ToolChoice(), GENERIC) == ()
 
 
-def accepts(tokenizer, gbnf: str, text: str) -> bool:
-    """Whether llama.cpp's grammar sampler lets the model write `text` (as the tokenizer
-    spells it, special tokens too) and then end."""
-    grammar = tokenizer.grammar(gbnf)
+def accepts(tokenizer, gbnf: str, text: str, triggers=()) -> bool:
+    """Whether llama.cpp's grammar sampler (lazy, with `triggers`) lets the model write
+    `text` (as the tokenizer spells it, special tokens too) and then end."""
+    grammar = tokenizer.grammar(gbnf, triggers)
     try:
         for token in tokenizer.tokenize(text, add_special=False):
             if not grammar.allows(token):
@@ -109,6 +113,21 @@ def test_a_required_native_call_is_a_tool_call_block_of_a_valid_call(qwen):
     assert not accepts(qwen, named, block)
     parallel = tool_formats.grammar([WEATHER], ToolChoice(True, None, True), NATIVE)
     assert accepts(qwen, parallel, block + "\n" + block)
+
+
+def test_an_auto_native_answer_is_free_until_its_call(qwen):
+    """tool_choice "auto": any text, and a <tool_call> block (after text or not) only if it
+    is a valid call, ending the answer."""
+    auto = ToolChoice()
+    gbnf, triggers = (tool_formats.grammar([WEATHER, TIME], auto, NATIVE),
+                      tool_formats.triggers(auto, NATIVE))
+    block = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+    for right in ["Hello! It is sunny.", "", block, "Let me look.\n" + block,
+                  '{"name": "get_weather"}']:   # (no tags: not a call the grammar sees)
+        assert accepts(qwen, gbnf, right, triggers), right
+    for wrong in [block.replace("get_weather", "get_rain"), "Sure. " + block[:-1],
+                  block + " Done.", "Hm <tool_call> get_weather(Paris)"]:
+        assert not accepts(qwen, gbnf, wrong, triggers), wrong
 
 
 def test_the_generic_reply_is_a_call_or_a_response(smol):

@@ -8,6 +8,12 @@ token at every verified position comes from the constrained distribution and the
 exactly what non-speculative constrained decoding gives, whatever was drafted. The drafts
 themselves follow the grammar too (engine/grammar_drafts.py): a state cloned at their tip
 cuts drafts the grammar forbids, and supplies the text it forces as free drafts.
+
+A lazy grammar (llama.cpp's lazy grammar sampler, as llama-server uses for tool calls with
+tool_choice "auto") allows everything until one of its trigger tokens is accepted; from that
+token on the grammar applies, the trigger token being its first text (so the grammar must
+begin with the trigger's text). While it waits, every token is allowed (the end of the
+generation too), so no text is forced and drafts are not cut.
 """
 
 from __future__ import annotations
@@ -37,14 +43,26 @@ def json_grammar(schema: dict | None = None) -> str:
                            f"{type(err).__name__}: {err}") from None
 
 
+def _sampler(vocab, gbnf: str, root: str, triggers: tuple[int, ...]):
+    """llama.cpp's grammar sampler; lazy (waiting for one of the `triggers` tokens) if
+    there are any."""
+    if not triggers:
+        return llama_cpp.llama_sampler_init_grammar(vocab, gbnf.encode("utf-8"),
+                                                    root.encode("utf-8"))
+    tokens = (llama_cpp.llama_token * len(triggers))(*triggers)
+    return llama_cpp.llama_sampler_init_grammar_lazy_patterns(
+        vocab, gbnf.encode("utf-8"), root.encode("utf-8"), None, 0, tokens, len(triggers))
+
+
 class Grammar:
-    """One generation's grammar state over a vocabulary (`vocab`: llama.cpp's handle)."""
+    """One generation's grammar state over a vocabulary (`vocab`: llama.cpp's handle);
+    `triggers`: the tokens a lazy grammar waits for (none: it applies from the start)."""
 
     def __init__(self, vocab, n_vocab: int, eos: int, gbnf: str, root: str = "root",
-                 _smpl=None):
-        self._args = (vocab, n_vocab, eos, gbnf, root)
-        self._smpl = _smpl or llama_cpp.llama_sampler_init_grammar(
-            vocab, gbnf.encode("utf-8"), root.encode("utf-8"))
+                 triggers: tuple[int, ...] = (), _smpl=None):
+        self._args = (vocab, n_vocab, eos, gbnf, root, tuple(triggers))
+        self.triggers = tuple(triggers)
+        self._smpl = _smpl or _sampler(vocab, gbnf, root, self.triggers)
         if not self._smpl:
             raise GrammarError("the grammar does not parse (GBNF; llama.cpp's log says where)")
         self.eos, self.n_vocab = eos, n_vocab

@@ -11,7 +11,7 @@ import llama_cpp
 
 from . import llama_lib
 from .chat_template import ChatTemplate
-from .grammar import Grammar
+from .grammar import Grammar, GrammarError
 from .llama_lib import LlamaError
 
 
@@ -99,21 +99,32 @@ class Tokenizer:
         token = which(self._vocab)
         return "" if token < 0 else self.piece(token, special=True).decode("utf-8", "replace")
 
-    def grammar(self, gbnf: str) -> Grammar:
+    def grammar(self, gbnf: str, triggers: Sequence[str] = ()) -> Grammar:
         """A fresh state of the GBNF grammar `gbnf` over this vocabulary (GrammarError if it
-        does not parse)."""
+        does not parse); lazy if `triggers` are given: texts of single tokens it waits for
+        (GrammarError if one is not a single token)."""
         eos = llama_cpp.llama_vocab_eos(self._vocab)
         if eos < 0:
             eos = llama_cpp.llama_vocab_eot(self._vocab)
-        return Grammar(self._vocab, self.n_vocab, eos, gbnf)
+        tokens = [self.single_token(text) for text in triggers]
+        if None in tokens:
+            raise GrammarError(f"a grammar trigger is not one token: {list(triggers)}")
+        return Grammar(self._vocab, self.n_vocab, eos, gbnf, triggers=tuple(tokens))
+
+    def single_token(self, text: str) -> int | None:
+        """The token whose text `text` is (special tokens included), None if it takes
+        several tokens."""
+        tokens = self.tokenize(text, add_special=False)
+        return tokens[0] if len(tokens) == 1 else None
 
     def chat_tokens(self, messages: "Sequence[dict]", **context) -> list[int]:
         """The prompt of a conversation (dicts with role and content), as llama-server
         builds it with --jinja: the template's text (`context`: more template variables,
-        llama-server's chat_template_kwargs), less a leading BOS text when the tokenizer
+        llama-server's chat_template_kwargs; system messages folded into user messages
+        if the template has no system role), less a leading BOS text when the tokenizer
         adds the BOS token itself, tokenized with special tokens parsed."""
         template = self.chat_template()
-        text = template.render(messages, **context)
+        text = template.render(template.with_system_folded(messages), **context)
         if self.add_bos and template.bos_token and text.startswith(template.bos_token):
             text = text[len(template.bos_token):]
         return self.tokenize(text)

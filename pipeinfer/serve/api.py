@@ -47,6 +47,7 @@ class Ask:
     tool_format: str = NATIVE      # the model's (prepare.with_tools decides: tool_formats.py)
     grammar: str | None = None     # GBNF the answer keeps to (json / schema / grammar)
     grammar_param: str = ""        # the field it came from (named in errors)
+    grammar_triggers: tuple[str, ...] = ()   # lazy: the tokens' texts it waits for
 
     @property
     def n_choices(self) -> int:

@@ -51,18 +51,23 @@ def tickets(ask: Ask, tokenizer, n_ctx: int, sink: Sink,
 
 def with_tools(ask: Ask, tokenizer) -> Ask:
     """The request with its tool format (the model's template decides: tool_formats.py) and
-    the grammar its calls keep to, if any (400 naming `tools` if a tool's parameters cannot
-    be turned into one)."""
+    the grammar its calls keep to, lazy with tool_choice "auto" in the native format (400
+    naming `tools` if a tool's parameters cannot be turned into one). A lazy grammar needs
+    its triggers to be single tokens of the vocabulary: without them the answer is free."""
     if not (ask.chat and (ask.tools or _has_tool_history(ask.messages))):
         return ask
     fmt = tool_formats.tool_format(_template(tokenizer))
+    if not ask.tools:
+        return replace(ask, tool_format=fmt)
+    triggers = tool_formats.triggers(ask.tool_choice, fmt)
+    if any(tokenizer.single_token(text) is None for text in triggers):
+        return replace(ask, tool_format=fmt)
     try:
-        gbnf = tool_formats.grammar(ask.tools, ask.tool_choice, fmt) if ask.tools else None
+        gbnf = tool_formats.grammar(ask.tools, ask.tool_choice, fmt)
     except GrammarError as err:
         raise ApiError(400, f"'tools': {err}", param="tools") from None
-    if gbnf is None:
-        return replace(ask, tool_format=fmt)
-    return replace(ask, tool_format=fmt, grammar=gbnf, grammar_param="tools")
+    return replace(ask, tool_format=fmt, grammar=gbnf, grammar_param="tools",
+                   grammar_triggers=triggers)
 
 
 def _has_tool_history(messages) -> bool:
@@ -107,7 +112,7 @@ def _grammar(tokenizer, ask: Ask):
     if ask.grammar is None:
         return None
     try:
-        return tokenizer.grammar(ask.grammar)
+        return tokenizer.grammar(ask.grammar, ask.grammar_triggers)
     except GrammarError as err:
         raise ApiError(400, f"'{ask.grammar_param}': {err}", param=ask.grammar_param) \
             from None

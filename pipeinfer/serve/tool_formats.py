@@ -16,6 +16,16 @@ the template and llama.cpp's JSON-schema converter):
 - tool_choice "required" or a named function constrains the native format too: the answer
   is `<tool_call>\n{"name": ..., "arguments": ...}\n</tool_call>` with the arguments valid
   under the tool's `parameters` schema (with parallel_tool_calls, several such blocks).
+- tool_choice "auto" with the native format gets the same grammar, lazy (llama-server's
+  `grammar_lazy`): the answer is free text until the model writes `<tool_call>`, and from
+  that token on it keeps to the grammar, so a call the model begins always parses. The
+  trigger is the `<tool_call>` token (Qwen2.5's and Hermes 2 Pro's vocabularies have it as
+  one added token; a vocabulary without it leaves "auto" free, prepare.py). llama-server
+  also triggers on a text pattern (a bare `{"name": "<tool>"` at the start, and the
+  `<function=...>` forms, which its grammar also allows); not here: when a pattern
+  matches, llama.cpp replays the text from the match into the grammar, and a token the
+  grammar refuses then aborts the process (llama_grammar_accept_token throws across the C
+  API), which a token trigger cannot cause: its own text is the grammar's first.
 
 Grammars come from llama-cpp-python's port of llama.cpp's JSON-schema converter, the one
 `response_format` uses (model/grammar.py); each tool's `$ref`s are resolved within its own
@@ -173,16 +183,20 @@ def _dump(value) -> str:
     return json.dumps(value, indent=2, ensure_ascii=False)
 
 
-def grammar(tools: Sequence[dict], choice: ToolChoice, fmt: str) -> str | None:
-    """The GBNF the answer keeps to (None: the native format's free answer, with
-    tool_choice "auto"). GrammarError if a tool's parameters cannot be converted."""
-    if fmt == NATIVE and not choice.required:
-        return None
+def grammar(tools: Sequence[dict], choice: ToolChoice, fmt: str) -> str:
+    """The GBNF the answer keeps to (with the native format and tool_choice "auto", from
+    its trigger on: `triggers`). GrammarError if a tool's parameters cannot be converted."""
     try:
         return (_native_grammar if fmt == NATIVE else _generic_grammar)(tools, choice)
     except Exception as err:  # noqa: BLE001 (the converter raises whatever it meets)
         raise GrammarError(f"a tool's parameters cannot be turned into a grammar: "
                            f"{type(err).__name__}: {err}") from None
+
+
+def triggers(choice: ToolChoice, fmt: str) -> tuple[str, ...]:
+    """The tokens' texts the grammar waits for (lazy), none if it applies from the start:
+    `<tool_call>` for the native format with tool_choice "auto"."""
+    return (OPEN,) if fmt == NATIVE and not choice.required else ()
 
 
 def _converter() -> SchemaConverter:
