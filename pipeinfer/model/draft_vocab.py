@@ -127,13 +127,17 @@ def choose_kept(counts: np.ndarray, token_types: np.ndarray | None, k: int) -> n
 # --- the reduced file ------------------------------------------------------------------------
 
 def check_draft(header: Header, path: Path) -> None:
-    """DraftVocabError unless `path` is a whole, single-file model with token embeddings."""
+    """DraftVocabError unless `path` is a whole, single-file model with token embeddings and
+    a tokenizer (which counts the corpus)."""
     if int(header.fields.get(Keys.Split.LLM_KV_SPLIT_COUNT, 1) or 1) > 1:
         raise DraftVocabError(f"{path.name} is one part of a split GGUF model; --draft-vocab "
                               "needs the draft as a single file (llama-gguf-split --merge)")
     if _TOKEN_EMBD not in header.tensors:
         raise DraftVocabError(f"{path.name} has no {_TOKEN_EMBD} (a pipeinfer stage file?): "
                               "--draft-vocab needs the draft model's own file")
+    if header.fields.get(Keys.Tokenizer.MODEL, "none") == "none":
+        raise DraftVocabError(f"{path.name} has no tokenizer (a pipeinfer stage file or a "
+                              "reduced draft?): --draft-vocab needs the draft model's own file")
     try:
         check_extents(header)
     except HeaderError as err:
