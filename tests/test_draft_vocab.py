@@ -263,3 +263,41 @@ def test_qwen_answer_unchanged(qwen) -> None:
     assert result["prompt_tokens"] == prompt
     assert result["n_drafted"] > 0, "nothing was speculated: the test would prove nothing"
     assert result["tokens"] == reference
+
+
+def test_serve_two_requests_at_once_exact(smollm2, tmp_path: Path) -> None:
+    """`serve --parallel 2 --draft-vocab` (SmolLM2 drafting for itself over 8,192 of its
+    49,152 tokens): each request's draft is a slot of the reduced draft (engine/lanes.py),
+    and both answers, asked at once, are llama.cpp's."""
+    import threading
+
+    import httpx
+
+    from test_serve import N_CTX, Server, expected
+
+    srv = Server(tmp_path, 2, "-m", str(smollm2), "-md", str(smollm2), "--strategy",
+                 "pipeinfer", "--layer-split", "0,1", "-c", str(N_CTX), "--parallel", "2",
+                 "--draft-vocab", "8192", "--no-cache-prompt")
+    tokenizer = Tokenizer(smollm2)
+    try:
+        srv.wait_ready(240)
+        prompts = ["def is_prime(n):\n", "The three primary colours are"]
+        answers: dict[int, str] = {}
+
+        def ask(i: int) -> None:
+            r = httpx.post(srv.url + "/v1/completions", timeout=180,
+                           json={"prompt": prompts[i], "max_tokens": 32, "temperature": 0})
+            answers[i] = r.json()["choices"][0]["text"]
+
+        threads = [threading.Thread(target=ask, args=(i,)) for i in range(len(prompts))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(200)
+        for i, prompt in enumerate(prompts):
+            text, _, _ = expected(smollm2, tokenizer, tokenizer.tokenize(prompt), 32)
+            assert answers.get(i) == text, (prompt, srv.stderr[-3000:])
+        assert "choosing its 8192 most frequent tokens" in srv.stderr, srv.stderr
+    finally:
+        srv.kill()
+        tokenizer.close()
