@@ -234,11 +234,12 @@ def _read_prompt(prompt_file: str) -> str:
 @_verbosity("-v: progress of every rank, the head's scheduling and tracebacks; -vv: also "
             "llama.cpp's log.", "Only notices and errors on stderr: no progress lines, no "
             "summary line (--json still has every result).")
-def run(model, draft, compact_draft, draft_vocab, prompt, prompt_file, n_predict, n_ctx, n_batch, seed, temp,
-        top_k, top_p, threads, split, profile, strategy, draft_max, p_accept, p_split, n_parallel,
-        p_recovery, p_decay, p_floor, guard_accept, trace_path, draft_source, ngram_min, ngram_max,
-        max_runs, partitions, kv_size, repack, exact, no_continuous, no_cancel, no_draft_thread,
-        ignore_eos, chat, csv_path, as_json, label, verbose, quiet, tree_width, tree_k):
+def run(model, draft, compact_draft, draft_vocab, prompt, prompt_file, n_predict, n_ctx, n_batch,
+        seed, temp, top_k, top_p, threads, split, profile, strategy, draft_max, p_accept, p_split,
+        n_parallel, p_recovery, p_decay, p_floor, guard_accept, trace_path, draft_source,
+        ngram_min, ngram_max, max_runs, partitions, kv_size, repack, exact, no_continuous,
+        no_cancel, no_draft_thread, ignore_eos, chat, csv_path, as_json, label, verbose, quiet,
+        tree_width, tree_k):
     """Generate text from a prompt. Under mpirun every rank runs this same command: rank 0 is
     the head (tokenizer, sampling, its share of layers), ranks 1..N-1 each evaluate one
     contiguous slice of the target's layers. Text streams to stdout; a summary (prompt t/s,
