@@ -23,6 +23,7 @@ import click  # noqa: E402
 
 from .cli_options import (AUTO_SPLIT_HELP, DRAFT_MODEL_HELP, PROFILE_HELP,  # noqa: E402
                           SPLIT_HELP, STRATEGY_HELP, STRATEGY_NAMES, compact_draft_option,
+                          draft_vocab_option,
                           parse_run_split, parse_split, parse_threads, speculation_options)
 from .model.partition import PartitionError  # noqa: E402
 
@@ -196,6 +197,7 @@ def _read_prompt(prompt_file: str) -> str:
                    "stage caches or receive them from rank 0.")
 @click.option("-md", "--model-draft", "draft", multiple=True, help=DRAFT_MODEL_HELP)
 @compact_draft_option
+@draft_vocab_option
 @click.option("-p", "--prompt", default=None, help="Prompt text.")
 @click.option("-f", "--file", "prompt_file", type=click.Path(dir_okay=False), default=None,
               help="Read the prompt from this file instead.")
@@ -232,11 +234,12 @@ def _read_prompt(prompt_file: str) -> str:
 @_verbosity("-v: progress of every rank, the head's scheduling and tracebacks; -vv: also "
             "llama.cpp's log.", "Only notices and errors on stderr: no progress lines, no "
             "summary line (--json still has every result).")
-def run(model, draft, compact_draft, prompt, prompt_file, n_predict, n_ctx, n_batch, seed, temp,
-        top_k, top_p, threads, split, profile, strategy, draft_max, p_accept, p_split, n_parallel,
-        p_recovery, p_decay, p_floor, guard_accept, trace_path, draft_source, ngram_min, ngram_max,
-        max_runs, partitions, kv_size, repack, exact, no_continuous, no_cancel, no_draft_thread,
-        ignore_eos, chat, csv_path, as_json, label, verbose, quiet, tree_width, tree_k):
+def run(model, draft, compact_draft, draft_vocab, prompt, prompt_file, n_predict, n_ctx, n_batch,
+        seed, temp, top_k, top_p, threads, split, profile, strategy, draft_max, p_accept, p_split,
+        n_parallel, p_recovery, p_decay, p_floor, guard_accept, trace_path, draft_source,
+        ngram_min, ngram_max, max_runs, partitions, kv_size, repack, exact, no_continuous,
+        no_cancel, no_draft_thread, ignore_eos, chat, csv_path, as_json, label, verbose, quiet,
+        tree_width, tree_k):
     """Generate text from a prompt. Under mpirun every rank runs this same command: rank 0 is
     the head (tokenizer, sampling, its share of layers), ranks 1..N-1 each evaluate one
     contiguous slice of the target's layers. Text streams to stdout; a summary (prompt t/s,
@@ -285,7 +288,7 @@ def run(model, draft, compact_draft, prompt, prompt_file, n_predict, n_ctx, n_ba
                                      ngram_min=ngram_min, ngram_max=ngram_max),
                     ignore_eos=ignore_eos, chat=chat, csv=csv_path, json=as_json,
                     verbose=verbose, label=label, repack=repack, exact=exact, trace=trace_path,
-                    compact_draft=compact_draft)
+                    compact_draft=compact_draft, draft_vocab=draft_vocab)
     _checked(cfg.check_drafts)
     sys.exit(run_main(cfg, summary=not quiet))
 

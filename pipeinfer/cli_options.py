@@ -42,6 +42,22 @@ COMPACT_DRAFT_HELP = ("Load each draft model (-md) as a copy whose Q5_0, Q5_1, Q
                       "is guessed changes, never the output: the target verifies every token.")
 
 
+DRAFT_VOCAB_HELP = ("Draft over the K most frequent tokens only (FR-Spec): the draft model's "
+                    "output matrix keeps K rows (the special tokens, then the tokens most "
+                    "frequent in the Python standard library's sources), so each draft token "
+                    "costs less, and its choices are mapped back to token ids. The target "
+                    "still verifies over the full vocabulary, so the output stays exact; only "
+                    "what is guessed changes (a token outside the K is never guessed). The "
+                    "reduced copy of the draft is made once, in seconds, and cached. 0: the "
+                    "full vocabulary. Not with pipespec.")
+
+
+def draft_vocab_option(command):
+    """--draft-vocab K (run and serve)."""
+    return click.option("--draft-vocab", "draft_vocab", default=0, metavar="K",
+                        type=click.IntRange(0, None), help=DRAFT_VOCAB_HELP)(command)
+
+
 def compact_draft_option(command):
     """--compact-draft/--no-compact-draft (run and serve)."""
     return click.option("--compact-draft/--no-compact-draft", default=True,

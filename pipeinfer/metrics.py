@@ -144,6 +144,7 @@ class CsvRow:
     peak_rss_mb: str = ""                # per rank (node), rank 0 first, comma-separated
     error: str = ""                      # experiments: why a run has no figures
     compact_draft: bool | None = None    # the draft loaded as its Q4_0 copy (None: no draft)
+    draft_vocab: int | None = None       # the draft's K kept tokens (0: all; None: no draft)
 
 
 def append_csv(path: str | os.PathLike, row: CsvRow) -> None:

@@ -31,6 +31,7 @@ def result_json(cfg, gen, setup, ranges, stats, wall: float) -> dict:
         "target": Path(cfg.model).name,
         "draft": ",".join(Path(d).name for d in cfg.drafts),
         "compact_draft": cfg.compact_draft if cfg.drafts else None,   # (None: no draft)
+        "draft_vocab": cfg.draft_vocab if cfg.drafts else None,       # (0: the full one)
         "n_ranks": len(ranges) + cfg.draft_ranks,
         "ranks": len(ranges) + cfg.draft_ranks,
         "draft_ranks": cfg.draft_ranks,

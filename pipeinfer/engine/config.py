@@ -51,6 +51,8 @@ class RunConfig:
     busy_strategy: str | None = None  # serve: the strategy of a generation started while
                                       # others are under way (None: `strategy`)
     compact_draft: bool = True  # load draft models as their Q4_0 copies (model/draft_cache.py)
+    draft_vocab: int = 0    # the draft's output head over its K likeliest tokens
+                            # (model/draft_vocab.py); 0: the full vocabulary
 
     @property
     def argmax_only(self) -> bool:
@@ -114,6 +116,19 @@ class RunConfig:
                 raise ValueError(f"--draft-source {spec.draft_source} needs a draft model "
                                  "(-md); without one use --draft-source ngram")
             raise ValueError(f"strategy {strategy} needs a draft model (-md)")
+        self._check_draft_vocab()
+
+    def _check_draft_vocab(self) -> None:
+        """--draft-vocab needs the head's own Drafter (engine/drafter.py): pipespec's
+        hierarchy verifies one draft model with another by token id, and a draft rank loads
+        its model itself. Without a draft model it changes nothing."""
+        if self.draft_vocab < 0:
+            raise ValueError(f"--draft-vocab must be 0 or more (got {self.draft_vocab})")
+        if not self.draft_vocab or not self.uses_draft_model:
+            return
+        if self.strategy in MULTI_DRAFT or self.draft_ranks:
+            raise ValueError(f"--draft-vocab: strategy {self.strategy} checks its draft "
+                             "models against each other over the full vocabulary; give 0")
 
     def pool(self) -> PartitionPool | None:
         if self.strategy == "specpipe":  # one partition: the tree's beam slots

@@ -14,6 +14,7 @@ import time
 
 import numpy as np
 
+from ..model.draft_vocab_stage import DraftVocab
 from ..model.stage import Stage
 
 
@@ -47,9 +48,13 @@ def candidates(logits: np.ndarray) -> tuple[np.ndarray, int, int]:
 
 
 class Drafter:
-    def __init__(self, stage: Stage, n_batch: int):
+    """`vocab`: the stage is a reduced-vocabulary draft (model/draft_vocab_stage.py) whose
+    logits columns stand for the tokens `vocab.kept`; None: columns are token ids."""
+
+    def __init__(self, stage: Stage, n_batch: int, vocab: DraftVocab | None = None):
         self.stage = stage
         self.n_batch = n_batch
+        self.vocab = vocab
         self.ctx: list[int] = []              # tokens held in draft sequence 0
         self._last: np.ndarray | None = None  # draft logits after self.ctx, when known
         self.busy_s = 0.0
@@ -92,6 +97,14 @@ class Drafter:
     def sync(self, context: Sequence[int]) -> np.ndarray:
         """Make sequence 0 hold `context`; the draft's logits after it."""
         return self._sync(context)
+
+    def token(self, column: int) -> int:
+        """The token id of logits column `column`."""
+        return int(column) if self.vocab is None else self.vocab.token(column)
+
+    def full_row(self, row: np.ndarray) -> np.ndarray:
+        """A logits row indexed by token id (a reduced draft's kept columns spread out)."""
+        return row if self.vocab is None else self.vocab.full_row(row)
 
     @property
     def n_held(self) -> int:
@@ -159,13 +172,13 @@ class Drafter:
                     continue
                 if (len(branches) < params.n_parallel and probs[second] > params.p_split
                         and probs[second] >= cutoff):
-                    fork = branches[b][:] + [int(second)]
+                    fork = branches[b][:] + [self.token(second)]
                     self.stage.seq_cp(b, len(branches), -1, -1)
                     branches.append(fork)
                     active.append(True)
                     logits.append(None)
                     grown.append(len(branches) - 1)
-                branches[b].append(int(first))
+                branches[b].append(self.token(first))
                 if b == 0:
                     main_probs.append(float(probs[first]))
                     last_evaluated = False

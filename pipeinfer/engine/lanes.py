@@ -143,7 +143,7 @@ class Lanes:
                 raise ValueError(f"strategy {strategy} generates one request at a time")
         self.head, self.cfg, self.pipe = head, cfg, setup.pipeline
         drafter = setup.drafter
-        self._drafters = ([Drafter(drafter.stage.slot(k), drafter.n_batch)
+        self._drafters = ([Drafter(drafter.stage.slot(k), drafter.n_batch, drafter.vocab)
                            for k in range(cfg.slots)] if isinstance(drafter, Drafter)
                           else [drafter] * cfg.slots)
         self._free = list(range(cfg.slots))

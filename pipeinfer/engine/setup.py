@@ -9,6 +9,8 @@ from pathlib import Path
 
 from .drafter import Drafter
 from ..model.draft_cache import compact_draft
+from ..model.draft_vocab import reduced_draft
+from ..model.draft_vocab_stage import DraftVocab, ReducedStage
 from ..model.embedding import Embedder
 from .head import Pipeline
 from .hierarchy_remote import RemoteHierarchy
@@ -179,8 +181,18 @@ def _load_drafter(cfg: RunConfig, tokenizer: Tokenizer, draft: str) -> Drafter:
     path = _draft_path(cfg, draft)
     check_same_vocabulary(Path(draft).name, path, tokenizer)
     config = _draft_config(cfg, cfg.threads_for(0))
-    stage = LoadingStage(lambda: Stage(path, config, final=True, label="draft model"))
-    return Drafter(stage, cfg.n_batch)
+    if not cfg.draft_vocab:
+        stage = LoadingStage(lambda: Stage(path, config, final=True, label="draft model"))
+        return Drafter(stage, cfg.n_batch)
+    # The reduced copy is made here (seconds, once) so that a bad K fails the start.
+    try:
+        reduced = reduced_draft(path, cfg.draft_vocab)
+    except ModelError as err:
+        raise ModelError(f"draft model (-md {Path(draft).name}): {err}") from None
+    vocab = DraftVocab.of(reduced, tokenizer.n_vocab)
+    label = f"draft model ({vocab.size}-token vocabulary)"
+    stage = LoadingStage(lambda: Stage(reduced, config, final=True, label=label))
+    return Drafter(ReducedStage(stage, Embedder(path), vocab), cfg.n_batch, vocab)
 
 
 def _draft_path(cfg: RunConfig, draft: str) -> Path:

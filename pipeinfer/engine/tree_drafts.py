@@ -45,12 +45,12 @@ class TreeDrafts:
                 d.adopt(op.seq, op.token)
             else:
                 apply_kv(d.stage, [op])
-        synced = [] if job.sync is None else [d.sync(job.sync)]
+        synced = [] if job.sync is None else [d.full_row(d.sync(job.sync))]
         rows = []
         if job.decodes:
             seqs, positions, tokens = zip(*job.decodes)
-            rows = list(d.stage.decode(list(positions), [(s,) for s in seqs],
-                                       tokens=list(tokens)))
+            rows = [d.full_row(row) for row in d.stage.decode(
+                list(positions), [(s,) for s in seqs], tokens=list(tokens))]
         return TreeDraftReady(job.job_id, (), rows=tuple(rows + synced))
 
     def stop(self, job_id: int) -> None:

@@ -13,8 +13,9 @@ from ..engine import supervisor
 from ..engine.config import NEEDS_DRAFT
 from ..schedule.options import ADAPTIVE, LANE_STRATEGIES
 from ..cli_options import (AUTO_SPLIT_HELP, DRAFT_MODEL_HELP, PROFILE_HELP, SPLIT_HELP,
-                           STRATEGY_HELP, STRATEGY_NAMES, compact_draft_option, parse_run_split,
-                           parse_threads, speculation_options)
+                           STRATEGY_HELP, STRATEGY_NAMES, compact_draft_option,
+                           draft_vocab_option, parse_run_split, parse_threads,
+                           speculation_options)
 
 DEFAULT_PARALLEL = 4   # as llama-server's automatic slot count
 PARALLEL_HELP = ("Requests generated at once, sharing the pipeline (each in a llama.cpp "
@@ -42,6 +43,7 @@ BUSY_CHOICES = ("auto", "same", "speculative", "iterative")
                    "stage caches or receive them from rank 0.")
 @click.option("-md", "--model-draft", "draft", multiple=True, help=DRAFT_MODEL_HELP)
 @compact_draft_option
+@draft_vocab_option
 @click.option("--alias", default=None,
               help="The model's name in the API (/v1/models, the requests' `model`). "
                    "[default: the -m name without .gguf]", show_default=False)
@@ -130,10 +132,11 @@ BUSY_CHOICES = ("auto", "same", "speculative", "iterative")
 @click.option("--channel", default=None, hidden=True)   # the front's address (front_link.py)
 @_verbosity("-v: progress of every rank, the head's scheduling and tracebacks; -vv: also "
             "llama.cpp's log.", "Only notices and errors on stderr.")
-def serve(model, draft, compact_draft, alias, n_ctx, n_batch, threads, split, profile, strategy,
-          temp, top_k, top_p, seed, host, port, queue_size, parallel, busy_strategy, api_key,
-          cache_prompt, cors_origins, ranks, hostfile, host_list, mpiexec, max_restarts,
-          stall_timeout, trace_path, channel, verbose, quiet, **speculation):
+def serve(model, draft, compact_draft, draft_vocab, alias, n_ctx, n_batch, threads, split,
+          profile, strategy, temp, top_k, top_p, seed, host, port, queue_size, parallel,
+          busy_strategy, api_key, cache_prompt, cors_origins, ranks, hostfile, host_list,
+          mpiexec, max_restarts, stall_timeout, trace_path, channel, verbose, quiet,
+          **speculation):
     """Serve the model over HTTP with an OpenAI-compatible API. Two ways:
 
       pipeinfer serve --ranks 3 -m smollm2 --port 8080        (with failover)
@@ -199,7 +202,7 @@ def serve(model, draft, compact_draft, alias, n_ctx, n_batch, threads, split, pr
                     spec=_spec(speculation, source), repack=speculation["repack"],
                     exact=speculation["exact"], verbose=verbose, full_logits=True,
                     slots=parallel, busy_strategy=_busy(busy_strategy, strategy, parallel),
-                    compact_draft=compact_draft)
+                    compact_draft=compact_draft, draft_vocab=draft_vocab)
     _checked(cfg.check_drafts)
     options = ServeOptions(host, port, queue_size, api_key, alias or _name(model), defaults,
                            tuple(cors_origins) or ("*",), cache_prompt, channel)
