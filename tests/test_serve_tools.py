@@ -16,7 +16,8 @@ import pytest
 from llama_oracle import Chain, chain_greedy
 from pipeinfer.model import models
 from pipeinfer.serve import tool_formats
-from pipeinfer.serve.tool_calls import NATIVE, ToolChoice, extract
+from pipeinfer.serve.hermes_calls import parse_hermes
+from pipeinfer.serve.tool_calls import NATIVE, ToolChoice
 from test_chat_template import llama_chat_tokens
 from test_pipeline_mpi import llama_greedy
 from test_serve import KEY, Server, open_tokenizer, openai_client, serving
@@ -81,8 +82,7 @@ def test_a_tool_call_comes_back_parsed(server, client, qwen, tokenizer):
     auto = ToolChoice()   # (its lazy grammar: from the model's <tool_call> on)
     lazy = tool_formats.grammar(WEATHER, auto, NATIVE), tuple(
         tokenizer.single_token(t) for t in tool_formats.triggers(auto, NATIVE))
-    want_content, want_calls = extract(llama_answer(qwen[0], tokenizer, prompt, 60, *lazy),
-                                       {"get_weather"})
+    want_content, want_calls = parse_hermes(llama_answer(qwen[0], tokenizer, prompt, 60, *lazy))
     assert want_calls, "the model does not call the tool here: pick another question"
     answer = client.chat.completions.create(model="qwen", messages=ASK, tools=WEATHER,
                                             max_tokens=60, temperature=0)
@@ -116,7 +116,7 @@ def test_the_tools_result_goes_back_through_the_template(server, client, qwen, t
     answer = client.chat.completions.create(model="qwen", messages=history, tools=WEATHER,
                                             max_tokens=40, temperature=0)
     assert answer.usage.prompt_tokens == len(prompt)
-    assert answer.choices[0].message.content == extract(want, {"get_weather"})[0]
+    assert answer.choices[0].message.content == parse_hermes(want)[0]
     assert "18" in answer.choices[0].message.content
 
 
@@ -132,7 +132,7 @@ def test_a_forced_call_keeps_to_its_grammar_exactly(server, client, qwen, tokeni
     want = llama_answer(qwen[0], tokenizer, prompt, 60,
                         tool_formats.grammar(tools, choice, NATIVE))
     assert want.startswith("<tool_call>\n") and want.endswith("\n</tool_call>")
-    want_calls = [(c.name, json.loads(c.arguments)) for c in extract(want)[1]]
+    want_calls = [(c.name, json.loads(c.arguments)) for c in parse_hermes(want)[1]]
     request = dict(model="qwen", messages=ASK, tools=tools, tool_choice=tool_choice,
                    max_tokens=60, temperature=0)
     answer = client.chat.completions.create(**request)

@@ -6,9 +6,10 @@ grammar sampler (llama_oracle.chain_greedy: one token per decode): free text whi
 writes no `<tool_call>`, the call's grammar from that token on.
 
 The 1.5B model, asked about the weather, writes its call as a fenced JSON block rather than
-a `<tool_call>` one; a logit bias on the `<tool_call>` token (25: its logit is 22.1 below
-the likeliest one where the answer starts) makes it begin with one, and the grammar then
-shapes the call (the model would write its JSON over several lines)."""
+a `<tool_call>` one: the grammar never triggers, and the block is parsed as llama-server's
+Hermes 2 Pro parser parses it, into tool_calls. A logit bias on the `<tool_call>` token (25:
+its logit is 22.1 below the likeliest one where the answer starts) makes it begin with one,
+and the grammar then shapes the call (the model would write its JSON over several lines)."""
 
 from __future__ import annotations
 
@@ -19,7 +20,8 @@ import pytest
 from llama_oracle import Chain, chain_greedy
 from pipeinfer.model import models
 from pipeinfer.serve import tool_formats
-from pipeinfer.serve.tool_calls import NATIVE, OPEN, ToolChoice, extract
+from pipeinfer.serve.hermes_calls import parse_hermes
+from pipeinfer.serve.tool_calls import NATIVE, OPEN, ToolChoice
 from test_chat_template import llama_chat_tokens
 from test_serve import KEY, Server, open_tokenizer, openai_client, serving
 
@@ -62,20 +64,27 @@ def tokenizer(pair):
     yield from open_tokenizer(pair[0])
 
 
-_ANSWERS: dict[tuple, str] = {}   # (both servers' tests ask the same)
+_ANSWERS: dict[tuple, tuple[str, int]] = {}   # (both servers' tests ask the same)
 
 
 def oracle(model, tokenizer, messages, n: int, bias=(), lazy: bool = True) -> str:
     """llama.cpp's greedy answer under the lazy grammar of tool_choice "auto" (without a
     grammar if not `lazy`), up to its end-of-generation token, the tool-call marks as
     text."""
+    return oracle_tokens(model, tokenizer, messages, n, bias, lazy)[0]
+
+
+def oracle_tokens(model, tokenizer, messages, n: int, bias=(),
+                  lazy: bool = True) -> tuple[str, int]:
+    """The oracle's answer and its tokens, counted as the server counts them (its
+    end-of-generation token in)."""
     key = (json.dumps(messages), n, bias, lazy)
     if key not in _ANSWERS:
         _ANSWERS[key] = _oracle(model, tokenizer, messages, n, bias, lazy)
     return _ANSWERS[key]
 
 
-def _oracle(model, tokenizer, messages, n: int, bias, lazy: bool) -> str:
+def _oracle(model, tokenizer, messages, n: int, bias, lazy: bool) -> tuple[str, int]:
     auto = ToolChoice()
     triggers = tuple(tokenizer.single_token(t) for t in tool_formats.triggers(auto, NATIVE))
     chain = Chain(grammar=tool_formats.grammar(WEATHER, auto, NATIVE), triggers=triggers,
@@ -83,7 +92,8 @@ def _oracle(model, tokenizer, messages, n: int, bias, lazy: bool) -> str:
     prompt = llama_chat_tokens(model, messages, tools=WEATHER)
     tokens, _ = chain_greedy(model, prompt, n, chain, n_ctx=N_CTX)
     end = next((i for i, t in enumerate(tokens) if tokenizer.is_eog(t)), len(tokens))
-    return b"".join(tokenizer.piece(t, special=True) for t in tokens[:end]).decode()
+    return b"".join(tokenizer.piece(t, special=True) for t in tokens[:end]).decode(), \
+        min(end + 1, len(tokens))
 
 
 def test_a_call_keeps_to_the_lazy_grammar_exactly(server, client, pair, tokenizer):
@@ -94,7 +104,7 @@ def test_a_call_keeps_to_the_lazy_grammar_exactly(server, client, pair, tokenize
     want = oracle(pair[0], tokenizer, ASK, 60, bias)
     assert want.startswith("<tool_call>\n") and want.endswith("\n</tool_call>")
     assert oracle(pair[0], tokenizer, ASK, 60, bias, lazy=False) != want   # (it matters)
-    want_calls = [(c.name, json.loads(c.arguments)) for c in extract(want, {"get_weather"})[1]]
+    want_calls = [(c.name, json.loads(c.arguments)) for c in parse_hermes(want)[1]]
     assert want_calls == [("get_weather", {"city": "Paris"})]
     request = dict(model="qwen", messages=ASK, tools=WEATHER, max_tokens=60, temperature=0,
                    logit_bias={str(bias[0][0]): BIAS})
@@ -125,3 +135,30 @@ def test_a_plain_question_gets_free_text(server, client, pair, tokenizer):
         stream=True) if c.choices]
     assert "".join(c.choices[0].delta.content or "" for c in chunks) == want
     assert chunks[-1].choices[0].finish_reason == "stop"
+
+
+def test_a_natural_call_in_a_fenced_block_comes_back_as_tool_calls(server, client, pair,
+                                                                   tokenizer):
+    """No bias: the model writes its call as ```json {"name", "arguments"} ```, outside the
+    grammar's trigger, so decoding stays free and exact against llama.cpp's (the tokens'
+    bytes, from logprobs); the block comes back as tool_calls, as llama-server's parser reads it, whole
+    and streamed, and no part of the fence is streamed as content."""
+    want, n_tokens = oracle_tokens(pair[0], tokenizer, ASK, 100)
+    assert OPEN not in want and "```json" in want and n_tokens < 100
+    want_content, calls = parse_hermes(want)
+    want_calls = [(c.name, json.loads(c.arguments)) for c in calls]
+    assert want_calls == [("get_weather", {"city": "Paris"})]
+    request = dict(model="qwen", messages=ASK, tools=WEATHER, max_tokens=100, temperature=0)
+    answer = client.chat.completions.create(logprobs=True, **request)
+    choice = answer.choices[0]
+    assert answer.usage.completion_tokens == n_tokens
+    assert b"".join(bytes(e.bytes) for e in choice.logprobs.content) == want.encode()
+    assert choice.finish_reason == "tool_calls" and choice.message.content == want_content
+    assert [(c.function.name, json.loads(c.function.arguments))
+            for c in choice.message.tool_calls] == want_calls
+    chunks = [c for c in client.chat.completions.create(stream=True, **request) if c.choices]
+    deltas = [(d.function.name, json.loads(d.function.arguments)) for c in chunks
+              for d in (c.choices[0].delta.tool_calls or [])]
+    assert deltas == want_calls and chunks[-1].choices[0].finish_reason == "tool_calls"
+    streamed = "".join(c.choices[0].delta.content or "" for c in chunks)
+    assert streamed == (want_content or "") and "`" not in streamed

@@ -6,52 +6,38 @@ from __future__ import annotations
 
 import json
 
-from pipeinfer.serve.tool_calls import (GENERIC, NATIVE, GenericStream, ToolStream, extract,
-                                        extract_generic, parse, response_so_far)
+from pipeinfer.serve.tool_calls import (GENERIC, NATIVE, GenericStream, extract_generic, parse,
+                                        response_so_far, stream)
 
 CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
 
 
 def test_blocks_become_calls_and_the_text_before_stays_content():
-    content, calls = extract(CALL)
+    content, calls = parse(NATIVE, CALL)
     assert content is None and [c.name for c in calls] == ["get_weather"]
     assert json.loads(calls[0].arguments) == {"city": "Paris"}
     assert calls[0].json()["type"] == "function" and calls[0].id.startswith("call_")
-    content, calls = extract("Let me look.\n" + CALL + "\n" + CALL.replace("Paris", "Oslo"))
+    content, calls = parse(NATIVE, "Let me look.\n" + CALL + "\n" + CALL.replace("Paris", "Oslo"))
     assert content == "Let me look." and [json.loads(c.arguments)["city"]
                                           for c in calls] == ["Paris", "Oslo"]
-    assert extract("no calls here") == ("no calls here", [])
+    assert parse(NATIVE, "no calls here") == ("no calls here", [])
     broken = "<tool_call>\n{not json}\n</tool_call>"
-    assert extract(broken) == (broken, [])        # kept as text, not lost
-    bare = '{"name": "get_weather", "arguments": {"city": "Paris"}}'
-    assert extract(bare) == (bare, [])            # no tool of that name asked
-    content, calls = extract(" " + bare, {"get_weather"})   # small models leave tags out
-    assert content is None and calls[0].name == "get_weather"
-    assert extract('{"a": 1}', {"get_weather"}) == ('{"a": 1}', [])
+    assert parse(NATIVE, broken) == (broken, [])        # kept as text, not lost
+    assert parse(NATIVE, '{"a": 1}') == ('{"a": 1}', [])
 
 
 def test_streamed_text_stops_at_a_call_and_the_rest_is_parsed_at_the_end():
-    stream = ToolStream()
-    sent = [stream.push(p) for p in ["Let me ", "look.<tool", "_call>\n{\"name\": ",
+    native = stream(NATIVE)
+    sent = [native.push(p) for p in ["Let me ", "look.<tool", "_call>\n{\"name\": ",
                                      "\"f\", \"arguments\": {}}\n</tool_call>"]]
-    assert "".join(sent) == "Let me look." and sent[1] == "Let me look."[7:]
-    rest, calls = stream.finish()
+    assert "".join(sent) == "Let me look." and sent[1] == " look."
+    rest, calls = native.finish()
     assert rest == "" and [c.name for c in calls] == ["f"] and calls[0].arguments == "{}"
-    plain = ToolStream()
-    assert plain.push("a <tool") == "a " and plain.finish() == ("<tool", [])
-    broken = ToolStream()
-    assert broken.push("x<tool_call>{oops") == "x"
-    assert broken.finish() == ("<tool_call>{oops", [])
-    bare = ToolStream({"f"})
-    assert [bare.push(p) for p in ["\n", '{"name": "f", ', '"arguments": {"a": 1}}']] == \
-        ["", "", ""]
-    rest, calls = bare.finish()
-    assert rest == "" and calls[0].arguments == '{"a": 1}'
-    code = ToolStream({"f"})
-    assert code.push("{") == "" and code.push("} is a dict") == ""   # held: began with {
-    assert code.finish() == ("{} is a dict", [])
-    prose = ToolStream({"f"})
-    assert prose.push(" ") == "" and prose.push("Hi") == " Hi"
+    plain = stream(NATIVE)
+    assert plain.push("a <tool") == "a" and plain.finish() == (" <tool", [])
+    broken = stream(NATIVE)
+    assert broken.push('x<tool_call>{"name": oops') == "x"
+    assert broken.finish() == ('<tool_call>{"name": oops', [])
 
 
 def test_generic_replies_become_calls_or_content():
@@ -69,8 +55,8 @@ def test_generic_replies_become_calls_or_content():
     assert extract_generic('{"tool_call": {"name": "f", "argu') == (
         '{"tool_call": {"name": "f", "argu', [])
     assert extract_generic("plain") == ("plain", [])
-    assert parse(GENERIC, '{"response": "x"}', {"f"}) == ("x", [])
-    assert parse(NATIVE, '{"response": "x"}', {"f"}) == ('{"response": "x"}', [])
+    assert parse(GENERIC, '{"response": "x"}') == ("x", [])
+    assert parse(NATIVE, '{"response": "x"}') == ('{"response": "x"}', [])
 
 
 def test_a_generic_response_streams_as_it_is_decoded():

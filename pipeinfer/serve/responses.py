@@ -26,8 +26,7 @@ class Reply:
         self.text: list[list[str]] = [[] for _ in range(n)]
         self.logprobs: list[list[TokenLogprob]] = [[] for _ in range(n)]
         self._offsets = [CompletionLogprobs() for _ in range(n)]   # (completions' offsets)
-        self._names = {t["function"]["name"] for t in ask.tools}
-        self._tools = [tool_calls.stream(ask.tool_format, self._names)
+        self._tools = [tool_calls.stream(ask.tool_format)
                        for _ in range(n)] if ask.tools else None
         self.dones: dict[int, Done] = {}
 
@@ -73,7 +72,7 @@ class Reply:
             text, logprobs = "".join(self.text[i]), self._logprobs(i, self.logprobs[i])
             reason = self.dones[i].finish_reason
             if self.ask.chat:
-                content, calls = (tool_calls.parse(self.ask.tool_format, text, self._names)
+                content, calls = (tool_calls.parse(self.ask.tool_format, text)
                                   if self.ask.tools else (text, []))
                 message = {"role": "assistant", "content": content}
                 if calls:

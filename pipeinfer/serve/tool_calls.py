@@ -5,8 +5,10 @@ Pure Python: the front imports it.
 Two formats, as llama-server has them (which one a model gets is decided with its template,
 in tool_formats.py):
 - native (Qwen2.5's template, like Hermes 2 Pro's): the template renders the tools and asks
-  for `<tool_call>{"name", "arguments"}</tool_call>` blocks; the text before the first block
-  is content. Streamed: that text as it comes, the calls at the end of the choice.
+  for `<tool_call>{"name", "arguments"}</tool_call>` blocks; the answer is parsed as
+  llama-server's Hermes 2 Pro parser does, which also takes the other shapes models write
+  (fenced ```json blocks, a bare object, <function=...>): hermes_calls.py. Streamed: the text
+  before the first call as it comes, the calls at the end of the choice.
 - generic (templates without tool support): the reply is one JSON object, `{"tool_call":
   {"name", "arguments"}}` (`{"tool_calls": [...]}` with parallel_tool_calls) or
   `{"response": "..."}`. Streamed: the response's text as it comes, the calls at the end.
@@ -19,12 +21,11 @@ from __future__ import annotations
 
 import json
 import re
-import secrets
 from dataclasses import dataclass
-from typing import Any, Collection
+from typing import Any
 
 from .errors import ApiError
-from .stop_text import StopText
+from .hermes_calls import HermesStream, ToolCall, new_id, parse_hermes
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 NATIVE, GENERIC = "native", "generic"
@@ -37,18 +38,6 @@ class ToolChoice:
     required: bool = False
     function: str | None = None
     parallel: bool = False
-
-
-@dataclass(frozen=True)
-class ToolCall:
-    name: str
-    arguments: str     # JSON text, as OpenAI's API carries it
-    id: str
-
-    def json(self, index: int | None = None) -> dict:
-        out = {"id": self.id, "type": "function",
-               "function": {"name": self.name, "arguments": self.arguments}}
-        return out if index is None else dict(out, index=index)
 
 
 def parse_tools(body: dict) -> tuple[tuple[dict, ...], ToolChoice]:
@@ -128,28 +117,13 @@ def history_calls(where: str, calls: Any) -> list[dict]:
     return out
 
 
-def parse(fmt: str, text: str, names: Collection[str]) -> tuple[str | None, list[ToolCall]]:
+def parse(fmt: str, text: str) -> tuple[str | None, list[ToolCall]]:
     """(content, calls) of an answer in format `fmt` (NATIVE or GENERIC)."""
-    return extract_generic(text) if fmt == GENERIC else extract(text, names)
+    return extract_generic(text) if fmt == GENERIC else parse_hermes(text)
 
 
-def stream(fmt: str, names: Collection[str]) -> "ToolStream | GenericStream":
-    return GenericStream() if fmt == GENERIC else ToolStream(names)
-
-
-def extract(text: str, names: Collection[str] = ()) -> tuple[str | None, list[ToolCall]]:
-    """(content, calls) of a native answer: the text before the first <tool_call> block and
-    the blocks' calls; the whole text as content, no calls, if a block does not parse. An
-    answer that is nothing but such a JSON object naming one of the tools (`names`) is a
-    call too: small models often leave the tags out."""
-    if OPEN not in text:
-        call = _call(_json(text.strip())) if text.lstrip().startswith("{") else None
-        return (None, [call]) if call is not None and call.name in names else (text, [])
-    head, _, rest = text.partition(OPEN)
-    calls = [_call(_json(block.split(CLOSE, 1)[0].strip())) for block in rest.split(OPEN)]
-    if None in calls:
-        return text, []
-    return (head.strip() or None), calls
+def stream(fmt: str) -> "HermesStream | GenericStream":
+    return GenericStream() if fmt == GENERIC else HermesStream()
 
 
 def extract_generic(text: str) -> tuple[str | None, list[ToolCall]]:
@@ -192,7 +166,7 @@ def _call(obj: Any) -> ToolCall | None:
         arguments = json.dumps(arguments, ensure_ascii=False)
     given = obj.get("id")
     return ToolCall(obj["name"], arguments, given if isinstance(given, str) and given
-                    else f"call_{secrets.token_hex(8)}")
+                    else new_id())
 
 
 def response_so_far(text: str) -> tuple[str, bool] | None:
@@ -215,31 +189,6 @@ def response_so_far(text: str) -> tuple[str, bool] | None:
     if not closed and decoded and "\ud800" <= decoded[-1] <= "\udbff":
         decoded = decoded[:-1]
     return decoded, closed
-
-
-class ToolStream:
-    """One streamed choice of a native answer: text before a <tool_call> streams as
-    content; from there on it is held until the end, when the calls are parsed. An answer
-    that begins with "{" is held whole (it may be a call without the tags)."""
-
-    def __init__(self, names: Collection[str] = ()):
-        self.names, self.raw, self._cut = names, "", StopText([OPEN])
-        self._streaming = False   # the beginning is not a bare JSON object: text flows
-
-    def push(self, text: str) -> str:
-        self.raw += text
-        if not self._streaming:
-            if self.raw.lstrip()[:1] in ("", "{"):
-                return ""    # nothing but blanks yet, or a bare JSON object so far
-            self._streaming, text = True, self.raw
-        return self._cut.push(text)
-
-    def finish(self) -> tuple[str, list[ToolCall]]:
-        """(content still to send, calls)."""
-        content, calls = extract(self.raw, self.names)
-        if calls:
-            return "", calls
-        return self.raw[len(self._cut.text):], []
 
 
 class GenericStream:
