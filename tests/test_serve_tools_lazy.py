@@ -114,11 +114,8 @@ def test_a_call_keeps_to_the_lazy_grammar_exactly(server, client, pair, tokenize
     assert choice.finish_reason == "tool_calls" and choice.message.content is None
     assert [(c.function.name, json.loads(c.function.arguments))
             for c in choice.message.tool_calls] == want_calls
-    chunks = [c for c in client.chat.completions.create(stream=True, **request) if c.choices]
-    deltas = [(d.function.name, json.loads(d.function.arguments)) for c in chunks
-              for d in (c.choices[0].delta.tool_calls or [])]
-    assert deltas == want_calls and chunks[-1].choices[0].finish_reason == "tool_calls"
-    assert not "".join(c.choices[0].delta.content or "" for c in chunks)
+    deltas, finish, streamed = streamed_calls(client, request)
+    assert deltas == want_calls and finish == "tool_calls" and not streamed
 
 
 def test_a_plain_question_gets_free_text(server, client, pair, tokenizer):
@@ -156,9 +153,16 @@ def test_a_natural_call_in_a_fenced_block_comes_back_as_tool_calls(server, clien
     assert choice.finish_reason == "tool_calls" and choice.message.content == want_content
     assert [(c.function.name, json.loads(c.function.arguments))
             for c in choice.message.tool_calls] == want_calls
+    deltas, finish, streamed = streamed_calls(client, request)
+    assert deltas == want_calls and finish == "tool_calls"
+    assert streamed == (want_content or "") and "`" not in streamed
+
+
+def streamed_calls(client, request: dict) -> tuple[list, str, str]:
+    """The request streamed: its calls (name, parsed arguments) from the deltas, the last
+    finish_reason, and the content streamed."""
     chunks = [c for c in client.chat.completions.create(stream=True, **request) if c.choices]
     deltas = [(d.function.name, json.loads(d.function.arguments)) for c in chunks
               for d in (c.choices[0].delta.tool_calls or [])]
-    assert deltas == want_calls and chunks[-1].choices[0].finish_reason == "tool_calls"
     streamed = "".join(c.choices[0].delta.content or "" for c in chunks)
-    assert streamed == (want_content or "") and "`" not in streamed
+    return deltas, chunks[-1].choices[0].finish_reason, streamed
