@@ -4,7 +4,7 @@
 # bench_peers coding prompt, -n 128, the draft's full vocabulary against K=32768, interleaved, K=3.
 cd "$(dirname "$0")/../../.."
 NODES=${NODES:-8}; CPU=${CPU:-0.25}
-SPLIT=0$(.venv/bin/python -c "n=$NODES-1; print(''.join(',%.6f' % (1/n) for _ in range(n)))")
+SPLIT=0$(.venv/bin/python -c "n=$NODES-1; f=[round(1/n, 4)]*(n-1); f.append(round(1-sum(f), 4)); print(''.join(',%g' % x for x in f))")
 PROMPT=$(.venv/bin/python -c "import sys; sys.path.insert(0,'experiments'); from bench_peers import CODE_PROMPT, render_prompt; print(render_prompt('qwen-coder-1.5b', CODE_PROMPT))")
 run() {  # $1 --draft-vocab K
   flock /tmp/cpu.lock .venv/bin/python experiments/cluster.py --nodes $NODES --cpu $CPU --period-us 10000 -- \
