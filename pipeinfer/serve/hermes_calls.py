@@ -109,10 +109,8 @@ def _call_at(text: str, match: re.Match) -> tuple[ToolCall, int]:
 
 def _json_at(text: str, pos: int):
     """The JSON value at `pos` (after blanks) and where it ends."""
-    while pos < len(text) and text[pos] in _BLANKS:
-        pos += 1
     try:
-        return _DECODER.raw_decode(text, pos)
+        return _DECODER.raw_decode(text, _skip_blanks(text, pos))
     except ValueError as err:
         raise _NotCalls(str(err)) from None
 
