@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 import mpi_util
+from cached_models import cached_models
 from pipeinfer.engine.drafter import Drafter, DraftParams
 from pipeinfer.model import tinymodel
 from pipeinfer.model.draft_vocab import (DraftVocabError, choose_kept, read_kept, reduced_draft,
@@ -25,7 +26,6 @@ from pipeinfer.model.draft_vocab import (DraftVocabError, choose_kept, read_kept
 from pipeinfer.model.draft_vocab_stage import DraftVocab, ReducedStage
 from pipeinfer.model.embedding import Embedder
 from pipeinfer.model.gguf_header import read_header
-from pipeinfer.model.models import ModelError, resolve_model
 from pipeinfer.model.stage import Stage, StageConfig
 from pipeinfer.model.tokenizer import Tokenizer
 from test_speculation_unit import PROMPT, greedy_reference, make_tiny_set
@@ -217,12 +217,8 @@ K_QWEN = 32768
 
 @pytest.fixture(scope="module")
 def qwen():
-    """(target, compact draft); tests do not fill the model cache."""
-    try:
-        return tuple(resolve_model(name, fetch_missing=False)
-                     for name in ("qwen-coder-1.5b", "qwen-coder-0.5b-q4_0"))
-    except ModelError as err:
-        pytest.skip(f"the Qwen models are not cached: {err}")
+    """(target, compact draft)."""
+    return cached_models("qwen-coder-1.5b", "qwen-coder-0.5b-q4_0")
 
 
 def test_qwen_reduced_logits_and_specials(qwen) -> None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import pytest
 
 import mpi_util
-from pipeinfer.model.models import ModelError, resolve_model
+from cached_models import cached_models
 from test_pipeline_mpi import llama_greedy
 
 PROMPT = ("Write a Python function that parses a CSV file of transactions (date, amount, "
@@ -24,11 +24,7 @@ N = 48
 
 @pytest.fixture(scope="module")
 def qwen():
-    try:
-        return (resolve_model("qwen-coder-1.5b", fetch_missing=False),
-                resolve_model("qwen-coder-0.5b", fetch_missing=False))
-    except ModelError as err:
-        pytest.skip(f"the Qwen pair is not cached: {err}")
+    return cached_models("qwen-coder-1.5b", "qwen-coder-0.5b")
 
 
 @pytest.fixture(scope="module")

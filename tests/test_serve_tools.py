@@ -13,8 +13,8 @@ import json
 
 import pytest
 
+from cached_models import cached_models
 from llama_oracle import Chain, chain_greedy
-from pipeinfer.model import models
 from pipeinfer.serve import tool_formats
 from pipeinfer.serve.hermes_calls import parse_hermes
 from pipeinfer.serve.tool_calls import NATIVE, ToolChoice
@@ -36,11 +36,7 @@ ASK = [{"role": "user", "content": "What is the weather like in Paris today?"}]
 
 @pytest.fixture(scope="module")
 def qwen():
-    try:
-        return (models.resolve_model("qwen-coder-0.5b", fetch_missing=False),
-                models.resolve_model("qwen-coder-0.5b-q4_0", fetch_missing=False))
-    except models.ModelError as err:
-        pytest.skip(f"Qwen2.5-Coder 0.5B is not cached: {err}")
+    return cached_models("qwen-coder-0.5b", "qwen-coder-0.5b-q4_0")
 
 
 @pytest.fixture(scope="module")

@@ -17,8 +17,8 @@ import json
 
 import pytest
 
+from cached_models import cached_models
 from llama_oracle import Chain, chain_greedy
-from pipeinfer.model import models
 from pipeinfer.serve import tool_formats
 from pipeinfer.serve.hermes_calls import parse_hermes
 from pipeinfer.serve.tool_calls import NATIVE, OPEN, ToolChoice
@@ -37,11 +37,7 @@ BIAS = 25.0
 
 @pytest.fixture(scope="module")
 def pair():
-    try:
-        return (models.resolve_model("qwen-coder-1.5b", fetch_missing=False),
-                models.resolve_model("qwen-coder-0.5b", fetch_missing=False))
-    except models.ModelError as err:
-        pytest.skip(f"the Qwen pair is not cached: {err}")
+    return cached_models("qwen-coder-1.5b", "qwen-coder-0.5b")
 
 
 @pytest.fixture(scope="module", params=["pipeinfer", "iterative"])
