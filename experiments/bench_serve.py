@@ -144,6 +144,9 @@ def wait_healthy(url: str, proc: subprocess.Popen, log: Path) -> None:
 PIPEINFER_SYSTEMS = {"pipeinfer": ["--strategy", "pipeinfer", "-md", "{draft}"],
                      "pipeinfer-speculative": ["--strategy", "speculative", "-md", "{draft}"],
                      "pipeinfer-iterative": ["--strategy", "iterative"],
+                     # the plain weight layout: exact runs of up to 7 tokens instead of 3
+                     "pipeinfer-plain": ["--strategy", "pipeinfer", "-md", "{draft}",
+                                         "--no-repack"],
                      # drafts from the draft model only (no n-gram lookup of the text first)
                      "pipeinfer-model-drafts": ["--strategy", "pipeinfer", "-md", "{draft}",
                                                 "--draft-source", "model"]}
