@@ -213,16 +213,18 @@ def read_kept(path: str | os.PathLike) -> np.ndarray:
 
 # --- the cache --------------------------------------------------------------------------------
 
-def reduced_draft(draft: str | os.PathLike, k: int, progress: Progress = None) -> Path:
+def reduced_draft(draft: str | os.PathLike, k: int, progress: Progress = None, *,
+                  header: Header | None = None) -> Path:
     """The reduced-vocabulary file (K output rows) of the draft model file `draft`, made on
     first use (seconds: tokenizing the corpus, copying the layers) under
     ``<cache>/draft-vocab/<draft's digest>-k<K>-v<N>.gguf`` and an exclusive lock, so ranks
     or jobs starting together make it once. DraftVocabError for a K or a file that cannot
-    work; ModelError if the cache cannot be written."""
+    work; ModelError if the cache cannot be written. `header`: `draft`'s, if already
+    parsed."""
     from .stage_cache import content_digest
 
     draft = Path(draft)
-    header = read_header(draft)
+    header = header if header is not None else read_header(draft)
     check_draft(header, draft)
     n_vocab = header.tensors[_TOKEN_EMBD].shape[1]
     if not 0 < k <= n_vocab:

@@ -23,8 +23,8 @@ from typing import Callable
 
 from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType, Keys, MODEL_TENSOR, TENSOR_NAMES
 
-from .gguf_header import Header, HeaderError, check_extents, read_header
-from .models import ModelError, check_gguf
+from .gguf_header import Header, HeaderError, check_extents
+from .models import ModelError, checked_header
 from .partition import StageRange
 
 # Architectures whose layers are all alike, so any contiguous slice is a valid model. Others
@@ -58,8 +58,7 @@ def open_model(path: str | os.PathLike) -> Header:
 
 def read_model(path: str | os.PathLike) -> Header:
     """Check a GGUF file and parse its header (fast)."""
-    check_gguf(path)
-    return read_header(path)
+    return checked_header(path)
 
 
 def model_info(source: GGUFReader | Header, path: str | os.PathLike) -> ModelInfo:
