@@ -45,17 +45,37 @@ COMPACT_DRAFT_HELP = ("Load each draft model (-md) as a copy whose Q5_0, Q5_1, Q
 DRAFT_VOCAB_HELP = ("Draft over the K most frequent tokens only (FR-Spec): the draft model's "
                     "output matrix keeps K rows (the special tokens, then the tokens most "
                     "frequent in the Python standard library's sources), so each draft token "
-                    "costs less, and its choices are mapped back to token ids. The target "
-                    "still verifies over the full vocabulary, so the output stays exact; only "
-                    "what is guessed changes (a token outside the K is never guessed). The "
-                    "reduced copy of the draft is made once, in seconds, and cached. 0: the "
-                    "full vocabulary. Not with pipespec.")
+                    "costs less, and its choices are mapped back to token ids. The head drafts "
+                    "faster (measured: the Qwen2.5-Coder 0.5B draft 1.27x per token at K = "
+                    "32768, pipeinfer 1.18x at 8 x 0.25-core nodes, 1.04x at 4 x 0.5). The "
+                    "target still verifies over the full vocabulary, so the output stays "
+                    "exact; only what is guessed changes: a token outside the K is never "
+                    "drafted, so a few fewer drafts are accepted (measured 0.73 -> 0.65). The "
+                    "reduced copy of the draft is made once, in seconds, and cached. auto: "
+                    "32768 when the head drafts with a draft model (-md) of its own whose "
+                    "vocabulary has at least 65536 tokens, else 0 (pipespec, draft ranks, "
+                    "smaller vocabularies, n-gram drafts alone). 0: the full vocabulary. A K "
+                    "given is refused with pipespec and draft ranks.")
+
+
+def _draft_vocab(ctx, param, value):
+    """--draft-vocab: "auto" or a number of tokens (0: off)."""
+    if value == "auto":
+        return value
+    try:
+        k = int(value)
+    except ValueError:
+        k = -1
+    if k < 0:
+        raise click.BadParameter(f"{value!r}: give auto, 0 (the full vocabulary) or a number "
+                                 "of tokens")
+    return k
 
 
 def draft_vocab_option(command):
-    """--draft-vocab K (run and serve)."""
-    return click.option("--draft-vocab", "draft_vocab", default=0, metavar="K",
-                        type=click.IntRange(0, None), help=DRAFT_VOCAB_HELP)(command)
+    """--draft-vocab auto|K (run and serve)."""
+    return click.option("--draft-vocab", "draft_vocab", default="auto", metavar="auto|K",
+                        callback=_draft_vocab, help=DRAFT_VOCAB_HELP)(command)
 
 
 def compact_draft_option(command):

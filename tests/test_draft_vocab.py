@@ -169,7 +169,8 @@ def tiny(request, tmp_path_factory):
     return make_tiny_set(request, tmp_path_factory)
 
 
-def _run(n_ranks, model, *args, n_predict, timeout=180, prompt=PROMPT) -> dict:
+def run_json(n_ranks, model, *args, n_predict, timeout=180, prompt=PROMPT) -> dict:
+    """The --json result of a successful `pipeinfer run --ignore-eos` under mpiexec -n N_RANKS."""
     launch = mpi_util.run_pipeinfer(n_ranks, model, prompt, "--ignore-eos", *args,
                                     n_predict=n_predict, timeout=timeout)
     assert launch.rc == 0 and not launch.timed_out, launch.describe()
@@ -186,7 +187,7 @@ def test_tiny_answer_unchanged(tiny, strategy: str, extra: list[str]) -> None:
     whenever the head waits, so that it drafts whatever the timing)."""
     n = 80
     reference = greedy_reference(tiny.target, tiny.prompt, n)
-    result = _run(2, tiny.target, "--strategy", strategy, "-md", str(tiny.aligned),
+    result = run_json(2, tiny.target, "--strategy", strategy, "-md", str(tiny.aligned),
                   "--layer-split", "0,1", "--draft-vocab", str(K_TINY), *extra, n_predict=n)
     assert result["prompt_tokens"] == list(tiny.prompt)
     assert result["tokens"] == reference
@@ -253,7 +254,7 @@ def test_qwen_answer_unchanged(qwen) -> None:
     prompt = llm.tokenize(QWEN_PROMPT.encode())
     llm.close()
     reference = llama_greedy(target, prompt, n)
-    result = _run(2, target, "--strategy", "pipeinfer", "-md", str(draft), "--layer-split",
+    result = run_json(2, target, "--strategy", "pipeinfer", "-md", str(draft), "--layer-split",
                   "0,1", "--draft-vocab", str(K_QWEN), n_predict=n, timeout=400,
                   prompt=QWEN_PROMPT)
     assert result["prompt_tokens"] == prompt

@@ -16,6 +16,11 @@ NGRAM_STRATEGIES = frozenset({"speculative", "pipeinfer", "specpipe"})
 MULTI_DRAFT = frozenset({"pipespec"})  # strategies that take several -md (smallest first)
 WIDE_RUNS = frozenset({"specpipe", "pipespec"})  # their target runs are several tokens wide
 STRATEGY_NAMES = ("iterative", "speculative", "pipeinfer", "pipespec", "specpipe")
+# --draft-vocab auto: K = AUTO_DRAFT_VOCAB for a draft whose vocabulary has at least
+# AUTO_DRAFT_VOCAB_MIN tokens (Qwen2.5's 151,936), else the full vocabulary (SmolLM2's 49,152)
+AUTO = "auto"
+AUTO_DRAFT_VOCAB = 32768
+AUTO_DRAFT_VOCAB_MIN = 65536
 
 
 @dataclass(frozen=True)
@@ -51,8 +56,10 @@ class RunConfig:
     busy_strategy: str | None = None  # serve: the strategy of a generation started while
                                       # others are under way (None: `strategy`)
     compact_draft: bool = True  # load draft models as their Q4_0 copies (model/draft_cache.py)
-    draft_vocab: int = 0    # the draft's output head over its K likeliest tokens
-                            # (model/draft_vocab.py); 0: the full vocabulary
+    draft_vocab: int | str = AUTO  # the draft's output head over its K likeliest tokens
+                                   # (model/draft_vocab.py); 0: the full vocabulary; AUTO:
+                                   # the K of settled_draft_vocab, which rank 0 puts here
+                                   # before anything loads (engine/draft_files.py)
 
     @property
     def argmax_only(self) -> bool:
@@ -98,6 +105,24 @@ class RunConfig:
         """Whether the head loads the draft model(s) (not for n-gram drafts alone)."""
         return self.speculates and self.spec.draft_source != "ngram"
 
+    @property
+    def reduces_draft(self) -> bool:
+        """Whether a reduced-vocabulary draft can apply: the head drafts with one draft model
+        of its own (pipespec's hierarchy checks its draft models against each other by token
+        id, and a draft rank loads its model itself)."""
+        return (self.uses_draft_model and self.strategy not in MULTI_DRAFT
+                and not self.draft_ranks)
+
+    def settled_draft_vocab(self, n_vocab: int) -> int:
+        """The K the head drafts over (0: all), its draft having `n_vocab` tokens: AUTO's
+        where a reduced draft applies (never an error: 0 elsewhere), else as given (0
+        without a draft model; check_drafts refuses a K where it cannot apply)."""
+        if not self.reduces_draft:
+            return 0
+        if self.draft_vocab == AUTO:
+            return AUTO_DRAFT_VOCAB if n_vocab >= AUTO_DRAFT_VOCAB_MIN else 0
+        return self.draft_vocab
+
     def check_drafts(self) -> None:
         """ValueError if the draft source cannot work with this strategy and -md."""
         spec, strategy = self.spec, self.strategy
@@ -121,9 +146,12 @@ class RunConfig:
     def _check_draft_vocab(self) -> None:
         """--draft-vocab needs the head's own Drafter (engine/drafter.py): pipespec's
         hierarchy verifies one draft model with another by token id, and a draft rank loads
-        its model itself. Without a draft model it changes nothing."""
-        if self.draft_vocab < 0:
-            raise ValueError(f"--draft-vocab must be 0 or more (got {self.draft_vocab})")
+        its model itself. Without a draft model it changes nothing. AUTO is never refused."""
+        if self.draft_vocab == AUTO:
+            return
+        if not isinstance(self.draft_vocab, int) or self.draft_vocab < 0:
+            raise ValueError(f"--draft-vocab must be {AUTO} or a number of tokens, 0 or more "
+                             f"(got {self.draft_vocab!r})")
         if not self.draft_vocab or not self.uses_draft_model:
             return
         if self.strategy in MULTI_DRAFT or self.draft_ranks:

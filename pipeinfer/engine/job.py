@@ -21,7 +21,7 @@ import itertools
 import logging
 import os
 from pathlib import Path
-from typing import Callable, Iterator, Sequence
+from typing import Callable, Iterator, Sequence, TypeVar
 
 from .hierarchy import Level
 from .hierarchy_remote import DraftRank
@@ -36,6 +36,7 @@ from ..strategies import STRATEGIES
 from ..model.partition import chain
 from .worker import Idle, Worker
 from .config import RunConfig
+from .draft_files import DraftFile, settle_drafts
 from .generate import driver_for
 from .setup import (SETUP_ERRORS, HeadSetup, draft_rank_file, head_setup,
                     load_draft_rank_stage, load_stage, own_stage_file, plan, prompt_tokens)
@@ -47,6 +48,7 @@ from .trace import Trace
 
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 class StartFailed(Exception):
@@ -67,32 +69,60 @@ def describe(err: Exception, verbose: int = 0, known: tuple = RUN_ERRORS) -> str
 
 
 def _plan_phase(link: Link, cfg: RunConfig, check: Callable[[], None] | None):
-    """Collective: rank 0 checks, plans the split (auto: every rank takes part) and names
-    every rank's file; every rank gets the settled config and (model, ranges, manifest), rank
-    0 the target's tokenizer too (None elsewhere), or StartFailed. Its gather and broadcast are the ones abandon_start (runner.py) answers."""
+    """Collective: rank 0 checks, settles the draft files and --draft-vocab (draft_files.py),
+    plans the split (auto: every rank takes part) and names every rank's file; every rank gets
+    the settled config and (model, ranges, manifest), rank 0 the target's tokenizer and the
+    draft files too (None and () elsewhere), or StartFailed. Its first link.agree is the one
+    abandon_start (runner.py) answers."""
     rank, size = link.rank, link.size
-    shared, tokenizer, error = None, None, None
-    try:
-        if rank == 0 and check is not None:
-            check()
-        if cfg.split == "auto":  # collective: calibrate (or probe) and solve
-            from ..plan.auto import auto_split
-            cfg = dataclasses.replace(cfg, split=auto_split(link, cfg), leave_empty=True)
-        if rank == 0:
-            shared, tokenizer = _manifest(cfg, size)
-    except SETUP_ERRORS + (WeightsError, TransferError) as err:  # (auto: calibration's)
-        error = str(err)
-    except Exception as err:
-        error = describe(err, cfg.verbose)
-    _, failure = link.agree((rank, hostname(), os.getpid(), error))
+    shared, tokenizer, drafts, error = None, None, (), None
+    if rank == 0:
+        settled, error = _attempt(cfg, lambda: _first_checks(cfg, check))
+        if settled is not None:
+            cfg, drafts = settled
+    if cfg.split == "auto":  # collective: calibrate (or probe) and solve, all ranks being well
+        _agreed(link, error)
+        from ..plan.auto import auto_split
+        fractions, error = _attempt(cfg, lambda: auto_split(link, cfg, drafts[:1]))
+        if fractions is not None:
+            cfg = dataclasses.replace(cfg, split=fractions, leave_empty=True)
+    if rank == 0 and error is None:
+        planned, error = _attempt(cfg, lambda: _manifest(cfg, size, drafts))
+        if planned is not None:
+            shared, tokenizer = planned
+    _agreed(link, error, tokenizer)
+    model, ranges, manifest, kv_cells, draft_vocab = link.bcast(shared)
+    cfg = dataclasses.replace(cfg, draft_vocab=draft_vocab)
+    if kv_cells:
+        cfg = dataclasses.replace(cfg, spec=dataclasses.replace(cfg.spec, kv_size=kv_cells))
+    return cfg, (model, ranges, manifest), tokenizer, drafts
+
+
+def _agreed(link: Link, error: str | None, tokenizer: Tokenizer | None = None) -> None:
+    """Collective: StartFailed on every rank if one failed (`error`: this rank's)."""
+    _, failure = link.agree((link.rank, hostname(), os.getpid(), error))
     if failure:
         if tokenizer is not None:
             tokenizer.close()
         raise StartFailed(failure)
-    model, ranges, manifest, kv_cells = link.bcast(shared)
-    if kv_cells:
-        cfg = dataclasses.replace(cfg, spec=dataclasses.replace(cfg.spec, kv_size=kv_cells))
-    return cfg, (model, ranges, manifest), tokenizer
+
+
+def _first_checks(cfg: RunConfig, check: Callable[[], None] | None):
+    """Rank 0: `check`, then the settled config and the draft files."""
+    if check is not None:
+        check()
+    return settle_drafts(cfg)
+
+
+def _attempt(cfg: RunConfig, step: Callable[[], T]) -> tuple[T | None, str | None]:
+    """(what `step` returns, None), or (None, the message of what it raised): a rank that
+    fails a step of the start still takes part in the collective ones after it."""
+    try:
+        return step(), None
+    except SETUP_ERRORS + (WeightsError, TransferError) as err:  # (auto: calibration's)
+        return None, str(err)
+    except Exception as err:
+        return None, describe(err, cfg.verbose)
 
 
 def job_kv_cells(cfg: RunConfig, tokenizer: Tokenizer) -> int:
@@ -107,9 +137,10 @@ def job_kv_cells(cfg: RunConfig, tokenizer: Tokenizer) -> int:
     return min(cfg.kv_size, -(-cells // 256) * 256)
 
 
-def _manifest(cfg: RunConfig, size: int):
-    """Rank 0: (model, ranges, Manifest, KV cells) of the job, and the target's tokenizer,
-    opened once for the draft ranks' checks, the KV size and the head (head_setup)."""
+def _manifest(cfg: RunConfig, size: int, drafts: Sequence[DraftFile]):
+    """Rank 0: (model, ranges, Manifest, KV cells, --draft-vocab's K) of the job, and the
+    target's tokenizer, opened once for the draft ranks' checks, the KV size and the head
+    (head_setup)."""
     ranges, model = plan(cfg, size)
     n_pipeline = cfg.n_pipeline(size)
     digest = content_digest(model)
@@ -117,13 +148,13 @@ def _manifest(cfg: RunConfig, size: int):
     tokenizer = Tokenizer(model)
     try:
         for i, rank in enumerate(range(n_pipeline, size)):
-            needs[rank] = draft_need(draft_rank_file(cfg, tokenizer, i), cfg.drafts[i])
+            needs[rank] = draft_need(draft_rank_file(drafts[i], tokenizer), cfg.drafts[i])
         kv_cells = job_kv_cells(cfg, tokenizer)
     except BaseException:
         tokenizer.close()
         raise
     manifest = Manifest(str(model), str(cfg.model), digest, needs)
-    return (model, ranges, manifest, kv_cells), tokenizer
+    return (model, ranges, manifest, kv_cells, cfg.draft_vocab), tokenizer
 
 
 class Job:
@@ -164,7 +195,7 @@ class Job:
         ranks (for traces). `check` runs first on the head (e.g. that an output file is
         writable); what it raises fails the start."""
         link = Link()
-        cfg, shared, tokenizer = _plan_phase(link, cfg, check)
+        cfg, shared, tokenizer, drafts = _plan_phase(link, cfg, check)
         model, ranges, manifest = shared
         rank, size = link.rank, link.size
         stage, setup, error, received = None, None, None, 0
@@ -176,7 +207,7 @@ class Job:
             elif rank == 0:
                 stage = load_stage(cfg, own_stage_file(model, ranges[0], n_pipeline),
                                    ranges[0], n_pipeline)
-                setup = head_setup(cfg, model, stage, size, chain(ranges[:n_pipeline]),
+                setup = head_setup(cfg, model, stage, size, drafts, chain(ranges[:n_pipeline]),
                                    tokenizer)
             elif path is not None:
                 stage = load_stage(cfg, path, ranges[rank], n_pipeline)

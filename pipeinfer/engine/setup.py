@@ -6,16 +6,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Sequence
 
 from .drafter import Drafter
-from ..model.draft_cache import compact_draft
-from ..model.draft_vocab import reduced_draft
+from .draft_files import DraftFile
 from ..model.draft_vocab_stage import DraftVocab, ReducedStage
 from ..model.embedding import Embedder
 from .head import Pipeline
 from .hierarchy_remote import RemoteHierarchy
 from ..model.llama_lib import LlamaError
-from ..model.models import ModelError, check_gguf, resolve_model
+from ..model.models import ModelError, resolve_model
 from .draft_link import DraftLink
 from .mpi_transport import HeadTransport
 from ..model.balance import balanced_split
@@ -97,12 +97,11 @@ def _check_draft_ranks(cfg: RunConfig, size: int, n_target: int) -> None:
                              f"in all, but the job has {size} ranks")
 
 
-def draft_rank_file(cfg: RunConfig, tokenizer: Tokenizer, i: int) -> Path:
-    """Rank 0: the file draft rank number `i` loads (the -md numbered i, compacted unless
-    --no-compact-draft), checked against the target's vocabulary here, where both are."""
-    path = _draft_path(cfg, cfg.drafts[i])
-    check_same_vocabulary(Path(cfg.drafts[i]).name, path, tokenizer)
-    return path
+def draft_rank_file(draft: DraftFile, tokenizer: Tokenizer) -> Path:
+    """Rank 0: the file a draft rank loads (draft_files.py), checked against the target's
+    vocabulary here, where both are."""
+    check_same_vocabulary(Path(draft.name).name, draft.path, tokenizer)
+    return draft.path
 
 
 def load_draft_rank_stage(cfg: RunConfig, path: Path, rank: int) -> Stage:
@@ -132,9 +131,10 @@ def own_stage_file(model: Path, rng: StageRange, size: int) -> Path | None:
 
 
 def head_setup(cfg: RunConfig, model: Path, stage: Stage | None, size: int,
-               chain: list[int] | None = None,
+               drafts: Sequence[DraftFile] = (), chain: list[int] | None = None,
                tokenizer: Tokenizer | None = None) -> HeadSetup:
-    """The head's part; `tokenizer`, the target's if already open (it is the head's now)."""
+    """The head's part; `drafts`, the job's draft files (draft_files.settle_drafts, which
+    settled `cfg`); `tokenizer`, the target's if already open (it is the head's now)."""
     tokenizer = tokenizer or Tokenizer(model)
     prompt = [] if cfg.prompt is None else prompt_tokens(cfg, tokenizer)
     n_pipeline = cfg.n_pipeline(size)
@@ -143,7 +143,7 @@ def head_setup(cfg: RunConfig, model: Path, stage: Stage | None, size: int,
                                   ahead=cfg.spec.draft * cfg.spec.max_runs,
                                   limit=min(cfg.n_ctx, len(prompt) + cfg.n_predict))
     else:
-        drafter = _load_drafters(cfg, tokenizer) if cfg.uses_draft_model else None
+        drafter = _load_drafters(cfg, tokenizer, drafts) if cfg.uses_draft_model else None
     chain = chain or list(range(n_pipeline))
     transport = HeadTransport(tokenizer.n_vocab, n_ranks=n_pipeline, chain=chain) \
         if len(chain) > 1 else None
@@ -169,39 +169,27 @@ def prompt_tokens(cfg: RunConfig, tokenizer: Tokenizer) -> list[int]:
     return prompt
 
 
-def _load_drafters(cfg: RunConfig, tokenizer: Tokenizer) -> Drafter | list[Drafter]:
+def _load_drafters(cfg: RunConfig, tokenizer: Tokenizer,
+                   drafts: Sequence[DraftFile]) -> Drafter | list[Drafter]:
     """The draft model; for strategies taking several (pipespec), the list of them, smallest
     first. Other strategies use the first -md."""
     if cfg.strategy in MULTI_DRAFT:
-        return [_load_drafter(cfg, tokenizer, d) for d in cfg.drafts]
-    return _load_drafter(cfg, tokenizer, cfg.drafts[0])
+        return [_load_drafter(cfg, tokenizer, d) for d in drafts]
+    return _load_drafter(cfg, tokenizer, drafts[0])
 
 
-def _load_drafter(cfg: RunConfig, tokenizer: Tokenizer, draft: str) -> Drafter:
-    path = _draft_path(cfg, draft)
-    check_same_vocabulary(Path(draft).name, path, tokenizer)
+def _load_drafter(cfg: RunConfig, tokenizer: Tokenizer, draft: DraftFile) -> Drafter:
+    check_same_vocabulary(Path(draft.name).name, draft.path, tokenizer)
     config = _draft_config(cfg, cfg.threads_for(0))
     if not cfg.draft_vocab:
-        stage = LoadingStage(lambda: Stage(path, config, final=True, label="draft model"))
+        stage = LoadingStage(lambda: Stage(draft.path, config, final=True, label="draft model"))
         return Drafter(stage, cfg.n_batch)
-    # The reduced copy is made here (seconds, once) so that a bad K fails the start.
-    try:
-        reduced = reduced_draft(path, cfg.draft_vocab)
-    except ModelError as err:
-        raise ModelError(f"draft model (-md {Path(draft).name}): {err}") from None
+    reduced = draft.head_file(cfg.draft_vocab)   # (made now if new: a bad K fails the start)
     vocab = DraftVocab.of(reduced, tokenizer.n_vocab)
     label = f"draft model ({vocab.size}-token vocabulary)"
     stage = LoadingStage(lambda: Stage(reduced, config, final=True, label=label))
-    return Drafter(ReducedStage(stage, Embedder(path), vocab), cfg.n_batch, vocab)
-
-
-def _draft_path(cfg: RunConfig, draft: str) -> Path:
-    try:
-        path = resolve_model(draft)
-        check_gguf(path)
-        return compact_draft(path) if cfg.compact_draft else path
-    except ModelError as err:
-        raise ModelError(f"draft model (-md): {err}") from None
+    embed = Embedder(draft.path, draft.header)
+    return Drafter(ReducedStage(stage, embed, vocab), cfg.n_batch, vocab)
 
 
 def _draft_config(cfg: RunConfig, threads: int) -> StageConfig:

@@ -18,7 +18,7 @@ import os
 from pathlib import Path
 
 from .compact import COMPACT_VERSION, compact_copy, converts
-from .gguf_header import HeaderError, read_header
+from .gguf_header import Header, HeaderError, read_header
 from .models import MODELS, ModelError, ModelSpec, Progress, cache_dir, fetch, locked, say
 
 log = logging.getLogger(__name__)
@@ -28,13 +28,15 @@ def compact_dir() -> Path:
     return cache_dir() / "compact"
 
 
-def compact_draft(path: str | os.PathLike[str], progress: Progress = None) -> Path:
+def compact_draft(path: str | os.PathLike[str], progress: Progress = None, *,
+                  header: Header | None = None) -> Path:
     """The file to load for the draft model at ``path``: ``path`` itself when no tensor would
     be requantized, else its compact copy, made on first use (seconds) and cached.  Raises
     ModelError if ``path`` is not a readable GGUF file; falls back to ``path``, with a
-    warning, if the copy cannot be written."""
+    warning, if the copy cannot be written.  ``header``: ``path``'s, if already parsed."""
     path = Path(path)
-    if not any(converts(t.name, t.ggml_type, t.shape) for t in _tensors(path)):
+    tensors = header.tensors.values() if header is not None else _tensors(path)
+    if not any(converts(t.name, t.ggml_type, t.shape) for t in tensors):
         return path
     derived = derived_entry(path)
     try:

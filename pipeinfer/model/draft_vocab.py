@@ -39,7 +39,7 @@ from gguf import GGMLQuantizationType, GGUFValueType, Keys, MODEL_TENSOR, TENSOR
 
 from .gguf_header import Header, HeaderError, check_extents, read_header
 from .models import ModelError, Progress, cache_dir, locked, say
-from .slicing import _FILLER_TYPES, _kv_key, _kv_string, _kv_uint32, _write_gguf, model_info
+from .slicing import FILLER_TYPES, kv_key, kv_string, kv_uint32, model_info, write_gguf
 
 DRAFT_VOCAB_VERSION = 1     # bump when the reduced file's contents change (cache key)
 KEPT_KEY = "pipeinfer.draft_vocab.token_ids"   # int32 array: row i is token id kept[i]
@@ -158,7 +158,7 @@ def write_reduced(src: Path, dst: Path, kept: np.ndarray, corpus: str = "") -> N
                 mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as buf, \
                 open(tmp, "wb") as out:
             tensors = _reduced_tensors(header, buf, kept)
-            _write_gguf(out, buf, kvs, tensors, header.alignment, lambda i: None)
+            write_gguf(out, buf, kvs, tensors, header.alignment, lambda i: None)
         os.replace(tmp, dst)
     finally:
         tmp.unlink(missing_ok=True)
@@ -172,13 +172,13 @@ def _reduced_kvs(header: Header, arch: str, kept: np.ndarray, corpus: str) -> li
            if not key.startswith("tokenizer.") and key != vocab_key]
     ids = struct.pack("<IIQ", GGUFValueType.ARRAY, GGUFValueType.INT32, kept.size) \
         + kept.astype("<i4").tobytes()
-    return kvs + [_kv_key(Keys.Tokenizer.MODEL) + _kv_string("none"),
-                  _kv_key(vocab_key) + _kv_uint32(kept.size),
-                  _kv_key(KEPT_KEY) + ids, _kv_key(CORPUS_KEY) + _kv_string(corpus)]
+    return kvs + [kv_key(Keys.Tokenizer.MODEL) + kv_string("none"),
+                  kv_key(vocab_key) + kv_uint32(kept.size),
+                  kv_key(KEPT_KEY) + ids, kv_key(CORPUS_KEY) + kv_string(corpus)]
 
 
 def _reduced_tensors(header: Header, buf, kept: np.ndarray) -> list:
-    """(name, dims, type, data) as slicing._write_gguf takes them: the layers and norms as
+    """(name, dims, type, data) as slicing.write_gguf takes them: the layers and norms as
     spans of the source, output.weight's kept rows as bytes, token_embd as zeros."""
     head = header.tensors.get(_OUTPUT) or header.tensors[_TOKEN_EMBD]  # (tied: the embeddings)
     n_embd = head.shape[0]
@@ -197,7 +197,7 @@ def _reduced_tensors(header: Header, buf, kept: np.ndarray) -> list:
 def _zero_embedding(n_embd: int, n_rows: int) -> tuple:
     """token_embd, never read (the file takes embeddings) yet required at [n_embd, n_rows]:
     zeros in the smallest block type that fits, else f16."""
-    for ttype, block, nbytes in _FILLER_TYPES:
+    for ttype, block, nbytes in FILLER_TYPES:
         if n_embd % block == 0:
             return (_TOKEN_EMBD, (n_embd, n_rows), ttype, bytes(n_embd // block * nbytes * n_rows))
     return (_TOKEN_EMBD, (n_embd, n_rows), GGMLQuantizationType.F16, bytes(2 * n_embd * n_rows))
@@ -213,16 +213,18 @@ def read_kept(path: str | os.PathLike) -> np.ndarray:
 
 # --- the cache --------------------------------------------------------------------------------
 
-def reduced_draft(draft: str | os.PathLike, k: int, progress: Progress = None) -> Path:
+def reduced_draft(draft: str | os.PathLike, k: int, progress: Progress = None, *,
+                  header: Header | None = None) -> Path:
     """The reduced-vocabulary file (K output rows) of the draft model file `draft`, made on
     first use (seconds: tokenizing the corpus, copying the layers) under
     ``<cache>/draft-vocab/<draft's digest>-k<K>-v<N>.gguf`` and an exclusive lock, so ranks
     or jobs starting together make it once. DraftVocabError for a K or a file that cannot
-    work; ModelError if the cache cannot be written."""
+    work; ModelError if the cache cannot be written. `header`: `draft`'s, if already
+    parsed."""
     from .stage_cache import content_digest
 
     draft = Path(draft)
-    header = read_header(draft)
+    header = header if header is not None else read_header(draft)
     check_draft(header, draft)
     n_vocab = header.tensors[_TOKEN_EMBD].shape[1]
     if not 0 < k <= n_vocab:

@@ -28,7 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from .gguf_header import GGUF_MAGIC, GGUF_VERSIONS, HeaderError, check_extents, read_header
+from .gguf_header import (GGUF_MAGIC, GGUF_VERSIONS, Header, HeaderError, check_extents,
+                          read_header)
 
 Progress = Callable[[str], None] | None
 
@@ -150,12 +151,20 @@ def check_gguf(path: str | os.PathLike[str], expected_size: int | None = None) -
     given, that the whole header parses, and that every tensor's data lies
     within the file.
     """
+    checked_header(path, expected_size)
+
+
+def checked_header(path: str | os.PathLike[str], expected_size: int | None = None) -> Header:
+    """`check_gguf`'s checks and the header they parse, for callers that read it too (one
+    parse instead of two: ~0.04 s for Qwen2.5's 151,936-token vocabulary)."""
     path = Path(path)
     _check_header(path, expected_size)
     try:
-        check_extents(read_header(path))
+        header = read_header(path)
+        check_extents(header)
     except HeaderError as exc:
         raise ModelError(str(exc)) from None
+    return header
 
 
 def _is_cached(spec: ModelSpec) -> bool:

@@ -23,8 +23,8 @@ from typing import Callable
 
 from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType, Keys, MODEL_TENSOR, TENSOR_NAMES
 
-from .gguf_header import Header, HeaderError, check_extents, read_header
-from .models import ModelError, check_gguf
+from .gguf_header import Header, HeaderError, check_extents
+from .models import ModelError, checked_header
 from .partition import StageRange
 
 # Architectures whose layers are all alike, so any contiguous slice is a valid model. Others
@@ -58,8 +58,7 @@ def open_model(path: str | os.PathLike) -> Header:
 
 def read_model(path: str | os.PathLike) -> Header:
     """Check a GGUF file and parse its header (fast)."""
-    check_gguf(path)
-    return read_header(path)
+    return checked_header(path)
 
 
 def model_info(source: GGUFReader | Header, path: str | os.PathLike) -> ModelInfo:
@@ -120,7 +119,7 @@ def write_stage(source: Header | GGUFReader, info: ModelInfo, stage: StageRange,
         with open(header.path, "rb") as handle, \
                 mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as buf, \
                 open(tmp, "wb") as out:
-            _write_gguf(out, buf, kvs, tensors, header.alignment,
+            write_gguf(out, buf, kvs, tensors, header.alignment,
                         lambda i: log.debug("%s: tensor %d/%d", dst.name, i + 1, len(tensors)))
         os.replace(tmp, dst)
     finally:
@@ -135,19 +134,19 @@ def _stage_kvs(header: Header, info: ModelInfo, stage: StageRange,
     # builds a tokenizer's token map, merges and piece cache on the heap (Qwen2.5's 151,936
     # tokens: 35 MiB resident on the final stage). A "none" tokenizer with the vocabulary's
     # size gives the final stage's output head its rows and nothing else.
-    overrides = {Keys.LLM.BLOCK_COUNT.format(arch=info.arch): _kv_uint32(stage.n_layer),
-                 Keys.Tokenizer.MODEL: _kv_string("none"),
+    overrides = {Keys.LLM.BLOCK_COUNT.format(arch=info.arch): kv_uint32(stage.n_layer),
+                 Keys.Tokenizer.MODEL: kv_string("none"),
                  Keys.LLM.VOCAB_SIZE.format(arch=info.arch):
-                     _kv_uint32(info.n_vocab if stage.final else 1)}
+                     kv_uint32(info.n_vocab if stage.final else 1)}
     if keep_tokenizer and stage.final:
         overrides.pop(Keys.Tokenizer.MODEL)
     kvs = []
     for key, span in header.kv_spans.items():
         if key in overrides:
-            kvs.append(_kv_key(key) + overrides.pop(key))
+            kvs.append(kv_key(key) + overrides.pop(key))
         elif not key.startswith("tokenizer.") or (keep_tokenizer and stage.final):
             kvs.append(span)
-    return kvs + [_kv_key(key) + value for key, value in overrides.items()]
+    return kvs + [kv_key(key) + value for key, value in overrides.items()]
 
 
 def _stage_tensors(header: Header, info: ModelInfo, stage: StageRange) -> list:
@@ -184,21 +183,21 @@ def _stage_tensors(header: Header, info: ModelInfo, stage: StageRange) -> list:
 TIED_OUTPUT_ARCHS = frozenset({"llama", "qwen2", "qwen3", "mistral3", "granite", "phi3"})
 
 # The smallest block types, (type, elements per block, bytes per block): zeros in them.
-_FILLER_TYPES = ((GGMLQuantizationType.IQ1_S, 256, 50), (GGMLQuantizationType.Q4_0, 32, 18))
+FILLER_TYPES = ((GGMLQuantizationType.IQ1_S, 256, 50), (GGMLQuantizationType.Q4_0, 32, 18))
 
 
 def _unused_embedding(t) -> tuple:
     """A final stage's token embeddings, which it never reads (it takes activations, and its
     output head is a tensor of its own), yet llama.cpp requires at full shape: zeros in the
     smallest block type that fits (Qwen2.5 1.5B: 46 MB instead of 131 MB to send and hold)."""
-    for ttype, block, nbytes in _FILLER_TYPES:
+    for ttype, block, nbytes in FILLER_TYPES:
         if t.shape[0] % block == 0:
             n_blocks = t.shape[0] // block * math.prod(t.shape[1:])
             return (t.name, t.shape, ttype, bytes(n_blocks * nbytes))
     return (t.name, t.shape, t.ggml_type, (t.offset, t.n_bytes))
 
 
-def _write_gguf(out, buf, kvs: list, tensors: list, align: int,
+def write_gguf(out, buf, kvs: list, tensors: list, align: int,
                 progress: Callable[[int], None]) -> None:
     """A GGUF v3 file from metadata entries and tensors as _stage_kvs/_stage_tensors give
     them; spans are copied from `buf` (the source, memory-mapped) without an in-memory copy."""
@@ -241,15 +240,15 @@ def _string(text: str) -> bytes:
     return struct.pack("<Q", len(raw)) + raw
 
 
-def _kv_key(key: str) -> bytes:
+def kv_key(key: str) -> bytes:
     return _string(key)
 
 
-def _kv_uint32(value: int) -> bytes:
+def kv_uint32(value: int) -> bytes:
     return struct.pack("<II", GGUFValueType.UINT32, value)
 
 
-def _kv_string(value: str) -> bytes:
+def kv_string(value: str) -> bytes:
     return struct.pack("<I", GGUFValueType.STRING) + _string(value)
 
 

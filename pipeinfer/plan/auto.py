@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import Sequence
 
 from ..engine.mpi_transport import Link, hostname
 from ..model.draft_cache import compact_draft
@@ -83,12 +84,12 @@ def pipeline_for(profile: Profile, model: Path, strategy: str, draft: Path | Non
                     drafts_on_thread(strategy))
 
 
-def auto_split(link: Link, cfg) -> tuple[float, ...]:
+def auto_split(link: Link, cfg, drafts: Sequence = ()) -> tuple[float, ...]:
     """The solver's split for `cfg` (a RunConfig) on this job's ranks; logged on rank 0 with
-    what the nodes left out would give."""
+    what the nodes left out would give. `drafts`: on rank 0 the job's draft files, settled
+    with `cfg` (engine/draft_files.py), the first of which the profile times."""
     model = target_file(link, cfg.model)
-    draft = draft_file(link, cfg.drafts[0], cfg.compact_draft) if cfg.uses_draft_model \
-        else None
+    draft = head_draft(link, cfg, drafts) if cfg.uses_draft_model else None
     threads = [cfg.threads_for(r) for r in range(link.size)]
     profile = obtain_profile(link, cfg.profile, model, draft, threads, cfg.repack_target,
                              given=cfg.model)
@@ -112,6 +113,13 @@ def target_file(link: Link, name: str) -> Path:
     the path shared (only rank 0 opens it; an unusable model raises ModelError on every
     rank)."""
     return Path(cal.from_rank0(link, lambda: str(resolve_model(name))))
+
+
+def head_draft(link: Link, cfg, drafts: Sequence) -> Path:
+    """The draft file the head will run (its reduced copy for --draft-vocab K, made now if
+    new), so that the profile times the draft as it will draft; rank 0's path shared."""
+    return Path(cal.from_rank0(link, lambda: str(drafts[0].head_file(cfg.draft_vocab)),
+                               (ModelError,)))
 
 
 def draft_file(link: Link, name: str, compact: bool) -> Path:

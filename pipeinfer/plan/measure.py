@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from ..model.balance import layer_bytes
+from ..model.draft_vocab import KEPT_KEY
 from ..model.gguf_header import read_header
 from ..model.partition import StageRange
 from ..model.stage import Stage, StageConfig
@@ -109,11 +110,16 @@ def probe_layer_ms(slices: Slices, threads: int, repack: bool = True) -> float:
 def measure_draft(draft: Path, threads: int) -> float:
     """Milliseconds per drafted token: a 1-token step of the whole draft model, and the
     drafter's choice of the token from its logits (a softmax over the vocabulary and the
-    two best, engine/drafter.py: ~1 ms a token for Qwen2.5's 151,936 on a core here)."""
+    two best, engine/drafter.py: ~1 ms a token for Qwen2.5's 151,936 on a core here). A
+    reduced-vocabulary draft (model/draft_vocab.py) is fed embeddings, as the head feeds it,
+    and its logits rows are K wide."""
+    tokens = KEPT_KEY not in read_header(draft).fields
     with Stage(draft, _config(threads, True), final=True, label="calibration draft") as stage:
-        _fill_context(stage, tokens=True)
-        step = _step_ms(stage, 1, REPEATS, tokens=True)
-        logits = stage.decode([CONTEXT], [(0,)], tokens=[100])[-1]
+        _fill_context(stage, tokens=tokens)
+        step = _step_ms(stage, 1, REPEATS, tokens=tokens)
+        one = {"tokens": [100]} if tokens else \
+            {"embd": np.full((1, stage.n_embd), 0.01, np.float32)}
+        logits = stage.decode([CONTEXT], [(0,)], **one)[-1]
         stage.seq_rm(0, CONTEXT, -1)
     return step + _pick_ms(logits)
 
