@@ -1,12 +1,13 @@
 """--draft-vocab auto, the default (engine/draft_files.py, RunConfig.settled_draft_vocab): real
 files, real mpiexec.
 
-auto is 32768 where the head drafts with a draft model of its own whose vocabulary has at least
-65536 tokens (the Qwen2.5 pair, when cached), and 0 without an error elsewhere (the tiny
-models' small vocabulary, pipespec, draft ranks, n-gram drafts alone); the run reports the K
-it used, and the target's answer is the same as with --draft-vocab 0. A K given with pipespec
-is still refused (test_draft_vocab.test_cli_refuses_bad_draft_vocab); --layer-split auto times
-the draft the head runs, its reduced copy.
+auto is 32768 for pipeinfer on a pipeline of 4 ranks or more whose draft model has a vocabulary
+of at least 65536 tokens (the Qwen2.5 pair, when cached), and 0 without an error elsewhere
+(fewer ranks, the other strategies, the tiny models' small vocabulary, pipespec, draft ranks,
+n-gram drafts alone); the run reports the K it used, and the target's answer is the same as
+with --draft-vocab 0. A K given with pipespec is still refused
+(test_draft_vocab.test_cli_refuses_bad_draft_vocab); --layer-split auto times the draft the
+head runs, its reduced copy.
 """
 
 from __future__ import annotations
@@ -39,8 +40,8 @@ def qwen():
     return cached_models("qwen-coder-1.5b", "qwen-coder-0.5b-q4_0")
 
 
-def _settled(cfg: RunConfig, **changes) -> int:
-    settled, _ = settle_drafts(replace(cfg, **changes))
+def _settled(cfg: RunConfig, n_ranks: int = 4, **changes) -> int:
+    settled, _ = settle_drafts(replace(cfg, **changes), n_ranks)
     return settled.draft_vocab
 
 
@@ -57,35 +58,45 @@ def test_auto_is_the_full_vocabulary_where_a_reduced_draft_does_not_apply(tiny) 
     assert _settled(cfg, strategy="iterative", draft=None) == 0
 
 
-def test_auto_is_32768_for_the_qwen_pair(qwen) -> None:
-    """Qwen2.5's 151,936 tokens: 32768 for the strategies whose head drafts with its own
-    model; 0, without an error, for pipespec (in the head or on a draft rank) and n-gram
-    drafts alone; a K given is kept, 0 too; a K given with pipespec is refused."""
+def test_auto_is_32768_for_pipeinfer_on_4_ranks_with_the_qwen_pair(qwen) -> None:
+    """Qwen2.5's 151,936 tokens: 32768 for pipeinfer on 4 or more ranks (where the head's
+    drafting sets the pace); 0, without an error, on fewer ranks, for the other strategies,
+    pipespec (in the head or on a draft rank, whose ranks do not count) and n-gram drafts
+    alone; a K given is kept, 0 too; a K given with pipespec is refused."""
     target, draft = qwen
     cfg = RunConfig(model=str(target), prompt="x", draft=str(draft))
-    for strategy in SPECULATING:
-        assert _settled(cfg, strategy=strategy) == K_QWEN, strategy
-    assert _settled(cfg, strategy="pipespec") == 0
-    assert _settled(cfg, strategy="pipespec", draft_ranks=1) == 0
-    assert _settled(cfg, strategy="pipeinfer", spec=SpecOptions(draft_source="ngram")) == 0
-    assert _settled(cfg, strategy="pipeinfer", draft_vocab=0) == 0
-    assert _settled(cfg, strategy="pipeinfer", draft_vocab=4096) == 4096
+    for n_ranks in (4, 5, 8):
+        assert _settled(cfg, n_ranks, strategy="pipeinfer") == K_QWEN, n_ranks
+    for n_ranks in (1, 2, 3):
+        assert _settled(cfg, n_ranks, strategy="pipeinfer") == 0, n_ranks
+    for strategy in ("speculative", "specpipe", "pipespec"):
+        assert _settled(cfg, 8, strategy=strategy) == 0, strategy
+    assert _settled(cfg, 5, strategy="pipespec", draft_ranks=1) == 0
+    ngram = SpecOptions(draft_source="ngram")
+    assert _settled(cfg, 8, strategy="pipeinfer", spec=ngram) == 0
+    assert _settled(cfg, 8, strategy="pipeinfer", draft_vocab=0) == 0
+    assert _settled(cfg, 2, strategy="pipeinfer", draft_vocab=4096) == 4096
+    assert _settled(cfg, 1, strategy="speculative", draft_vocab=4096) == 4096
     with pytest.raises(ValueError, match="--draft-vocab: strategy pipespec"):
-        settle_drafts(replace(cfg, strategy="pipespec", draft_vocab=64))
+        settle_drafts(replace(cfg, strategy="pipespec", draft_vocab=64), 4)
 
 
-def test_qwen_default_drafts_over_32768_tokens_same_answer(qwen) -> None:
-    """`pipeinfer run` without --draft-vocab on 2 ranks: the run reports K = 32768 and emits
-    the tokens of --draft-vocab 0."""
+def test_qwen_default_drafts_over_32768_tokens_on_4_ranks_same_answer(qwen) -> None:
+    """`pipeinfer run` without --draft-vocab on 4 ranks: the run reports K = 32768 and emits
+    the tokens of --draft-vocab 0; on 2 ranks the default is the full vocabulary."""
     target, draft = qwen
-    args = ("--strategy", "pipeinfer", "-md", str(draft), "--layer-split", "0,1")
+    args = ("--strategy", "pipeinfer", "-md", str(draft))
+    split = ("--layer-split", "0,0.3333,0.3333,0.3334")
     n = 24
-    default = run_json(2, target, *args, n_predict=n, timeout=400, prompt=QWEN_PROMPT)
-    full = run_json(2, target, *args, "--draft-vocab", "0", n_predict=n, timeout=400,
+    default = run_json(4, target, *args, *split, n_predict=n, timeout=600, prompt=QWEN_PROMPT)
+    full = run_json(4, target, *args, *split, "--draft-vocab", "0", n_predict=n, timeout=600,
                     prompt=QWEN_PROMPT)
     assert default["draft_vocab"] == K_QWEN and full["draft_vocab"] == 0
     assert default["n_drafted"] > 0, "nothing was speculated: the test would prove nothing"
     assert default["tokens"] == full["tokens"] and len(default["tokens"]) == n
+    two = run_json(2, target, *args, "--layer-split", "0,1", n_predict=4, timeout=400,
+                   prompt=QWEN_PROMPT)
+    assert two["draft_vocab"] == 0 and two["tokens"] == full["tokens"][:4]
 
 
 @pytest.mark.parametrize("strategy", ["pipeinfer", "pipespec"])

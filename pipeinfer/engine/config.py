@@ -16,11 +16,16 @@ NGRAM_STRATEGIES = frozenset({"speculative", "pipeinfer", "specpipe"})
 MULTI_DRAFT = frozenset({"pipespec"})  # strategies that take several -md (smallest first)
 WIDE_RUNS = frozenset({"specpipe", "pipespec"})  # their target runs are several tokens wide
 STRATEGY_NAMES = ("iterative", "speculative", "pipeinfer", "pipespec", "specpipe")
-# --draft-vocab auto: K = AUTO_DRAFT_VOCAB for a draft whose vocabulary has at least
-# AUTO_DRAFT_VOCAB_MIN tokens (Qwen2.5's 151,936), else the full vocabulary (SmolLM2's 49,152)
+# --draft-vocab auto: K = AUTO_DRAFT_VOCAB for pipeinfer on a pipeline of at least
+# AUTO_DRAFT_VOCAB_RANKS ranks with a draft whose vocabulary has at least AUTO_DRAFT_VOCAB_MIN
+# tokens (Qwen2.5's 151,936; not SmolLM2's 49,152), else the full vocabulary. Measured with the
+# Qwen pair, interleaved K=3 (README, issue 34): 8 x 0.25 core 1.18x, 4 x 0.5 core 1.04x, but
+# 2 x 1.0 core 0.95x: where the head's drafting does not set the pace, the lower acceptance
+# (0.73 -> 0.65) costs more than the cheaper draft step gains.
 AUTO = "auto"
 AUTO_DRAFT_VOCAB = 32768
 AUTO_DRAFT_VOCAB_MIN = 65536
+AUTO_DRAFT_VOCAB_RANKS = 4
 
 
 @dataclass(frozen=True)
@@ -113,14 +118,16 @@ class RunConfig:
         return (self.uses_draft_model and self.strategy not in MULTI_DRAFT
                 and not self.draft_ranks)
 
-    def settled_draft_vocab(self, n_vocab: int) -> int:
-        """The K the head drafts over (0: all), its draft having `n_vocab` tokens: AUTO's
-        where a reduced draft applies (never an error: 0 elsewhere), else as given (0
-        without a draft model; check_drafts refuses a K where it cannot apply)."""
+    def settled_draft_vocab(self, n_vocab: int, n_ranks: int) -> int:
+        """The K the head drafts over (0: all), its draft having `n_vocab` tokens and the job
+        `n_ranks` ranks: AUTO's where it pays (never an error: 0 elsewhere), else as given
+        (0 without a draft model; check_drafts refuses a K where it cannot apply)."""
         if not self.reduces_draft:
             return 0
         if self.draft_vocab == AUTO:
-            return AUTO_DRAFT_VOCAB if n_vocab >= AUTO_DRAFT_VOCAB_MIN else 0
+            pays = (self.strategy == "pipeinfer" and n_vocab >= AUTO_DRAFT_VOCAB_MIN
+                    and self.n_pipeline(n_ranks) >= AUTO_DRAFT_VOCAB_RANKS)
+            return AUTO_DRAFT_VOCAB if pays else 0
         return self.draft_vocab
 
     def check_drafts(self) -> None:

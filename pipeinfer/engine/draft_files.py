@@ -60,15 +60,15 @@ def draft_file(cfg: RunConfig, name: str) -> DraftFile:
     return DraftFile(name, path, header)
 
 
-def settle_drafts(cfg: RunConfig) -> tuple[RunConfig, tuple[DraftFile, ...]]:
-    """Rank 0, before anything loads: `cfg` with --draft-vocab as the K the head drafts over
-    (0: the full vocabulary, or no draft model), and the draft files the job uses (every -md
-    for pipespec, else the first; none for n-gram drafts alone). ValueError or ModelError if
-    they cannot work."""
+def settle_drafts(cfg: RunConfig, n_ranks: int) -> tuple[RunConfig, tuple[DraftFile, ...]]:
+    """Rank 0, before anything loads, for a job of `n_ranks` ranks: `cfg` with --draft-vocab
+    as the K the head drafts over (0: the full vocabulary, or no draft model), and the draft
+    files the job uses (every -md for pipespec, else the first; none for n-gram drafts
+    alone). ValueError or ModelError if they cannot work."""
     cfg.check_drafts()
     if not cfg.uses_draft_model:
         return dataclasses.replace(cfg, draft_vocab=0), ()
     names = cfg.drafts if cfg.strategy in MULTI_DRAFT else cfg.drafts[:1]
     drafts = tuple(draft_file(cfg, name) for name in names)
-    k = cfg.settled_draft_vocab(drafts[0].n_vocab)
+    k = cfg.settled_draft_vocab(drafts[0].n_vocab, n_ranks)
     return dataclasses.replace(cfg, draft_vocab=k), drafts

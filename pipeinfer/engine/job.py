@@ -77,7 +77,7 @@ def _plan_phase(link: Link, cfg: RunConfig, check: Callable[[], None] | None):
     rank, size = link.rank, link.size
     shared, tokenizer, drafts, error = None, None, (), None
     if rank == 0:
-        settled, error = _attempt(cfg, lambda: _first_checks(cfg, check))
+        settled, error = _attempt(cfg, lambda: _first_checks(cfg, check, size))
         if settled is not None:
             cfg, drafts = settled
     if cfg.split == "auto":  # collective: calibrate (or probe) and solve, all ranks being well
@@ -107,11 +107,12 @@ def _agreed(link: Link, error: str | None, tokenizer: Tokenizer | None = None) -
         raise StartFailed(failure)
 
 
-def _first_checks(cfg: RunConfig, check: Callable[[], None] | None):
-    """Rank 0: `check`, then the settled config and the draft files."""
+def _first_checks(cfg: RunConfig, check: Callable[[], None] | None, size: int):
+    """Rank 0: `check`, then the settled config and the draft files (`size`: the job's
+    ranks)."""
     if check is not None:
         check()
-    return settle_drafts(cfg)
+    return settle_drafts(cfg, size)
 
 
 def _attempt(cfg: RunConfig, step: Callable[[], T]) -> tuple[T | None, str | None]:
