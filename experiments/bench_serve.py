@@ -144,6 +144,8 @@ def wait_healthy(url: str, proc: subprocess.Popen, log: Path) -> None:
 PIPEINFER_SYSTEMS = {"pipeinfer": ["--strategy", "pipeinfer", "-md", "{draft}"],
                      "pipeinfer-speculative": ["--strategy", "speculative", "-md", "{draft}"],
                      "pipeinfer-iterative": ["--strategy", "iterative"],
+                     # no draft model: drafts from n-gram lookups (and a grammar's forced text)
+                     "pipeinfer-ngram": ["--strategy", "pipeinfer", "--draft-source", "ngram"],
                      # the plain weight layout: exact runs of up to 7 tokens instead of 3
                      "pipeinfer-plain": ["--strategy", "pipeinfer", "-md", "{draft}",
                                          "--no-repack"],

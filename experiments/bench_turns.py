@@ -173,7 +173,8 @@ def parse_args(argv):
     p.add_argument("--scenario", default="turns,json")
     p.add_argument("--json-system", default="pipeinfer",
                    help="the json scenario's server: pipeinfer, pipeinfer-speculative, "
-                        "pipeinfer-plain or pipeinfer-model-drafts (bench_serve.PIPEINFER_SYSTEMS)")
+                        "pipeinfer-plain, pipeinfer-ngram or pipeinfer-model-drafts "
+                        "(bench_serve.PIPEINFER_SYSTEMS)")
     p.add_argument("--nodes", type=int, default=4)
     p.add_argument("--cpu", type=float, default=0.5, help="cores per node")
     p.add_argument("-m", "--model", default="qwen-coder-1.5b")

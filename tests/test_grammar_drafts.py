@@ -8,10 +8,12 @@ from __future__ import annotations
 import pytest
 
 from pipeinfer.engine.drafter import DraftParams
-from pipeinfer.engine.grammar_drafts import GrammarDrafter, Probe
+from pipeinfer.engine.grammar_drafts import GrammarDrafter, GrammarTrack, Probe
+from pipeinfer.engine.ngram_drafts import NgramDrafts
 from pipeinfer.metrics import Counters
 from pipeinfer.model.grammar import json_grammar
 from pipeinfer.model.tokenizer import Tokenizer
+from pipeinfer.schedule.actions import DraftJob
 
 pytestmark = pytest.mark.smollm2
 
@@ -115,3 +117,48 @@ def test_the_model_stops_where_the_grammar_forces_the_rest(tokenizer):
     gd, inner, counters, _ = drafter_for(tokenizer, [value + forced])
     branches, _ = gd.draft(context, DraftParams(), 0.0, max_tokens=len(value) + 1)
     assert len(branches[0]) == len(value) + 1         # the job's budget holds
+
+
+
+def lookup_drafts(tokenizer, prompt=PROMPT, free=True):
+    """NgramDrafts (no draft model) under SCHEMA's grammar for a request of `prompt`."""
+    grammar = tokenizer.grammar(json_grammar(SCHEMA))
+
+    def tokenize(text):
+        return tokenizer.tokenize(text, add_special=False, parse_special=False)
+    counters = Counters()
+    track = GrammarTrack(grammar, len(prompt), Probe(tokenize, tokenizer.piece, grammar.eos),
+                         tokenize, counters, free)
+    return NgramDrafts(1, 4, track=track), counters, tokenize
+
+
+def answer(drafts, context, budget=8) -> list[int]:
+    drafts.submit(DraftJob(1, tuple(context), None, 0.3, budget))
+    branches = drafts.poll().branches
+    return list(branches[0]) if branches else []
+
+
+def test_lookups_under_a_grammar_draft_the_forced_text_and_are_cut(tokenizer):
+    """With no draft model, the n-gram lookup under a grammar: where the grammar forces
+    text, that text's tokens (free, no lookup); a lookup inside free text answers as found;
+    one the grammar forbids is cut there; one ending where the grammar forces text goes on
+    with that text."""
+    drafts, counters, tokenize = lookup_drafts(tokenizer)
+    start = answer(drafts, PROMPT, budget=16)
+    assert text(tokenizer, start) == '{"name":"' and counters.n_drafted_free == len(start)
+    prompt = tuple(tokenize('Ann","age":12} and'))     # the text the lookup finds
+    drafts, counters, tokenize = lookup_drafts(tokenizer, prompt)
+    inside = list(prompt) + tokenize('{"name":"Ann')
+    found = answer(drafts, inside, budget=4)
+    assert text(tokenizer, found).startswith('","age')
+    assert counters.n_drafted_free == 0 and counters.n_drafts_cut == 0
+    track = drafts.track
+    bad = tokenize('a"}')                  # "}" ends the object: age is required
+    cut = track.shape(inside, bad, 8)
+    assert len(cut) < len(bad) and cut == bad[:len(cut)]
+    assert counters.n_drafts_cut == len(bad) - len(cut)
+    shaped = track.shape(inside, tokenize('a"'), 16)
+    assert text(tokenizer, shaped) == 'a","age":' and counters.n_drafted_free > 0
+    drafts, counters, tokenize = lookup_drafts(tokenizer, prompt, free=False)
+    assert drafts.track.shape(inside, tokenize('a"'), 16) == tokenize('a"')
+    assert answer(drafts, list(prompt), budget=8) == [] and counters.n_drafted_free == 0

@@ -95,49 +95,21 @@ class ForcedWatch:
         return bool(self.forced)
 
 
-class GrammarDrafter:
-    """A Drafter (engine/drafter.py) whose drafts keep to one generation's grammar. Runs
-    where the draft jobs run (the draft thread), with a grammar state of its own advanced
-    along the generated tokens of each job's context (`n_prompt`: where they start)."""
+class GrammarTrack:
+    """One generation's grammar followed along each job's context (`n_prompt`: where its
+    generated tokens start), and what it makes of a draft there: the forced text's tokens
+    (free), a draft cut where the grammar forbids. One per thread that drafts: a grammar
+    state is not to be shared."""
 
-    def __init__(self, drafter, grammar: Grammar, n_prompt: int, probe: Probe,
+    def __init__(self, grammar: Grammar, n_prompt: int, probe: Probe,
                  tokenize: Callable[[str], list[int]], counters, free: bool = True):
-        self.drafter, self.n_prompt, self.probe = drafter, n_prompt, probe
-        self.tokenize, self.counters, self.free = tokenize, counters, free
+        self.n_prompt, self.probe, self.tokenize = n_prompt, probe, tokenize
+        self.counters, self.free = counters, free
         self._start = grammar        # a fresh state, kept to start again from
         self._state = grammar.clone()
         self._seen: list[int] = []   # generated tokens _state has accepted
 
-    def __getattr__(self, name):
-        return getattr(self.drafter, name)   # prepare, sync, n_held, reset, ...
-
-    def draft(self, context: Sequence[int], params, cutoff: float,
-              max_tokens: int | None = None, should_stop=None):
-        """Drafter.draft under the grammar: the forced text's tokens if there are any (no
-        draft-model step), else the draft model's branches cut where the grammar forbids."""
-        limit = params.max_tokens if max_tokens is None else max_tokens
-        tip = self._tip(context)
-        if tip is None or limit <= 0:
-            return self.drafter.draft(context, params, cutoff, max_tokens, should_stop)
-        if self.free:
-            forced = self.tokenize(self.probe.forced_text(tip.clone()))[:limit]
-            if forced:
-                self.counters.n_drafted_free += len(forced)
-                return [forced], [1.0] * len(forced)
-        watch = ForcedWatch(tip, self.probe) if self.free else None
-        branches, probs = self.drafter.draft(context, params, cutoff, max_tokens,
-                                             should_stop, stop_at=watch)
-        kept = [self._keep(tip, branch) for branch in branches]
-        self.counters.n_drafts_cut += sum(map(len, branches)) - sum(map(len, kept))
-        probs = probs[:len(kept[0])] if kept else []
-        if watch is not None and watch.forced and kept and kept[0] == branches[0]:
-            forced = self.tokenize(watch.forced)[:max(0, limit - len(kept[0]))]
-            self.counters.n_drafted_free += len(forced)
-            kept[0], probs = kept[0] + forced, list(probs) + [1.0] * len(forced)
-        cut = [b for b in kept if b]
-        return cut, probs
-
-    def _tip(self, context: Sequence[int]) -> Grammar | None:
+    def tip(self, context: Sequence[int]) -> Grammar | None:
         """The grammar's state after `context`'s generated tokens (None if one of them is
         forbidden: nothing is checked then)."""
         generated = list(context[self.n_prompt:])
@@ -150,13 +122,77 @@ class GrammarDrafter:
             self._seen.append(token)
         return self._state
 
-    @staticmethod
-    def _keep(tip: Grammar, branch: Sequence[int]) -> list[int]:
-        """`branch` up to the first token the grammar forbids."""
+    def forced(self, state: Grammar, limit: int) -> list[int]:
+        """The tokens of the text the grammar forces at `state` (a clone is advanced), at
+        most `limit`, counted as free drafts; none with free drafts off."""
+        if not self.free or limit <= 0:
+            return []
+        tokens = self.tokenize(self.probe.forced_text(state.clone()))[:limit]
+        self.counters.n_drafted_free += len(tokens)
+        return tokens
+
+    def cut(self, tip: Grammar, branch: Sequence[int]) -> list[int]:
+        """`branch` up to the first token the grammar forbids (counted as cut)."""
         state, kept = tip.clone(), []
         for token in branch:
             if not state.allows(token):
                 break
             state.accept(token)
             kept.append(token)
+        self.counters.n_drafts_cut += len(branch) - len(kept)
         return kept
+
+    def shape(self, context: Sequence[int], found: Sequence[int], limit: int) -> list[int]:
+        """A lookup's draft `found` (n-gram drafts, engine/ngram_drafts.py) under the grammar:
+        the forced text where the grammar forces one, else `found` cut where the grammar
+        forbids, followed by the text the grammar forces after it (all within `limit`)."""
+        tip = self.tip(context)
+        if tip is None:
+            return list(found[:limit])
+        forced = self.forced(tip, limit)
+        if forced:
+            return forced
+        kept = self.cut(tip, found[:limit])
+        if not kept or len(kept) == limit or not self.free:
+            return kept
+        after = tip.clone()
+        for token in kept:
+            after.accept(token)
+        return kept + self.forced(after, limit - len(kept))
+
+
+class GrammarDrafter:
+    """A Drafter (engine/drafter.py) whose drafts keep to one generation's grammar. Runs
+    where the draft jobs run (the draft thread), with a GrammarTrack of its own."""
+
+    def __init__(self, drafter, grammar: Grammar, n_prompt: int, probe: Probe,
+                 tokenize: Callable[[str], list[int]], counters, free: bool = True):
+        self.drafter, self.probe, self.tokenize = drafter, probe, tokenize
+        self.track = GrammarTrack(grammar, n_prompt, probe, tokenize, counters, free)
+
+    def __getattr__(self, name):
+        return getattr(self.drafter, name)   # prepare, sync, n_held, reset, ...
+
+    def draft(self, context: Sequence[int], params, cutoff: float,
+              max_tokens: int | None = None, should_stop=None):
+        """Drafter.draft under the grammar: the forced text's tokens if there are any (no
+        draft-model step), else the draft model's branches cut where the grammar forbids."""
+        limit = params.max_tokens if max_tokens is None else max_tokens
+        track = self.track
+        tip = track.tip(context)
+        if tip is None or limit <= 0:
+            return self.drafter.draft(context, params, cutoff, max_tokens, should_stop)
+        forced = track.forced(tip, limit)
+        if forced:
+            return [forced], [1.0] * len(forced)
+        watch = ForcedWatch(tip, self.probe) if track.free else None
+        branches, probs = self.drafter.draft(context, params, cutoff, max_tokens,
+                                             should_stop, stop_at=watch)
+        kept = [track.cut(tip, branch) for branch in branches]
+        probs = probs[:len(kept[0])] if kept else []
+        if watch is not None and watch.forced and kept and kept[0] == branches[0]:
+            forced = self.tokenize(watch.forced)[:max(0, limit - len(kept[0]))]
+            track.counters.n_drafted_free += len(forced)
+            kept[0], probs = kept[0] + forced, list(probs) + [1.0] * len(forced)
+        cut = [b for b in kept if b]
+        return cut, probs

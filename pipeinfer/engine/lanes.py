@@ -33,7 +33,7 @@ from .drafter import Drafter
 from .driver import Driver
 from .embedding_job import EMBEDDING, EmbeddingJob
 from .generate import driver_for
-from .grammar_drafts import GrammarDrafter, Probe, free_drafts_on
+from .grammar_drafts import GrammarDrafter, GrammarTrack, Probe, free_drafts_on
 from .head import Pipeline
 from .prompt_cache import PromptCache
 from .setup import MAX_OUTPUTS
@@ -182,7 +182,8 @@ class Lanes:
                           position=len(gen.request.resumed))
         driver = driver_for(strategy, pipe, gen, sampler, self.cfg,
                             self._drafter_for(slot, gen, constraint), self.cfg.pool(),
-                            head.trace, threaded_drafts=True)
+                            head.trace, threaded_drafts=True,
+                            track=self._track(gen, constraint))
         driver.sched.share = self._share
         lane = pipe.lane = Lane(slot, driver, owner, strategy)
         self.active.append(lane)
@@ -210,14 +211,26 @@ class Lanes:
         drafter = self._drafters[slot]
         if not isinstance(constraint, Grammar) or not isinstance(drafter, Drafter):
             return drafter
-        tokenizer = self.head.tokenizer
-
-        def tokenize(text: str) -> list[int]:
-            return tokenizer.tokenize(text, add_special=False, parse_special=False)
-        if self._probe is None:
-            self._probe = Probe(tokenize, tokenizer.piece, constraint.eos)
         return GrammarDrafter(drafter, constraint.fresh(), len(gen.request.prompt),
-                              self._probe, tokenize, gen.counters, free_drafts_on())
+                              self._probe_for(constraint), self._tokenize, gen.counters,
+                              free_drafts_on())
+
+    def _track(self, gen: Generation, constraint: Constraint | None) -> GrammarTrack | None:
+        """The request's grammar for its n-gram lookups (on the head's thread: a state of
+        its own), as _drafter_for's for the draft model; None without a grammar."""
+        if not isinstance(constraint, Grammar):
+            return None
+        return GrammarTrack(constraint.fresh(), len(gen.request.prompt),
+                            self._probe_for(constraint), self._tokenize, gen.counters,
+                            free_drafts_on())
+
+    def _tokenize(self, text: str) -> list[int]:
+        return self.head.tokenizer.tokenize(text, add_special=False, parse_special=False)
+
+    def _probe_for(self, constraint: Grammar) -> Probe:
+        if self._probe is None:
+            self._probe = Probe(self._tokenize, self.head.tokenizer.piece, constraint.eos)
+        return self._probe
 
     def strategy_now(self) -> str:
         """The strategy of a generation starting now: --busy-strategy while another is under

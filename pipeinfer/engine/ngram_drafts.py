@@ -48,10 +48,19 @@ class LookupExecutor:
 
 
 class NgramDrafts(LookupExecutor):
+    """`track`: a request's grammar (engine/grammar_drafts.py GrammarTrack), or None: a
+    lookup then gives the text the grammar forces (free) where it forces one, else its
+    tokens cut to the grammar and followed by the text forced after them."""
+
+    def __init__(self, n_min: int, n_max: int, fallback=None, track=None):
+        super().__init__(n_min, n_max, fallback)
+        self.track = track
 
     def submit(self, job: DraftJob) -> None:
         draft = (ngram_draft(job.context, self.n_min, self.n_max, job.lookup_budget)
                  if job.ngram else [])
+        if job.ngram and self.track is not None:
+            draft = self.track.shape(job.context, draft, job.budget)
         if draft:
             self._ready.append(DraftReady(job.job_id, (tuple(draft),), origin=ORIGIN))
             return
