@@ -314,8 +314,6 @@ def test_forced_tokens_are_free_drafts_and_the_answer_stays_exact(server, client
     """Under a JSON schema the text the grammar forces (braces, quotes, keys) is drafted
     without the draft model (counted in /metrics), and the answer is still llama.cpp's with
     its grammar sampler, one token per decode."""
-    from llama_cpp.llama_grammar import json_schema_to_gbnf
-
     schema = {"type": "object", "properties": {"people": {
         "type": "array", "minItems": 2, "maxItems": 2, "items": {
             "type": "object", "properties": {"name": {"type": "string"},
@@ -323,16 +321,24 @@ def test_forced_tokens_are_free_drafts_and_the_answer_stays_exact(server, client
             "required": ["name", "age"]}}}, "required": ["people"]}
     ask = [{"role": "user", "content": "Invent two people with a name and an age."}]
     free = metric(server, "pipeinfer_drafted_free_tokens_total")
+    assert_schema_answer_exact(client, smollm2, tokenizer, ask, schema, 60)
+    assert metric(server, "pipeinfer_drafted_free_tokens_total") > free
+
+
+def assert_schema_answer_exact(client, smollm2, tokenizer, ask, schema, n: int) -> None:
+    """The server's greedy answer to `ask` under `schema` is llama.cpp's with its grammar
+    sampler, one token per decode (at most `n` tokens)."""
+    from llama_cpp.llama_grammar import json_schema_to_gbnf
+
     got = client.chat.completions.create(
-        model="smollm2", messages=ask, max_tokens=60, temperature=0,
+        model="smollm2", messages=ask, max_tokens=n, temperature=0,
         response_format={"type": "json_schema",
-                         "json_schema": {"name": "people", "schema": schema}})
-    tokens, _ = chain_greedy(smollm2, chat_tokens(tokenizer, ask), 60,
+                         "json_schema": {"name": "answer", "schema": schema}})
+    tokens, _ = chain_greedy(smollm2, chat_tokens(tokenizer, ask), n,
                              Chain(grammar=json_schema_to_gbnf(json.dumps(schema))),
                              n_ctx=N_CTX)
     end = next((i for i, t in enumerate(tokens) if tokenizer.is_eog(t)), len(tokens))
     assert got.choices[0].message.content == tokenizer.detokenize(tokens[:end])
-    assert metric(server, "pipeinfer_drafted_free_tokens_total") > free
 
 
 class Person(__import__("pydantic").BaseModel):

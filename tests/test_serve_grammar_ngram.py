@@ -5,14 +5,10 @@ the answer is still llama.cpp's with its grammar sampler, one token per decode."
 
 from __future__ import annotations
 
-import json
-
-import httpx
 import pytest
 
-from llama_oracle import Chain, chain_greedy
-from test_serve import AUTH, KEY, N_CTX, Server, chat_tokens, open_tokenizer, openai_client, \
-    serving
+from test_serve import KEY, N_CTX, Server, open_tokenizer, openai_client, serving
+from test_serve_fields import assert_schema_answer_exact, metric
 
 pytestmark = pytest.mark.smollm2
 
@@ -37,24 +33,8 @@ def tokenizer(smollm2):
     yield from open_tokenizer(smollm2)
 
 
-def metric(server, name: str) -> float:
-    text = httpx.get(server.url + "/metrics", headers=AUTH).text
-    return float(next(line.split()[1] for line in text.splitlines()
-                      if line.startswith(name + " ")))
-
-
 def test_lookups_draft_the_forced_text_and_the_answer_stays_exact(server, smollm2, tokenizer):
-    from llama_cpp.llama_grammar import json_schema_to_gbnf
-
     ask = [{"role": "user", "content": "Invent three people with a name and an age."}]
     free = metric(server, "pipeinfer_drafted_free_tokens_total")
-    got = openai_client(server).chat.completions.create(
-        model="smollm2", messages=ask, max_tokens=80, temperature=0,
-        response_format={"type": "json_schema",
-                         "json_schema": {"name": "people", "schema": SCHEMA}})
-    tokens, _ = chain_greedy(smollm2, chat_tokens(tokenizer, ask), 80,
-                             Chain(grammar=json_schema_to_gbnf(json.dumps(SCHEMA))),
-                             n_ctx=N_CTX)
-    end = next((i for i, t in enumerate(tokens) if tokenizer.is_eog(t)), len(tokens))
-    assert got.choices[0].message.content == tokenizer.detokenize(tokens[:end])
+    assert_schema_answer_exact(openai_client(server), smollm2, tokenizer, ask, SCHEMA, 80)
     assert metric(server, "pipeinfer_drafted_free_tokens_total") > free

@@ -1,4 +1,5 @@
 """JSON request on pipeinfer serve (4 x 0.5), per-rank and per-thread CPU over the request."""
+# (fifth session: SPY attaches to the head process itself, not its cluster.py wrapper, and ends py-spy with SIGINT so it writes its file)
 import os, sys, time, subprocess, glob
 sys.path.insert(0, "/work/main/experiments")
 import bench_turns as bt
@@ -41,11 +42,11 @@ with PipeinferServer(args, args.json_system) as url:
     before = {(r,p): cpu(p) for r, p in rs}
     spy = None
     if os.environ.get("SPY"):
-        spy = subprocess.Popen(["/work/main/.venv/bin/py-spy", "record", "--native", "-r", "50", "-f", "raw", "-o", os.environ["SPY"], "-p", str(rs[0][1])], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        spy = subprocess.Popen(["/work/main/.venv/bin/py-spy", "record", "--native", "-r", "50", "-f", "raw", "-o", os.environ["SPY"], "-p", str(max(p for r, p in rs if r == 0))], stdout=open("/tmp/spy.out","w"), stderr=subprocess.STDOUT)
         time.sleep(1)
     a = bt.chat(url, [{"role": "user", "content": bt.JSON_ASK}], 256, body)
     after = {(r,p): cpu(p) for r, p in rs}
-    if spy: spy.terminate(); spy.wait()
+    if spy: spy.send_signal(2); spy.wait()
     m = bt.free_metrics(url)
 print(f"FREE={os.environ['PIPEINFER_FREE_DRAFTS']} {a['tokens']} tokens in {a['wall']:.2f}s = {a['tokens']/a['wall']:.2f} t/s {m}")
 for r, p in rs:
