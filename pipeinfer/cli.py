@@ -130,7 +130,7 @@ def _end_before_start(err: click.ClickException) -> None:
     sys.exit(err.exit_code)
 
 
-def _checked(check, *args):
+def checked_value(check, *args):
     """`check(*args)`, a ValueError it raises as a one-line error (exit status 2)."""
     try:
         return check(*args)
@@ -169,7 +169,7 @@ def main() -> None:
     setup_logging(rank=supervisor.launcher_rank())  # for errors before the options are read
 
 
-def _verbosity(verbose_help: str = "Also detail (debug messages).",
+def verbosity_options(verbose_help: str = "Also detail (debug messages).",
                quiet_help: str = "No progress lines on stderr, only notices and errors."):
     """A command's -v/--verbose (counted) and -q/--quiet, which exclude each other."""
     def add(command):
@@ -231,7 +231,7 @@ def _read_prompt(prompt_file: str) -> str:
 @click.option("--trace", "trace_path", type=click.Path(dir_okay=False), default=None,
               help="Write the head's events and actions and every rank's stage spans to this "
                    "file as JSON lines; `python plot.py --timeline FILE --out DIR` draws them.")
-@_verbosity("-v: progress of every rank, the head's scheduling and tracebacks; -vv: also "
+@verbosity_options("-v: progress of every rank, the head's scheduling and tracebacks; -vv: also "
             "llama.cpp's log.", "Only notices and errors on stderr: no progress lines, no "
             "summary line (--json still has every result).")
 def run(model, draft, compact_draft, draft_vocab, prompt, prompt_file, n_predict, n_ctx, n_batch,
@@ -274,7 +274,7 @@ def run(model, draft, compact_draft, draft_vocab, prompt, prompt_file, n_predict
                       2)
     if prompt_file is not None:
         prompt = _read_prompt(prompt_file)
-    source = _checked(resolve_draft_source, strategy, draft_source, bool(draft))
+    source = checked_value(resolve_draft_source, strategy, draft_source, bool(draft))
     cfg = RunConfig(model=model, prompt=prompt, n_predict=n_predict, n_ctx=n_ctx,
                     n_batch=n_batch, draft=(draft[0] if len(draft) == 1 else draft) or None,
                     strategy=strategy, split=split[0], draft_ranks=split[1], profile=profile,
@@ -289,7 +289,7 @@ def run(model, draft, compact_draft, draft_vocab, prompt, prompt_file, n_predict
                     ignore_eos=ignore_eos, chat=chat, csv=csv_path, json=as_json,
                     verbose=verbose, label=label, repack=repack, exact=exact, trace=trace_path,
                     compact_draft=compact_draft, draft_vocab=draft_vocab)
-    _checked(cfg.check_drafts)
+    checked_value(cfg.check_drafts)
     sys.exit(run_main(cfg, summary=not quiet))
 
 
@@ -298,7 +298,7 @@ def run(model, draft, compact_draft, draft_vocab, prompt, prompt_file, n_predict
 @click.option("--layer-split", "split", required=True, callback=parse_split, help=SPLIT_HELP)
 @click.option("-o", "--out", "out_dir", required=True, type=click.Path(file_okay=False),
               help="Directory for stage-NN.gguf files and manifest.json.")
-@_verbosity()
+@verbosity_options()
 def split(model, split, out_dir, verbose, quiet):
     """Cut a model into one GGUF file per rank (plus manifest.json). Non-final stages get a
     one-row vocabulary so no output head is computed for nothing."""
@@ -325,7 +325,7 @@ def models() -> None:
 
 @models.command("fetch")
 @click.argument("names", nargs=-1, required=True)
-@_verbosity()
+@verbosity_options()
 def models_fetch(names, verbose, quiet):
     """Fetch models into the cache: smollm2, qwen-coder-1.5b, qwen-coder-0.5b,
     qwen-coder-0.5b-q4_0 (the 0.5B draft requantized, made from it), or qwen-coder (all three

@@ -3,8 +3,8 @@
 statistics (a real Worker under `mpiexec -n 2`; LocalTransport's in-process stages).
 
 Ranks on one host share the monotonic clock, so the true offset is 0; a rank whose clock the
-test script shifts (pipeinfer.engine.mpi_transport._now patched on rank 2) must come out shifted by
-that much.
+test script shifts (pipeinfer.engine.mpi_transport.mpi_now patched on rank 2) must come out
+shifted by that much.
 """
 
 from __future__ import annotations
@@ -30,8 +30,8 @@ from pipeinfer.engine import mpi_transport as mt
 skew, out_dir = float(sys.argv[1]), pathlib.Path(sys.argv[2])
 link = mt.Link()
 if link.rank == 2 and skew:
-    real = mt._now
-    mt._now = lambda: real() + skew
+    real = mt.mpi_now
+    mt.mpi_now = lambda: real() + skew
 offsets = link.clock_offsets()
 result = None if offsets is None else {str(k): v for k, v in offsets.items()}
 # a file per rank: the launcher may splice lines that ranks print at the same time

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from .backoff import Backoff
-from .mpi_transport import HEAD, _now
+from .mpi_transport import HEAD, mpi_now
 from ..schedule.transaction import Tag
 
 # The waits' ceiling, short so that a sleep adds little to the round trip it is part of. A rank
@@ -31,17 +31,17 @@ def clock_offsets(link, rounds: int) -> dict[int, float] | None:
     if link.rank != HEAD:
         for i in range(rounds):
             _clock_recv(link, HEAD, CLOCK_WAIT_S if i else CLOCK_IDLE_WAIT_S)
-            link.isend(np.array([_now()]), HEAD, Tag.CLOCK)
+            link.isend(np.array([mpi_now()]), HEAD, Tag.CLOCK)
         link.flush()
         return None
     offsets = {}
     for rank in range(1, link.size):
         best_rtt, offset = float("inf"), 0.0
         for i in range(rounds):
-            t0 = _now()
+            t0 = mpi_now()
             link.isend(np.array([float(i)]), rank, Tag.CLOCK)
             remote = float(_clock_recv(link, rank, CLOCK_WAIT_S)[0])
-            t1 = _now()
+            t1 = mpi_now()
             if t1 - t0 < best_rtt:
                 best_rtt, offset = t1 - t0, remote - (t0 + t1) / 2
         offsets[rank] = offset

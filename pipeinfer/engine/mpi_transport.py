@@ -46,7 +46,7 @@ CLOCK_ROUNDS = 8   # clock offset ping-pongs per rank (clock_sync.py)
 SEND_PROGRESS_S = 250e-6
 
 
-def _now() -> float:
+def mpi_now() -> float:
     """The clock the trace uses (a function of its own so a test can skew one rank's)."""
     return time.monotonic()
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import uvicorn
 
-from ..serve.http_thread import _listen
+from ..serve.http_thread import listen_socket
 from .app import Front, build_app
 from .launcher import Host, Launcher
 from .metrics import FrontMetrics
@@ -48,7 +48,7 @@ class _Thread:
     """uvicorn and the supervisor on one event loop, on a thread of their own."""
 
     def __init__(self, options: FrontOptions):
-        self.options, self.sock = options, _listen(options.host, options.port)
+        self.options, self.sock = options, listen_socket(options.host, options.port)
         self.port = self.sock.getsockname()[1]
         self.loop: asyncio.AbstractEventLoop | None = None
         self.started, self.error, self.failed = threading.Event(), None, False

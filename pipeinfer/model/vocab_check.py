@@ -5,7 +5,6 @@ core (Qwen2.5 pair), which every start of a job paid again, a relaunched `serve`
 from __future__ import annotations
 
 import hashlib
-import os
 from pathlib import Path
 
 from .stage_cache import content_digest, stages_dir

@@ -8,7 +8,7 @@ import sys
 
 import click
 
-from ..cli import Failure, RankedCommand, _verbosity, setup_logging
+from ..cli import Failure, RankedCommand, verbosity_options, setup_logging
 from ..cli_options import compact_draft_option, parse_threads
 
 
@@ -25,7 +25,7 @@ from ..cli_options import compact_draft_option, parse_threads
               help="Time the target's layers repacked (as run's default for iterative, "
                    "speculative and pipeinfer) or in the plain layout (specpipe, pipespec).")
 @compact_draft_option
-@_verbosity()
+@verbosity_options()
 def calibrate(model, draft, threads, profile, repack, compact_draft, verbose, quiet):
     """Measure every rank of the job (launch it like `run`: mpiexec -n N pipeinfer calibrate
     ...): one target layer's and the output layer's time for steps of 1, 2, 4 and 8 tokens at
@@ -197,7 +197,7 @@ def _plan_errors():
                    "stages of equal weight, the head without layers when it drafts]")
 @click.option("--seed", default=0, type=int, help="Seed of the draft's right and wrong guesses.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
-@_verbosity()
+@verbosity_options()
 def simulate(model, draft, compact_draft, profile, nodes, cpu, cpus, hostfile, memory, link,
              reference, accept_rate, n_predict, strategy, split, seed, as_json, verbose,
              quiet):
@@ -237,7 +237,7 @@ def simulate(model, draft, compact_draft, profile, nodes, cpu, cpus, hostfile, m
 @click.option("--strategy", "strategies", default="iterative,speculative,pipeinfer",
               help="Strategies to plan, comma-separated (the speculative ones need -md).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object per strategy.")
-@_verbosity()
+@verbosity_options()
 def plan(model, draft, compact_draft, profile, nodes, cpu, cpus, hostfile, memory, link,
          reference, accept_rate, n_predict, strategies, as_json, verbose, quiet):
     """Plan a job: per strategy, the split that minimises its bound within each node's memory

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from ..cli import Failure, RankedCommand, _checked, _verbosity, setup_logging
+from ..cli import Failure, RankedCommand, checked_value, verbosity_options, setup_logging
 from ..engine import supervisor
 from ..engine.config import NEEDS_DRAFT
 from ..schedule.options import ADAPTIVE, LANE_STRATEGIES
@@ -130,7 +130,7 @@ BUSY_CHOICES = ("auto", "same", "speculative", "iterative")
                    "failure to the new job taking requests), host_left, host_back, give_up.",
               show_default=False)
 @click.option("--channel", default=None, hidden=True)   # the front's address (front_link.py)
-@_verbosity("-v: progress of every rank, the head's scheduling and tracebacks; -vv: also "
+@verbosity_options("-v: progress of every rank, the head's scheduling and tracebacks; -vv: also "
             "llama.cpp's log.", "Only notices and errors on stderr.")
 def serve(model, draft, compact_draft, draft_vocab, alias, n_ctx, n_batch, threads, split,
           profile, strategy, temp, top_k, top_p, seed, host, port, queue_size, parallel,
@@ -193,7 +193,7 @@ def serve(model, draft, compact_draft, draft_vocab, alias, n_ctx, n_batch, threa
 
     setup_logging(verbose, quiet, rank=world()[0])
     signal.signal(signal.SIGTERM, signal.getsignal(signal.SIGINT))  # SIGTERM ends as Ctrl-C
-    source = _checked(resolve_draft_source, strategy, speculation.pop("draft_source"),
+    source = checked_value(resolve_draft_source, strategy, speculation.pop("draft_source"),
                       bool(draft))
     defaults = SamplingParams(temp, top_k, top_p, seed)
     cfg = RunConfig(model=model, prompt=None, n_ctx=n_ctx, n_batch=n_batch,
@@ -203,7 +203,7 @@ def serve(model, draft, compact_draft, draft_vocab, alias, n_ctx, n_batch, threa
                     exact=speculation["exact"], verbose=verbose, full_logits=True,
                     slots=parallel, busy_strategy=_busy(busy_strategy, strategy, parallel),
                     compact_draft=compact_draft, draft_vocab=draft_vocab)
-    _checked(cfg.check_drafts)
+    checked_value(cfg.check_drafts)
     options = ServeOptions(host, port, queue_size, api_key, alias or _name(model), defaults,
                            tuple(cors_origins) or ("*",), cache_prompt, channel)
     sys.exit(serve_main(cfg, options))

@@ -15,7 +15,7 @@ STOP_WAIT_S = 3.0      # for the thread to close its connections and end
 
 class HttpThread:
     def __init__(self, app, host: str, port: int):
-        self.sock = _listen(host, port)
+        self.sock = listen_socket(host, port)
         self.port = self.sock.getsockname()[1]
         config = uvicorn.Config(app, log_config=None, log_level="warning", access_log=False,
                                 lifespan="off", timeout_graceful_shutdown=1)
@@ -40,7 +40,7 @@ class HttpThread:
         self.sock.close()
 
 
-def _listen(host: str, port: int) -> socket.socket:
+def listen_socket(host: str, port: int) -> socket.socket:
     """A listening socket on host:port (ValueError saying why not)."""
     try:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
