@@ -49,18 +49,9 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 import numpy as np  # noqa: E402
 import llama_cpp  # noqa: E402
 
+from json_task import ANSWER, SCHEMA  # noqa: E402  (beside this script)
+
 MODEL = Path.home() / ".cache/pipeinfer/models/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf"
-SCHEMA = {"type": "object", "properties": {"languages": {
-    "type": "array", "minItems": 5, "maxItems": 5, "items": {
-        "type": "object", "properties": {
-            "name": {"type": "string"}, "paradigm": {"type": "string"},
-            "year": {"type": "integer"}, "typed": {"type": "boolean"}},
-        "required": ["name", "paradigm", "year", "typed"]}}}, "required": ["languages"]}
-ANSWER = ('{"languages":[{"name":"Python","paradigm":"Object-Oriented","year":2000,'
-          '"typed":false},{"name":"Java","paradigm":"Object-Oriented","year":1995,"typed":true},'
-          '{"name":"JavaScript","paradigm":"Prototype-Based","year":1995,"typed":false},'
-          '{"name":"C++","paradigm":"Object-Oriented","year":1980,"typed":true},'
-          '{"name":"Ruby","paradigm":"Object-Oriented","year":1995,"typed":false}]}')
 ENGINES = ("llama.cpp", "llguidance-json", "llguidance-gbnf", "xgrammar-json", "xgrammar-gbnf",
            "outlines-core")
 TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)])

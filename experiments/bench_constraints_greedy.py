@@ -28,21 +28,9 @@ import numpy as np
 from pipeinfer.model.grammar import json_grammar
 from pipeinfer.model.tokenizer import Tokenizer
 
+from json_task import ANSWER, JSON_ASK, SCHEMA  # (beside this script)
+
 MODEL = Path.home() / ".cache/pipeinfer/models/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf"
-# bench_turns.py's SCHEMA and JSON_ASK; bench_constraints.py's ANSWER
-SCHEMA = {"type": "object", "properties": {"languages": {
-    "type": "array", "minItems": 5, "maxItems": 5, "items": {
-        "type": "object", "properties": {
-            "name": {"type": "string"}, "paradigm": {"type": "string"},
-            "year": {"type": "integer"}, "typed": {"type": "boolean"}},
-        "required": ["name", "paradigm", "year", "typed"]}}}, "required": ["languages"]}
-JSON_ASK = "List 5 programming languages with their main paradigm, first year and whether " \
-           "they are statically typed, as JSON."
-ANSWER = ('{"languages":[{"name":"Python","paradigm":"Object-Oriented","year":2000,'
-          '"typed":false},{"name":"Java","paradigm":"Object-Oriented","year":1995,"typed":true},'
-          '{"name":"JavaScript","paradigm":"Prototype-Based","year":1995,"typed":false},'
-          '{"name":"C++","paradigm":"Object-Oriented","year":1980,"typed":true},'
-          '{"name":"Ruby","paradigm":"Object-Oriented","year":1995,"typed":false}]}')
 
 
 def replay(tok: Tokenizer, gbnf: str) -> None:

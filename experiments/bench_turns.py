@@ -30,6 +30,7 @@ import textwrap
 import httpx
 
 from bench_serve import LlamaServer, PipeinferServer, host_cpu, stream_chat  # (puts the repo on sys.path)
+from json_task import JSON_ASK, SCHEMA
 
 QUESTIONS = (
     "Explain briefly what this class does and which of its options matter most.",
@@ -40,14 +41,6 @@ QUESTIONS = (
     "Summarize the whole conversation in three bullet points.",
 )
 SOURCE_LINES = 90
-SCHEMA = {"type": "object", "properties": {"languages": {
-    "type": "array", "minItems": 5, "maxItems": 5, "items": {
-        "type": "object", "properties": {
-            "name": {"type": "string"}, "paradigm": {"type": "string"},
-            "year": {"type": "integer"}, "typed": {"type": "boolean"}},
-        "required": ["name", "paradigm", "year", "typed"]}}}, "required": ["languages"]}
-JSON_ASK = "List 5 programming languages with their main paradigm, first year and whether " \
-           "they are statically typed, as JSON."
 
 
 def source_file() -> str:
