@@ -398,7 +398,7 @@ def allowed_sets(engine, tokens, positions):
     return out
 
 
-def main():
+def parse_args():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter,
                                  epilog="Engines: " + ", ".join(ENGINES))
@@ -411,8 +411,11 @@ def main():
     ap.add_argument("--diff", action="store_true",
                     help="also print which tokens llama.cpp and each engine disagree on, "
                          "at those positions")
-    args = ap.parse_args()
+    return ap.parse_args()
 
+
+def main():
+    args = parse_args()
     cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo")
                 if line.startswith("model name")), platform.processor())
     print(f"# host: {cpu}, {os.cpu_count()} cores; python {platform.python_version()}; "
@@ -426,6 +429,16 @@ def main():
           f"= {len(tokens)} tokens + eos; {args.k} replays")
     count_at = [int(p) for p in args.positions.split(",") if int(p) <= len(tokens)]
     names = [n.strip() for n in args.engines.split(",") if n.strip()]
+    rows, sets = measure(names, v, gbnf, tokens, args, count_at)
+    print_table(rows)
+    print_counts(rows, v, tokens, count_at)
+    if args.diff and "llama.cpp" in sets:
+        print_diff(sets, v, count_at)
+
+
+def measure(names, v, gbnf, tokens, args, count_at):
+    """Each engine set up and replayed: the rows (name, engine, results) and, with --diff,
+    the allowed sets at `count_at`."""
     rows, sets = [], {}
     for name in names:
         t0 = time.perf_counter()
@@ -438,11 +451,15 @@ def main():
         if args.diff:
             sets[name] = allowed_sets(engine, tokens, set(count_at))
         rows.append((name, engine, r))
+        errors = r["errors"]
         print(f"# {name} {version(name)}: vocab set-up {engine.setup_s:.2f} s, compile "
               f"{engine.compile_s * 1e3:.1f} ms; replays {time.perf_counter() - t0:.1f} s; "
-              f"{'all answer tokens allowed' if not r['errors'] else 'ERRORS: ' + '; '.join(r['errors'][:5])}",
+              f"{'all answer tokens allowed' if not errors else 'ERRORS: ' + '; '.join(errors[:5])}",
               flush=True)
+    return rows, sets
 
+
+def print_table(rows) -> None:
     print()
     hdr = (f"{'engine':<16} {'version':<8} {'vocab s':>7} {'compile ms':>10} "
            f"{'mask med':>8} {'mask p90':>8} {'1st med':>8} {'answer ms':>9} "
@@ -459,6 +476,9 @@ def main():
     print("(ms; mask/adv/check: median and p90 over all positions of all replays; 1st med: "
           "the first replay's masks only; answer ms: all masks of one replay, median of the "
           "replays; check: one candidate token)")
+
+
+def print_counts(rows, v, tokens, count_at) -> None:
     print()
     print("allowed tokens at position (0 = the start; the last = after the whole answer: "
           "end of generation):")
@@ -468,44 +488,50 @@ def main():
     print("next token of the answer at those positions: " + ", ".join(
         f"{p}:{(v.pieces()[([*tokens, v.eos])[p]]).decode(errors='replace')!r}"
         for p in count_at))
-    if args.diff and "llama.cpp" in sets:
-        print("tokens allowed by only one of llama.cpp and the engine (kinds: special = "
-              "llama.cpp's control tokens, bad = a byte never in UTF-8 (0xF5-0xFF), ctl = a "
-              "control character (below 0x20, 0x7F: newline, tab, ...: JSON whitespace "
-              "between values, not allowed unescaped inside a string), space = starts or ends "
-              "with a space, other; up to 6 shown):")
-        base, pieces = sets["llama.cpp"], v.pieces()
 
-        def kinds(ids):
-            out = dict.fromkeys(("special", "bad", "ctl", "space", "other"), 0)
-            for i in ids:
-                p = pieces[i]
-                if v.is_control(int(i)):
-                    out["special"] += 1
-                elif any(b >= 0xF5 for b in p):
-                    out["bad"] += 1
-                elif any(b < 0x20 or b == 0x7F for b in p):
-                    out["ctl"] += 1
-                elif p.strip() != p:
-                    out["space"] += 1
-                else:
-                    out["other"] += 1
-            return " ".join(f"{k} {n}" for k, n in out.items() if n)
 
-        def show(ids):
-            return ", ".join(repr(pieces[i]) for i in ids[:6])
+def token_kinds(v, pieces, ids) -> str:
+    """How many of `ids` are control tokens, bytes never in UTF-8, control characters,
+    tokens starting or ending with a space, or other."""
+    out = dict.fromkeys(("special", "bad", "ctl", "space", "other"), 0)
+    for i in ids:
+        p = pieces[i]
+        if v.is_control(int(i)):
+            out["special"] += 1
+        elif any(b >= 0xF5 for b in p):
+            out["bad"] += 1
+        elif any(b < 0x20 or b == 0x7F for b in p):
+            out["ctl"] += 1
+        elif p.strip() != p:
+            out["space"] += 1
+        else:
+            out["other"] += 1
+    return " ".join(f"{k} {n}" for k, n in out.items() if n)
 
-        for name, s in sets.items():
-            if name == "llama.cpp":
+
+def print_diff(sets, v, count_at) -> None:
+    print("tokens allowed by only one of llama.cpp and the engine (kinds: special = "
+          "llama.cpp's control tokens, bad = a byte never in UTF-8 (0xF5-0xFF), ctl = a "
+          "control character (below 0x20, 0x7F: newline, tab, ...: JSON whitespace "
+          "between values, not allowed unescaped inside a string), space = starts or ends "
+          "with a space, other; up to 6 shown):")
+    base, pieces = sets["llama.cpp"], v.pieces()
+
+    def show(ids):
+        return ", ".join(repr(pieces[i]) for i in ids[:6])
+
+    for name, s in sets.items():
+        if name == "llama.cpp":
+            continue
+        for p in count_at:
+            if p not in s or p not in base:
                 continue
-            for p in count_at:
-                if p not in s or p not in base:
-                    continue
-                only_l, only_e = np.setdiff1d(base[p], s[p]), np.setdiff1d(s[p], base[p])
-                if len(only_l) or len(only_e):
-                    print(f"  {name} pos {p}: llama.cpp only {len(only_l)} [{kinds(only_l)}] "
-                          f"({show(only_l)}); {name} only {len(only_e)} [{kinds(only_e)}] "
-                          f"({show(only_e)})")
+            only_l, only_e = np.setdiff1d(base[p], s[p]), np.setdiff1d(s[p], base[p])
+            if len(only_l) or len(only_e):
+                print(f"  {name} pos {p}: llama.cpp only {len(only_l)} "
+                      f"[{token_kinds(v, pieces, only_l)}] ({show(only_l)}); {name} only "
+                      f"{len(only_e)} [{token_kinds(v, pieces, only_e)}] ({show(only_e)})")
+
 
 if __name__ == "__main__":
     main()
