@@ -127,12 +127,21 @@ class GrammarTrack:
         most `limit`, counted as free drafts; none with free drafts off."""
         if not self.free or limit <= 0:
             return []
-        tokens = self.tokenize(self.probe.forced_text(state.clone()))[:limit]
+        return self.free_tokens(self.probe.forced_text(state.clone()), limit)
+
+    def free_tokens(self, text: str, limit: int) -> list[int]:
+        """`text` (forced by the grammar) as the model spells it, at most `limit` tokens,
+        counted as free drafts."""
+        tokens = self.tokenize(text)[:max(0, limit)]
         self.counters.n_drafted_free += len(tokens)
         return tokens
 
     def cut(self, tip: Grammar, branch: Sequence[int]) -> list[int]:
         """`branch` up to the first token the grammar forbids (counted as cut)."""
+        return self._cut(tip, branch)[0]
+
+    def _cut(self, tip: Grammar, branch: Sequence[int]) -> tuple[list[int], Grammar]:
+        """cut's tokens, and the grammar's state after them (a clone of `tip`)."""
         state, kept = tip.clone(), []
         for token in branch:
             if not state.allows(token):
@@ -140,7 +149,7 @@ class GrammarTrack:
             state.accept(token)
             kept.append(token)
         self.counters.n_drafts_cut += len(branch) - len(kept)
-        return kept
+        return kept, state
 
     def shape(self, context: Sequence[int], found: Sequence[int], limit: int) -> list[int]:
         """A lookup's draft `found` (n-gram drafts, engine/ngram_drafts.py) under the grammar:
@@ -152,12 +161,9 @@ class GrammarTrack:
         forced = self.forced(tip, limit)
         if forced:
             return forced
-        kept = self.cut(tip, found[:limit])
-        if not kept or len(kept) == limit or not self.free:
+        kept, after = self._cut(tip, found[:limit])
+        if not kept:
             return kept
-        after = tip.clone()
-        for token in kept:
-            after.accept(token)
         return kept + self.forced(after, limit - len(kept))
 
 
@@ -167,7 +173,7 @@ class GrammarDrafter:
 
     def __init__(self, drafter, grammar: Grammar, n_prompt: int, probe: Probe,
                  tokenize: Callable[[str], list[int]], counters, free: bool = True):
-        self.drafter, self.probe, self.tokenize = drafter, probe, tokenize
+        self.drafter = drafter
         self.track = GrammarTrack(grammar, n_prompt, probe, tokenize, counters, free)
 
     def __getattr__(self, name):
@@ -185,14 +191,13 @@ class GrammarDrafter:
         forced = track.forced(tip, limit)
         if forced:
             return [forced], [1.0] * len(forced)
-        watch = ForcedWatch(tip, self.probe) if track.free else None
+        watch = ForcedWatch(tip, track.probe) if track.free else None
         branches, probs = self.drafter.draft(context, params, cutoff, max_tokens,
                                              should_stop, stop_at=watch)
         kept = [track.cut(tip, branch) for branch in branches]
         probs = probs[:len(kept[0])] if kept else []
         if watch is not None and watch.forced and kept and kept[0] == branches[0]:
-            forced = self.tokenize(watch.forced)[:max(0, limit - len(kept[0]))]
-            track.counters.n_drafted_free += len(forced)
+            forced = track.free_tokens(watch.forced, limit - len(kept[0]))
             kept[0], probs = kept[0] + forced, list(probs) + [1.0] * len(forced)
         cut = [b for b in kept if b]
         return cut, probs

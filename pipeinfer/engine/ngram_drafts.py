@@ -48,9 +48,10 @@ class LookupExecutor:
 
 
 class NgramDrafts(LookupExecutor):
-    """`track`: a request's grammar (engine/grammar_drafts.py GrammarTrack), or None: a
-    lookup then gives the text the grammar forces (free) where it forces one, else its
-    tokens cut to the grammar and followed by the text forced after them."""
+    """`track`: a request's grammar (engine/grammar_drafts.py GrammarTrack), or None. With
+    one, a lookup gives the text the grammar forces (free) where it forces one, else its
+    tokens cut to the grammar and followed by the text forced after them; without, the
+    lookup as found."""
 
     def __init__(self, n_min: int, n_max: int, fallback=None, track=None):
         super().__init__(n_min, n_max, fallback)
