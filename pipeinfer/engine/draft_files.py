@@ -46,12 +46,13 @@ class DraftFile:
             raise ModelError(f"draft model (-md {Path(self.name).name}): {err}") from None
 
 
-def draft_file(cfg: RunConfig, name: str) -> DraftFile:
-    """The draft model `name` as `cfg` loads it. ModelError if it cannot be used."""
+def draft_file(name: str, compact: bool) -> DraftFile:
+    """The draft model `name` as a job loads it (`compact`: --compact-draft). ModelError if
+    it cannot be used."""
     try:
         path = resolve_model(name)
         header = checked_header(path)
-        if cfg.compact_draft:
+        if compact:
             loaded = compact_draft(path, header=header)
             header = header if loaded == path else read_header(loaded)
             path = loaded
@@ -69,6 +70,6 @@ def settle_drafts(cfg: RunConfig, n_ranks: int) -> tuple[RunConfig, tuple[DraftF
     if not cfg.uses_draft_model:
         return dataclasses.replace(cfg, draft_vocab=0), ()
     names = cfg.drafts if cfg.strategy in MULTI_DRAFT else cfg.drafts[:1]
-    drafts = tuple(draft_file(cfg, name) for name in names)
+    drafts = tuple(draft_file(name, cfg.compact_draft) for name in names)
     k = cfg.settled_draft_vocab(drafts[0].n_vocab, n_ranks)
     return dataclasses.replace(cfg, draft_vocab=k), drafts

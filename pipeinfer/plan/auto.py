@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Sequence
 
 from ..engine.mpi_transport import Link, hostname
-from ..model.draft_cache import compact_draft
+from ..engine.draft_files import draft_file as job_draft_file
 from ..model.models import ModelError, resolve_model
 from ..model.slicing import model_info, read_model
 from . import calibrate as cal
@@ -123,17 +123,11 @@ def head_draft(link: Link, cfg, drafts: Sequence) -> Path:
 
 
 def draft_file(link: Link, name: str, compact: bool) -> Path:
-    """The draft file `run` will load (its compact copy by default, engine/setup.py), so the
-    profile times the draft the head will run; made once on rank 0, the path shared (an
-    unusable draft raises ModelError on every rank)."""
-    def make() -> str:
-        try:
-            path = resolve_model(name)
-            return str(compact_draft(path) if compact else path)
-        except ModelError as err:
-            raise ModelError(f"draft model (-md): {err}") from None
-
-    return Path(cal.from_rank0(link, make, (ModelError,)))
+    """The draft file `run` will load (its compact copy by default, engine/draft_files.py),
+    so the profile times the draft the head will run; made once on rank 0, the path shared
+    (an unusable draft raises ModelError on every rank)."""
+    return Path(cal.from_rank0(link, lambda: str(job_draft_file(name, compact).path),
+                               (ModelError,)))
 
 
 def _report(split: Split, profile: Profile) -> None:
