@@ -170,7 +170,7 @@ def main() -> None:
 
 
 def verbosity_options(verbose_help: str = "Also detail (debug messages).",
-               quiet_help: str = "No progress lines on stderr, only notices and errors."):
+                      quiet_help: str = "No progress lines on stderr, only notices and errors."):
     """A command's -v/--verbose (counted) and -q/--quiet, which exclude each other."""
     def add(command):
         command = click.option("-q", "--quiet", is_flag=True, help=quiet_help)(command)
@@ -231,9 +231,9 @@ def _read_prompt(prompt_file: str) -> str:
 @click.option("--trace", "trace_path", type=click.Path(dir_okay=False), default=None,
               help="Write the head's events and actions and every rank's stage spans to this "
                    "file as JSON lines; `python plot.py --timeline FILE --out DIR` draws them.")
-@verbosity_options("-v: progress of every rank, the head's scheduling and tracebacks; -vv: also "
-            "llama.cpp's log.", "Only notices and errors on stderr: no progress lines, no "
-            "summary line (--json still has every result).")
+@verbosity_options("-v: progress of every rank, the head's scheduling and tracebacks; -vv: "
+                   "also llama.cpp's log.", "Only notices and errors on stderr: no progress "
+                   "lines, no summary line (--json still has every result).")
 def run(model, draft, compact_draft, draft_vocab, prompt, prompt_file, n_predict, n_ctx, n_batch,
         seed, temp, top_k, top_p, threads, split, profile, strategy, draft_max, p_accept, p_split,
         n_parallel, p_recovery, p_decay, p_floor, guard_accept, trace_path, draft_source,

@@ -48,16 +48,15 @@ DRAFT_VOCAB_HELP = ("Draft over the K most frequent tokens only (FR-Spec): the d
                     "costs less, and its choices are mapped back to token ids. The head drafts "
                     "faster (measured: the Qwen2.5-Coder 0.5B draft 1.27x per token at K = "
                     "32768, pipeinfer 1.18x at 8 x 0.25-core nodes, 1.04x at 4 x 0.5, but "
-                    "0.95x at 2 x 1.0, where drafting is not the limit). The "
-                    "target still verifies over the full vocabulary, so the output stays "
-                    "exact; only what is guessed changes: a token outside the K is never "
-                    "drafted, so a few fewer drafts are accepted (measured 0.73 -> 0.65). The "
-                    "reduced copy of the draft is made once, in seconds, and cached. auto: "
-                    "32768 for pipeinfer on 4 ranks or more with a draft model (-md) whose "
-                    "vocabulary has at least 65536 tokens, else 0 (fewer ranks, other "
-                    "strategies, draft ranks, smaller vocabularies, n-gram drafts alone). "
-                    "0: the full vocabulary. A K "
-                    "given is refused with pipespec and draft ranks.")
+                    "0.95x at 2 x 1.0, where drafting is not the limit). The target still "
+                    "verifies over the full vocabulary, so the output stays exact; only what "
+                    "is guessed changes: a token outside the K is never drafted, so a few "
+                    "fewer drafts are accepted (measured 0.73 -> 0.65). The reduced copy of "
+                    "the draft is made once, in seconds, and cached. auto: 32768 for "
+                    "pipeinfer on 4 ranks or more with a draft model (-md) whose vocabulary "
+                    "has at least 65536 tokens, else 0 (fewer ranks, other strategies, draft "
+                    "ranks, smaller vocabularies, n-gram drafts alone). 0: the full "
+                    "vocabulary. A K given is refused with pipespec and draft ranks.")
 
 
 def _draft_vocab(ctx, param, value):

@@ -120,7 +120,7 @@ def write_stage(source: Header | GGUFReader, info: ModelInfo, stage: StageRange,
                 mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as buf, \
                 open(tmp, "wb") as out:
             write_gguf(out, buf, kvs, tensors, header.alignment,
-                        lambda i: log.debug("%s: tensor %d/%d", dst.name, i + 1, len(tensors)))
+                       lambda i: log.debug("%s: tensor %d/%d", dst.name, i + 1, len(tensors)))
         os.replace(tmp, dst)
     finally:
         if tmp.exists():
@@ -198,7 +198,7 @@ def _unused_embedding(t) -> tuple:
 
 
 def write_gguf(out, buf, kvs: list, tensors: list, align: int,
-                progress: Callable[[int], None]) -> None:
+               progress: Callable[[int], None]) -> None:
     """A GGUF v3 file from metadata entries and tensors as _stage_kvs/_stage_tensors give
     them; spans are copied from `buf` (the source, memory-mapped) without an in-memory copy."""
     infos, rel = [], 0

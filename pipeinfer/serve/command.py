@@ -130,8 +130,8 @@ BUSY_CHOICES = ("auto", "same", "speculative", "iterative")
                    "failure to the new job taking requests), host_left, host_back, give_up.",
               show_default=False)
 @click.option("--channel", default=None, hidden=True)   # the front's address (front_link.py)
-@verbosity_options("-v: progress of every rank, the head's scheduling and tracebacks; -vv: also "
-            "llama.cpp's log.", "Only notices and errors on stderr.")
+@verbosity_options("-v: progress of every rank, the head's scheduling and tracebacks; -vv: "
+                   "also llama.cpp's log.", "Only notices and errors on stderr.")
 def serve(model, draft, compact_draft, draft_vocab, alias, n_ctx, n_batch, threads, split,
           profile, strategy, temp, top_k, top_p, seed, host, port, queue_size, parallel,
           busy_strategy, api_key, cache_prompt, cors_origins, ranks, hostfile, host_list,
@@ -194,7 +194,7 @@ def serve(model, draft, compact_draft, draft_vocab, alias, n_ctx, n_batch, threa
     setup_logging(verbose, quiet, rank=world()[0])
     signal.signal(signal.SIGTERM, signal.getsignal(signal.SIGINT))  # SIGTERM ends as Ctrl-C
     source = checked_value(resolve_draft_source, strategy, speculation.pop("draft_source"),
-                      bool(draft))
+                           bool(draft))
     defaults = SamplingParams(temp, top_k, top_p, seed)
     cfg = RunConfig(model=model, prompt=None, n_ctx=n_ctx, n_batch=n_batch,
                     draft=(draft[0] if len(draft) == 1 else draft) or None, strategy=strategy,
