@@ -120,6 +120,27 @@ def test_the_model_stops_where_the_grammar_forces_the_rest(tokenizer):
 
 
 
+def test_forced_text_fills_the_jobs_room_beyond_its_budget(tokenizer):
+    """The draft model's steps are bound by the job's budget (--draft); the text the grammar
+    forces costs none, so it goes on up to the job's room (DraftJob.room: the run's limit)."""
+    tokenize = lambda t: tokenizer.tokenize(t, add_special=False, parse_special=False)  # noqa
+    value, forced = tokenize('Ann"'), tokenize(',"age":')
+    gd, inner, counters, tokenize = drafter_for(tokenizer, [value + forced])
+    context = list(PROMPT) + tokenize('{"name":"')
+    branches, probs = gd.draft(context, DraftParams(), 0.0, max_tokens=len(value),
+                               room=len(value + forced))
+    assert branches[0] == value + forced and len(probs) == len(branches[0])
+    assert inner.steps == len(value) and counters.n_drafted_free == len(forced)
+    branches, _ = gd.draft(context, DraftParams(), 0.0, max_tokens=len(value),
+                           room=len(value) + 1)
+    assert branches[0] == value + forced[:1]          # the room holds
+    start, _ = gd.draft(PROMPT, DraftParams(), 0.0, max_tokens=1, room=16)
+    assert text(tokenizer, start[0]) == '{"name":"' and len(start[0]) > 1
+    drafts, counters, tokenize = lookup_drafts(tokenizer)
+    drafts.submit(DraftJob(1, PROMPT, None, 0.3, 1, room=16))
+    assert text(tokenizer, drafts.poll().branches[0]) == '{"name":"'
+
+
 def lookup_drafts(tokenizer, prompt=PROMPT, free=True):
     """NgramDrafts (no draft model) under SCHEMA's grammar for a request of `prompt`."""
     grammar = tokenizer.grammar(json_grammar(SCHEMA))

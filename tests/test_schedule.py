@@ -230,6 +230,26 @@ def test_speculative_drafts_then_verifies():
     assert s.sched.gen.tokens == TARGET[len(PROMPT):len(PROMPT) + 12]
 
 
+def test_free_tokens_fill_the_run_not_the_draft_limit():
+    """A job's `room` (how far tokens that cost no draft step, a grammar's forced text, may
+    take a branch) is the run's limit, not --draft's: speculative leaves the pending token
+    its place in the run, pipeinfer does not need to; the model's own steps keep --draft."""
+    s = Script(make(Speculative, n_predict=12, draft=2))
+    s.prefill()
+    job = of(s.log[-1][1], A.StartDraft)[0].job
+    assert (job.budget, job.room, job.free_room) == (2, 6, 6)   # max_run 7, root 1
+    n = len(job.context)
+    run = of(s.step(DraftReady(job.job_id, (tuple(TARGET[n:n + 6]),))), A.StartRun)[0]
+    assert len(run.tokens) == 7                    # the pending token and 6 drafts
+    s.finish_oldest()
+    assert s.sched.gen.tokens[:8] == TARGET[len(PROMPT):len(PROMPT) + 8]
+    p = Script(make(PipeInfer, n_predict=12, draft=2))
+    p.prefill()
+    p.step(Tick())
+    job = of(p.log[-1][1], A.StartDraft)[0].job
+    assert job.budget <= 2 and job.room == 7
+
+
 def test_cancel_event_finishes_and_drains():
     s = Script(make(max_runs=8, n_stages=8))
     s.prefill()

@@ -325,9 +325,11 @@ def test_forced_tokens_are_free_drafts_and_the_answer_stays_exact(server, client
     assert metric(server, "pipeinfer_drafted_free_tokens_total") > free
 
 
-def assert_schema_answer_exact(client, smollm2, tokenizer, ask, schema, n: int) -> None:
+def assert_schema_answer_exact(client, smollm2, tokenizer, ask, schema, n: int,
+                               repack: bool = True):
     """The server's greedy answer to `ask` under `schema` is llama.cpp's with its grammar
-    sampler, one token per decode (at most `n` tokens)."""
+    sampler, one token per decode (at most `n` tokens; `repack`: the server's weight layout).
+    Returns the server's answer."""
     from llama_cpp.llama_grammar import json_schema_to_gbnf
 
     got = client.chat.completions.create(
@@ -336,9 +338,10 @@ def assert_schema_answer_exact(client, smollm2, tokenizer, ask, schema, n: int) 
                          "json_schema": {"name": "answer", "schema": schema}})
     tokens, _ = chain_greedy(smollm2, chat_tokens(tokenizer, ask), n,
                              Chain(grammar=json_schema_to_gbnf(json.dumps(schema))),
-                             n_ctx=N_CTX)
+                             n_ctx=N_CTX, repack=repack)
     end = next((i for i, t in enumerate(tokens) if tokenizer.is_eog(t)), len(tokens))
     assert got.choices[0].message.content == tokenizer.detokenize(tokens[:end])
+    return got
 
 
 class Person(__import__("pydantic").BaseModel):

@@ -136,7 +136,7 @@ class Drafter:
 
     def draft(self, context: Sequence[int], params: DraftParams, cutoff: float,
               max_tokens: int | None = None, should_stop: Callable[[], bool] | None = None,
-              stop_at: Callable[[list[int]], bool] | None = None
+              stop_at: Callable[[list[int]], bool] | None = None, room: int | None = None
               ) -> tuple[list[list[int]], list[float]]:
         """Branches continuing `context` (branch 0 first) and the draft probability of each
         token of branch 0. Empty when the draft's first guess is under `cutoff`. When
@@ -146,7 +146,8 @@ class Drafter:
         still catching up on a long context, stopping gives nothing (progress is kept).
         `stop_at(branch 0)`, asked after each token branch 0 gains, ends drafting after
         that token when it says so (a grammar that forces the text from there on:
-        engine/grammar_drafts.py drafts that text without the model)."""
+        engine/grammar_drafts.py drafts that text without the model). `room` is for such
+        free tokens (DraftJob.room): every token here costs a draft step, so unused."""
         limit = params.max_tokens if max_tokens is None else max_tokens
         if limit <= 0:
             return [], []

@@ -35,7 +35,8 @@ class _Job:
         try:
             self.branches, _ = drafter.draft(list(self.job.context), params, self.job.cutoff,
                                              max_tokens=self.job.budget,
-                                             should_stop=should_stop)
+                                             should_stop=should_stop,
+                                             room=self.job.free_room)
         except BaseException as err:  # noqa: BLE001 (raised again on the driver's thread)
             self.error = err
 

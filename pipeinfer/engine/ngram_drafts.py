@@ -61,7 +61,7 @@ class NgramDrafts(LookupExecutor):
         draft = (ngram_draft(job.context, self.n_min, self.n_max, job.lookup_budget)
                  if job.ngram else [])
         if job.ngram and self.track is not None:
-            draft = self.track.shape(job.context, draft, job.budget)
+            draft = self.track.shape(job.context, draft, job.free_room)
         if draft:
             self._ready.append(DraftReady(job.job_id, (tuple(draft),), origin=ORIGIN))
             return

@@ -44,7 +44,9 @@ class CancelRuns:
 class DraftJob:
     """One micro-batch to draft: the tree continuing `context` under `cutoff`, at most
     `budget` tokens deep. `source` is where a run continuing it copies the context's KV
-    entries from ((run id, sequence id), or None for sequence 0)."""
+    entries from ((run id, sequence id), or None for sequence 0). `room`: how long a branch
+    may grow with tokens that cost no draft step (the text a grammar forces,
+    engine/grammar_drafts.py): the run's own limits without --draft's (None: budget)."""
     job_id: int
     context: tuple[int, ...]
     source: tuple[int, int] | None
@@ -52,6 +54,12 @@ class DraftJob:
     budget: int
     ngram: bool = True     # --draft-source both: a lookup may answer it (sources.py)
     ngram_budget: int | None = None  # most tokens a lookup answers with (None: budget; ramp.py)
+    room: int | None = None
+
+    @property
+    def free_room(self) -> int:
+        """Most tokens of a branch when the ones past `budget` are free (see above)."""
+        return self.budget if self.room is None else max(self.budget, self.room)
 
     @property
     def lookup_budget(self) -> int:

@@ -99,11 +99,12 @@ class AdaptivePipeInfer(PipeInfer):
         """A draft job after the accepted tokens for the pending token's run; False when
         nothing may be drafted (the guard pauses speculation, no room, no free partition)."""
         context = self.spec.accepted
-        budget = min(self.opts.draft, self.limits.max_run - 1, self.limits.n_ctx - len(context),
-                     self.spec.kv_free - 1)
+        room = min(self.limits.max_run - 1, self.limits.n_ctx - len(context),
+                   self.spec.kv_free - 1)
+        budget = min(self.opts.draft, room)
         if budget <= 0 or self.pool.n_free == 0 or not self.speculation_pays():
             return False
         self.rooted = DraftJob(next(self.jobs), tuple(context), None, self.opts.p_accept,
-                               budget, self.sources.use_ngram())
+                               budget, self.sources.use_ngram(), room=room)
         self.spec.emit(StartDraft(self.rooted))
         return True

@@ -108,12 +108,12 @@ class PipeInfer(Scheduler):
         context, source = self.spec.tip()
         cutoff = self.cutoff.value
         # keep one cell for the non-speculative run a rejection may need
-        budget = min(self.batch.limit, self.limits.max_run, self.limits.n_ctx - len(context),
-                     self.spec.kv_free - 1)
+        room = min(self.limits.max_run, self.limits.n_ctx - len(context), self.spec.kv_free - 1)
+        budget = min(self.batch.limit, room)
         if (len(context), source, cutoff) == self.failed_at or budget <= 0:
             return
         self.job = DraftJob(next(self.jobs), tuple(context), source, cutoff, budget,
-                            self.sources.use_ngram(), ngram_budget=self.ramp.size)
+                            self.sources.use_ngram(), ngram_budget=self.ramp.size, room=room)
         self.spec.emit(StartDraft(self.job))
 
     def _stop_job(self) -> None:

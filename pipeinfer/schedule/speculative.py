@@ -35,8 +35,9 @@ class Speculative(Scheduler):
 
     def _draft(self) -> None:
         context = self.spec.accepted
-        budget = min(self.opts.draft, self.limits.n_ctx - len(context), self.spec.kv_free - 1,
-                     self.limits.max_run - 1)  # (the pending token is the tree's root)
+        room = min(self.limits.n_ctx - len(context), self.spec.kv_free - 1,
+                   self.limits.max_run - 1)  # (the pending token is the tree's root)
+        budget = min(self.opts.draft, room)
         if budget < 0:
             self.stop("kv-cache")
             return
@@ -44,7 +45,7 @@ class Speculative(Scheduler):
             self.spec.start_main()
             return
         self.job = DraftJob(next(self.jobs), tuple(context), None, self.opts.p_accept, budget,
-                            self.sources.use_ngram())
+                            self.sources.use_ngram(), room=room)
         self.spec.emit(StartDraft(self.job))
 
     def on_draft(self, event) -> None:
