@@ -2,16 +2,17 @@
 (serve/hermes_calls.py; llama.cpp common/chat-parser.cpp, common_chat_parse_hermes_2_pro):
 every shape its open regex takes, what it leaves as content, and streamed: the deltas add up
 to the whole answer's content and calls, and text that may open a call (a "```", a "{" ...)
-is never sent before it is known not to."""
+is never sent before it is known not to. How `<tool_call>` blocks stream call by call:
+test_tool_call_stream.py."""
 
 from __future__ import annotations
 
 import json
-import random
 
 import pytest
 
 from pipeinfer.serve.hermes_calls import HermesStream, may_open, parse_hermes
+from streamed_calls import splits, streamed
 
 ARGS = '{"city": "Paris"}'
 OBJ = '{"name": "get_weather", "arguments": ' + ARGS + '}'
@@ -66,16 +67,22 @@ def test_a_call_in_each_shape_llama_server_parses(answer, content, names):
     assert all(c.id.startswith("call_") for c in calls)
 
 
-def test_arguments_are_written_as_llama_cpp_dumps_them():
-    """Compact and ASCII (nlohmann's dump()); arguments given as a string stay as they
-    are; a call's own id is kept."""
-    _, [call] = parse_hermes('{"name": "f", "arguments": {"q": "caf\u00e9", "n": [1, 2.5]}}')
-    assert call.arguments == '{"q":"caf\\u00e9","n":[1,2.5]}'
+def test_arguments_are_the_models_text_and_ids_the_servers():
+    """A call's arguments are the model's text of them (llama.cpp dumps them again, compact
+    and ASCII), the string's text if they are a string, "{}" if there are none; a key
+    written twice counts with its first value; the id is the server's, not the model's."""
+    _, [call] = parse_hermes('{"name": "f", "arguments": {"q": "caf\u00e9",\n "n": [1, 2.5]}}')
+    assert call.arguments == '{"q": "caf\u00e9",\n "n": [1, 2.5]}'
     _, [call] = parse_hermes('<tool_call>{"name": "f", "arguments": "{\\"a\\": 1}", '
                              '"id": "call_7"}</tool_call>')
-    assert (call.arguments, call.id) == ('{"a": 1}', "call_7")
+    assert call.arguments == '{"a": 1}' and call.id.startswith("call_") and call.id != "call_7"
     _, [call] = parse_hermes('<tool_call>{"name": "f"}</tool_call>')
     assert call.arguments == "{}"      # (llama.cpp: "", which no client can parse)
+    _, [call] = parse_hermes('<function=f> {"a":  1} </function>')
+    assert call.arguments == '{"a":  1}'
+    _, [call] = parse_hermes('{"name": "f", "arguments": {"a": 1}, "arguments": [2], '
+                             '"name": "g"}')
+    assert (call.name, call.arguments) == ("f", '{"a": 1}')
 
 
 @pytest.mark.parametrize("answer", CONTENT)
@@ -83,43 +90,37 @@ def test_what_is_not_a_whole_call_stays_content(answer):
     assert parse_hermes(answer) == (answer, [])
 
 
-def _split(text: str, rng: random.Random) -> list[str]:
-    cuts = sorted(rng.sample(range(1, len(text)), min(len(text) - 1, rng.randint(1, 12))))
-    return [text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)])]
-
-
-def _streamed(pieces: list[str]) -> tuple[list[str], str, list]:
-    stream = HermesStream()
-    sent = [stream.push(p) for p in pieces]
-    rest, calls = stream.finish()
-    return sent, rest, calls
-
-
 @pytest.mark.parametrize("answer", [a for a, _, _ in SHAPES] + CONTENT + [
     "Sure ``` is a fence", "a {", "x <function=", "trailing blanks  \n"])
 def test_streamed_deltas_add_up_to_the_whole_answer(answer):
-    """Cut anywhere (one character at a time, and at random), the streamed content is the
-    whole answer's content and the calls are its calls; before the end, the text sent is a
-    beginning of the content, so no part of a call's opening ever goes out as content."""
+    """Cut anywhere (one character at a time, in two at every point, and at random), the
+    streamed content is the whole answer's content and the calls' deltas add up to its
+    calls; before the end, the text sent is a beginning of the content, so no part of a
+    call's opening ever goes out as content. An answer that is content in the end after a
+    `<tool_call>` block began to stream: nothing more is sent, and no "tool_calls"."""
     content, calls = parse_hermes(answer)
-    rng = random.Random(answer)
-    for pieces in [list(answer), *(_split(answer, rng) for _ in range(20))]:
-        sent, rest, got = _streamed(pieces)
-        assert "".join(sent) + rest == (content or "")
-        assert (content or "").startswith("".join(sent))
-        assert [(c.name, c.arguments) for c in got] == [(c.name, c.arguments) for c in calls]
+    for pieces in splits(answer):
+        got = streamed(HermesStream(), pieces)
+        sent = "".join(got.content)
+        if not calls and got.all_deltas:
+            assert answer.startswith("<tool_call>") and not sent
+            assert (got.rest, got.last, got.called) == ("", [], False)
+            continue
+        assert sent + got.rest == (content or "") and (content or "").startswith(sent)
+        assert got.calls() == [(c.name, c.arguments) for c in calls]
+        assert got.called == bool(calls)
 
 
 def test_text_that_may_open_a_call_is_held_until_it_is_known():
     stream = HermesStream()
     assert [stream.push(p) for p in ["It is", " ``", "`json\n", "{\n", '  "name"']] == \
-        ["It is", "", "", "", ""]
+        [("It is", []), ("", []), ("", []), ("", []), ("", [])]
     stream = HermesStream()
-    assert [stream.push(p) for p in ["See ``", "`python\n", "x = {", "}\n```"]] == \
+    assert [stream.push(p)[0] for p in ["See ``", "`python\n", "x = {", "}\n```"]] == \
         ["See", " ```python", "\nx =", " {}"]      # (a "```" may open the next block)
-    assert stream.finish() == ("\n```", [])
+    assert stream.finish() == ("\n```", [], False)
     stream = HermesStream()
-    assert [stream.push(p) for p in ["{", '"city"', ": 1}"]] == ["", '{"city"', ": 1}"]
+    assert [stream.push(p)[0] for p in ["{", '"city"', ": 1}"]] == ["", '{"city"', ": 1}"]
     assert may_open("<function=f", 0) and may_open('<function name="f"', 0)
     assert not may_open("<function=>", 0) and not may_open("```py", 0)
     assert may_open("x ```xm", 2) and not may_open("x ```xm", 1)

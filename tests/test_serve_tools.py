@@ -1,11 +1,12 @@
 """Tool calls served for real: a 3-rank job of Qwen2.5-Coder 0.5B (its template has tool
 support: the native format) with pipeinfer's strategy, asked with the `openai` client. The
 prompt with tools (and with a history of calls and their results) is llama-cpp-python's
-Jinja2ChatFormatter's, the answer llama.cpp's greedy one, and its `<tool_call>` block comes
-back as tool_calls (under tool_choice "auto"'s lazy grammar, which the model's own call
-keeps to). With tool_choice "required" or a named function the answer is
-llama.cpp's greedy one under the grammar that forces the call (one token per decode), while
-the server speculates under it."""
+Jinja2ChatFormatter's, the answer llama.cpp's greedy one, and its call comes back as
+tool_calls (under tool_choice "auto"'s lazy grammar; the model writes this one as a bare
+JSON object, which a stream sends whole at the end). With tool_choice "required" or a named
+function the answer is llama.cpp's greedy one under the grammar that forces a `<tool_call>`
+block (one token per decode), while the server speculates under it; streamed, the block's
+call goes out as it is written."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from llama_oracle import Chain, chain_greedy
 from pipeinfer.serve import tool_formats
 from pipeinfer.serve.hermes_calls import parse_hermes
 from pipeinfer.serve.tool_calls import NATIVE, ToolChoice
+from streamed_calls import add_up, sdk_stream
 from test_chat_template import llama_chat_tokens
 from test_pipeline_mpi import llama_greedy
 from test_serve import KEY, Server, open_tokenizer, openai_client, serving
@@ -85,17 +87,16 @@ def test_a_tool_call_comes_back_parsed(server, client, qwen, tokenizer):
     choice = answer.choices[0]
     assert answer.usage.prompt_tokens == len(prompt)   # the template's rendering of tools
     assert choice.finish_reason == "tool_calls" and choice.message.content == want_content
-    assert [(c.function.name, json.loads(c.function.arguments))
-            for c in choice.message.tool_calls] == [
-        (c.name, json.loads(c.arguments)) for c in want_calls]
-    stream = client.chat.completions.create(model="qwen", messages=ASK, tools=WEATHER,
-                                            max_tokens=60, temperature=0, stream=True)
-    chunks = [c for c in stream if c.choices]
-    deltas = [tc for c in chunks for tc in (c.choices[0].delta.tool_calls or [])]
-    assert [(d.function.name, d.function.arguments) for d in deltas] == [
-        (c.function.name, c.function.arguments) for c in choice.message.tool_calls]
-    assert chunks[-1].choices[0].finish_reason == "tool_calls"
-    assert "".join(c.choices[0].delta.content or "" for c in chunks) == (want_content or "")
+    assert [(c.function.name, c.function.arguments) for c in choice.message.tool_calls] \
+        == [(c.name, c.arguments) for c in want_calls]     # (the model's text of them)
+    # streamed (this model writes a bare {"name", "arguments"} object, whole at the end),
+    # added up by the SDK to the same call
+    got = sdk_stream(client, model="qwen", messages=ASK, tools=WEATHER, max_tokens=60,
+                     temperature=0)
+    assert got.calls() == [(c.function.name, c.function.arguments)
+                           for c in choice.message.tool_calls]
+    assert got.final.choices[0].finish_reason == "tool_calls"
+    assert "".join(got.content) == (want_content or "") and add_up(got.deltas)
 
 
 def test_the_tools_result_goes_back_through_the_template(server, client, qwen, tokenizer):
@@ -119,7 +120,8 @@ def test_the_tools_result_goes_back_through_the_template(server, client, qwen, t
 @pytest.mark.parametrize("mode", ["required", "named"])
 def test_a_forced_call_keeps_to_its_grammar_exactly(server, client, qwen, tokenizer, mode):
     """"required" and a named function: the answer is a <tool_call> block of a valid call,
-    llama.cpp's greedy one under the same grammar; streamed as one delta."""
+    llama.cpp's greedy one under the same grammar; streamed as it is written, its deltas
+    adding up to the same call."""
     tools = [WEATHER[0], TIME]
     choice = ToolChoice(True, "get_time" if mode == "named" else None)
     tool_choice = ({"type": "function", "function": {"name": "get_time"}}
@@ -139,11 +141,12 @@ def test_a_forced_call_keeps_to_its_grammar_exactly(server, client, qwen, tokeni
             for c in choice_.message.tool_calls] == want_calls
     if mode == "named":
         assert [name for name, _ in want_calls] == ["get_time"]
-    chunks = [c for c in client.chat.completions.create(stream=True, **request) if c.choices]
-    deltas = [(d.function.name, json.loads(d.function.arguments)) for c in chunks
-              for d in (c.choices[0].delta.tool_calls or [])]
-    assert deltas == want_calls and chunks[-1].choices[0].finish_reason == "tool_calls"
-    assert not "".join(c.choices[0].delta.content or "" for c in chunks)
+    got = sdk_stream(client, **request)    # (the <tool_call> block as it is written)
+    assert got.calls() == [(c.function.name, c.function.arguments)
+                           for c in choice_.message.tool_calls]
+    assert [call[1:] for call in add_up(got.deltas)] == got.calls()
+    assert len(got.arguments) > 1 and "".join(got.arguments) == got.calls()[0][1]
+    assert got.final.choices[0].finish_reason == "tool_calls" and not got.content
 
 
 def test_tool_choice_none_leaves_the_tools_out(server, client, qwen, tokenizer):

@@ -4,7 +4,8 @@ tokens) asked with the `openai` client. The model gets llama-server's generic fo
 (serve/tool_formats.py, its prompt checked in test_tool_formats.py): the reply is a JSON object
 constrained by a grammar, parsed into tool_calls or content. Every answer is llama.cpp's
 greedy one under the same grammar (llama_oracle.chain_greedy: one token per decode), in all
-four tool_choice modes, whole and streamed."""
+four tool_choice modes, whole and streamed (a call as it is written, its pieces adding up
+to the whole answer's call, through the `openai` SDK's stream helper)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import pytest
 from llama_oracle import Chain, chain_greedy
 from pipeinfer.serve import tool_formats
 from pipeinfer.serve.tool_calls import GENERIC, ToolChoice, extract_generic
+from streamed_calls import add_up, sdk_stream
 from test_serve import (KEY, N_CTX, Server, chat_tokens, expected, open_tokenizer,
                         openai_client, serving)
 
@@ -68,13 +70,17 @@ def calls_of(message) -> list[tuple[str, dict]]:
             for c in message.tool_calls or []]
 
 
+def exact_calls(message) -> list[tuple[str, str]]:
+    return [(c.function.name, c.function.arguments) for c in message.tool_calls or []]
+
+
 def streamed(client, **request):
-    """(content, [(name, arguments)], finish_reason, content pieces) of a streamed answer."""
-    chunks = [c for c in client.chat.completions.create(stream=True, **request) if c.choices]
-    pieces = [c.choices[0].delta.content for c in chunks if c.choices[0].delta.content]
-    calls = [(d.function.name, json.loads(d.function.arguments)) for c in chunks
-             for d in (c.choices[0].delta.tool_calls or [])]
-    return "".join(pieces), calls, chunks[-1].choices[0].finish_reason, pieces
+    """(content, [(name, arguments)], finish_reason, content pieces, pieces of arguments)
+    of an answer streamed through the `openai` SDK's stream helper."""
+    got = sdk_stream(client, **request)
+    add_up(got.deltas)    # (shaped as OpenAI streams a call)
+    return "".join(got.content), got.calls(), got.final.choices[0].finish_reason, \
+        got.content, got.arguments
 
 
 @pytest.mark.parametrize("mode", ["auto", "required", "named"])
@@ -93,12 +99,12 @@ def test_a_call_in_every_mode_that_allows_one(server, client, smollm2, tokenizer
     choice_ = answer.choices[0]
     assert answer.usage.prompt_tokens == len(prompt)
     assert choice_.finish_reason == "tool_calls" and choice_.message.content is None
-    assert calls_of(choice_.message) == [(c.name, json.loads(c.arguments))
-                                         for c in want_calls]
+    assert exact_calls(choice_.message) == [(c.name, c.arguments) for c in want_calls]
     if mode == "named":
         assert [name for name, _ in calls_of(choice_.message)] == ["get_time"]
-    content, calls, finish, _ = streamed(client, **request)
-    assert (content, calls, finish) == ("", calls_of(choice_.message), "tool_calls")
+    content, calls, finish, _, arguments = streamed(client, **request)
+    assert (content, calls, finish) == ("", exact_calls(choice_.message), "tool_calls")
+    assert len(arguments) > 1 and "".join(arguments) == "".join(a for _, a in calls)
 
 
 def test_a_response_comes_back_as_content_streamed_as_it_is_written(server, client,
@@ -119,7 +125,7 @@ def test_a_response_comes_back_as_content_streamed_as_it_is_written(server, clie
     assert answer.choices[0].message.content == want_content
     assert answer.choices[0].message.tool_calls is None
     assert answer.choices[0].finish_reason == "stop"
-    content, calls, finish, pieces = streamed(client, **request)
+    content, calls, finish, pieces, _ = streamed(client, **request)
     assert (content, calls, finish) == (want_content, [], "stop") and len(pieces) > 1
 
 

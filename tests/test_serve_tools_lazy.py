@@ -22,6 +22,7 @@ from llama_oracle import Chain, chain_greedy
 from pipeinfer.serve import tool_formats
 from pipeinfer.serve.hermes_calls import parse_hermes
 from pipeinfer.serve.tool_calls import NATIVE, OPEN, ToolChoice
+from streamed_calls import add_up, chunk_deltas
 from test_chat_template import llama_chat_tokens
 from test_serve import KEY, Server, open_tokenizer, openai_client, serving
 
@@ -155,10 +156,10 @@ def test_a_natural_call_in_a_fenced_block_comes_back_as_tool_calls(server, clien
 
 
 def streamed_calls(client, request: dict) -> tuple[list, str, str]:
-    """The request streamed: its calls (name, parsed arguments) from the deltas, the last
-    finish_reason, and the content streamed."""
+    """The request streamed: its calls (name, parsed arguments) as the deltas add up, the
+    last finish_reason, and the content streamed."""
     chunks = [c for c in client.chat.completions.create(stream=True, **request) if c.choices]
-    deltas = [(d.function.name, json.loads(d.function.arguments)) for c in chunks
-              for d in (c.choices[0].delta.tool_calls or [])]
+    deltas = [(name, json.loads(arguments))
+              for _, name, arguments in add_up(chunk_deltas(chunks))]
     streamed = "".join(c.choices[0].delta.content or "" for c in chunks)
     return deltas, chunks[-1].choices[0].finish_reason, streamed

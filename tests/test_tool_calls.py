@@ -8,6 +8,7 @@ import json
 
 from pipeinfer.serve.tool_calls import (GENERIC, NATIVE, GenericStream, extract_generic, parse,
                                         response_so_far, stream)
+from streamed_calls import add_up
 
 CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
 
@@ -26,18 +27,20 @@ def test_blocks_become_calls_and_the_text_before_stays_content():
     assert parse(NATIVE, '{"a": 1}') == ('{"a": 1}', [])
 
 
-def test_streamed_text_stops_at_a_call_and_the_rest_is_parsed_at_the_end():
+def test_streamed_text_stops_at_a_call_and_the_call_streams():
     native = stream(NATIVE)
     sent = [native.push(p) for p in ["Let me ", "look.<tool", "_call>\n{\"name\": ",
                                      "\"f\", \"arguments\": {}}\n</tool_call>"]]
-    assert "".join(sent) == "Let me look." and sent[1] == " look."
-    rest, calls = native.finish()
-    assert rest == "" and [c.name for c in calls] == ["f"] and calls[0].arguments == "{}"
+    assert [text for text, _ in sent] == ["Let me", " look.", "", ""]
+    assert sent[2][1] == [] and [d["function"] for d in sent[3][1]] == [
+        {"name": "f", "arguments": "{}"}]     # (its first delta: the arguments so far)
+    assert add_up(sent[3][1])[0][1:] == ("f", "{}")
+    assert native.finish() == ("", [], True)
     plain = stream(NATIVE)
-    assert plain.push("a <tool") == "a" and plain.finish() == (" <tool", [])
+    assert plain.push("a <tool") == ("a", []) and plain.finish() == (" <tool", [], False)
     broken = stream(NATIVE)
-    assert broken.push('x<tool_call>{"name": oops') == "x"
-    assert broken.finish() == ('<tool_call>{"name": oops', [])
+    assert broken.push('x<tool_call>{"name": oops') == ("x", [])
+    assert broken.finish() == ('<tool_call>{"name": oops', [], False)
 
 
 def test_generic_replies_become_calls_or_content():
@@ -48,7 +51,9 @@ def test_generic_replies_become_calls_or_content():
     content, calls = extract_generic('{"tool_calls": [{"name": "f", "arguments": {}, '
                                      '"id": "call_a"}, {"name": "g", "arguments": {"x": 1},'
                                      ' "id": "call_b"}]}')
-    assert [(c.name, c.id) for c in calls] == [("f", "call_a"), ("g", "call_b")]
+    assert [(c.name, c.arguments) for c in calls] == [("f", "{}"), ("g", '{"x": 1}')]
+    assert all(c.id.startswith("call_") for c in calls) and calls[0].id != calls[1].id
+    assert "call_a" not in (calls[0].id, calls[1].id)   # (the server's ids: call_stream.py)
     assert extract_generic('{"response": "Hi!\nHow are \\u00e9 you?"}') == (
         "Hi!\nHow are é you?", [])   # (the grammar lets strings hold raw newlines)
     assert extract_generic('{"response": "cut sho') == ("cut sho", [])   # max_tokens
@@ -67,13 +72,12 @@ def test_a_generic_response_streams_as_it_is_decoded():
     stream = GenericStream()
     pieces = ['{', ' "response"', ': "Hel', 'lo\\', 'n wor', 'ld\\u00', 'e9"', ' }']
     sent = [stream.push(p) for p in pieces]
-    assert sent == ["", "", "Hel", "lo", "\n wor", "ld", "é", ""]
-    assert stream.finish() == ("", [])
+    assert sent == [(t, []) for t in ["", "", "Hel", "lo", "\n wor", "ld", "é", ""]]
+    assert stream.finish() == ("", [], False)
     call = GenericStream()
-    assert [call.push(p) for p in ['{"tool_call": ', '{"name": "f", "arguments": {}}}']] \
-        == ["", ""]
-    rest, calls = call.finish()
-    assert rest == "" and [c.name for c in calls] == ["f"]
+    sent = [call.push(p) for p in ['{"tool_call": ', '{"name": "f", "arguments": {}}}']]
+    assert [text for text, _ in sent] == ["", ""] and sent[0][1] == []
+    assert add_up(sent[1][1])[0][1:] == ("f", "{}") and call.finish() == ("", [], True)
     cut = GenericStream()
-    assert cut.push('{"tool_call": {"name"') == ""
-    assert cut.finish() == ('{"tool_call": {"name"', [])   # (cut short: kept as text)
+    assert cut.push('{"tool_call": {"name"') == ("", [])
+    assert cut.finish() == ('{"tool_call": {"name"', [], False)   # (cut short: kept as text)

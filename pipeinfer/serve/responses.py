@@ -107,27 +107,32 @@ class Reply:
              "finish_reason": None}]) for i in range(self.ask.n_choices)]
 
     def chunk(self, index: int, piece: Piece) -> dict | None:
-        """The stream chunk of a piece: its text (with tools: up to a tool call), and the
-        logprobs of its tokens if asked; None if there is nothing to send."""
-        text = self._tools[index].push(piece.text) if self._tools else piece.text
-        if not (text or piece.logprobs):
+        """The stream chunk of a piece: its text (with tools: the content, and the deltas
+        of the calls being written), and the logprobs of its tokens if asked; None if there
+        is nothing to send."""
+        text, calls = self._tools[index].push(piece.text) if self._tools else (piece.text, [])
+        if not (text or calls or piece.logprobs):
             return None
-        return self._envelope(self._chunk_object(), [
-            self._choice(index, text, None, self._logprobs(index, piece.logprobs))])
+        choice = self._choice(index, text if text or not calls else None, None,
+                              self._logprobs(index, piece.logprobs))
+        if calls:
+            choice["delta"]["tool_calls"] = calls
+        return self._envelope(self._chunk_object(), [choice])
 
     def finished(self, index: int) -> list[dict]:
-        """The chunks ending choice `index`: with tools, the text held back or its tool
-        calls; then its finish reason."""
+        """The chunks ending choice `index`: with tools, the text held back and the deltas
+        of the calls not sent yet; then its finish reason."""
         reason, chunks = self.dones[index].finish_reason, []
         if self._tools:
-            rest, calls = self._tools[index].finish()
+            rest, calls, called = self._tools[index].finish()
             if rest:
                 chunks.append(self._envelope(self._chunk_object(),
                                              [self._choice(index, rest, None)]))
             if calls:
-                delta = {"tool_calls": [c.json(k) for k, c in enumerate(calls)]}
                 chunks.append(self._envelope(self._chunk_object(), [
-                    {"index": index, "delta": delta, "logprobs": None, "finish_reason": None}]))
+                    {"index": index, "delta": {"tool_calls": calls}, "logprobs": None,
+                     "finish_reason": None}]))
+            if called:
                 reason = "tool_calls" if reason == "stop" else reason
         return chunks + [self._envelope(self._chunk_object(),
                                         [self._choice(index, None, reason)])]

@@ -8,13 +8,17 @@ in tool_formats.py):
   for `<tool_call>{"name", "arguments"}</tool_call>` blocks; the answer is parsed as
   llama-server's Hermes 2 Pro parser does, which also takes the other shapes models write
   (fenced ```json blocks, a bare object, <function=...>): hermes_calls.py. Streamed: the text
-  before the first call as it comes, the calls at the end of the choice.
+  before the first call as it comes, each `<tool_call>` block's call as it is written, a
+  call in another shape (and the calls after it) whole at the end of the choice.
 - generic (templates without tool support): the reply is one JSON object, `{"tool_call":
   {"name", "arguments"}}` (`{"tool_calls": [...]}` with parallel_tool_calls) or
-  `{"response": "..."}`. Streamed: the response's text as it comes, the calls at the end.
-`tool_choice` "auto" leaves the choice to the model (the generic format's grammar allows a
-call or a response); "required" and a named function force a call with a grammar; "none"
-leaves the tools out.
+  `{"response": "..."}`. Streamed: the response's text as it comes, each call as it is
+  written.
+A call streams as OpenAI streams one (call_stream.py): its first delta (index, id, type,
+name) once its name is known, then the pieces of its arguments, which add up to the whole
+answer's arguments. `tool_choice` "auto" leaves the choice to the model (the generic
+format's grammar allows a call or a response); "required" and a named function force a call
+with a grammar; "none" leaves the tools out.
 """
 
 from __future__ import annotations
@@ -24,8 +28,10 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from .call_stream import StreamedCall, ToolCall, call_arguments, new_id, rest_of_calls
 from .errors import ApiError
-from .hermes_calls import HermesStream, ToolCall, new_id, parse_hermes
+from .hermes_calls import HermesStream, parse_hermes
+from .json_scan import JsonScan, first_wins, string_so_far
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 NATIVE, GENERIC = "native", "generic"
@@ -134,9 +140,13 @@ def extract_generic(text: str) -> tuple[str | None, list[ToolCall]]:
     if not isinstance(reply, dict):
         partial = response_so_far(text)
         return (text if partial is None else partial[0]), []
-    if isinstance(reply.get("tool_calls"), list) or "tool_call" in reply:
-        found = reply.get("tool_calls") or [reply.get("tool_call")]
-        calls = [_call(c) for c in found]
+    many = reply.get("tool_calls")
+    if isinstance(many, list) or "tool_call" in reply:
+        found = many if isinstance(many, list) and many else [reply.get("tool_call")]
+        paths = [("tool_calls", k) for k in range(len(found))] if found is many \
+            else [("tool_call",)]
+        scan = JsonScan(0, depth=3).advance(text)
+        calls = [_call(text, scan, path, obj) for path, obj in zip(paths, found)]
         return (text, []) if None in calls else (None, calls)
     if "response" in reply:
         response = reply["response"]
@@ -145,7 +155,8 @@ def extract_generic(text: str) -> tuple[str | None, list[ToolCall]]:
     return text, []
 
 
-_DECODER = json.JSONDecoder(strict=False)   # (the grammar lets strings hold raw newlines)
+# (the grammar lets strings hold raw newlines)
+_DECODER = json.JSONDecoder(strict=False, object_pairs_hook=first_wins)
 _RESPONSE = re.compile(r'\s*\{\s*"response"\s*:\s*"')
 
 
@@ -156,17 +167,13 @@ def _json(text: str) -> Any:
         return None
 
 
-def _call(obj: Any) -> ToolCall | None:
-    """The call a JSON object {"name", "arguments"} describes (its own "id" if it has
-    one), None if it does not describe one."""
-    if not (isinstance(obj, dict) and isinstance(obj.get("name"), str)):
+def _call(text: str, scan: JsonScan, path: tuple, obj: Any) -> ToolCall | None:
+    """The call a JSON object {"name", "arguments"} at `path` of the scanned `text`
+    describes, None if it does not describe one."""
+    if not (isinstance(obj, dict) and isinstance(obj.get("name"), str) and obj["name"]):
         return None
-    arguments = obj.get("arguments", {})
-    if not isinstance(arguments, str):
-        arguments = json.dumps(arguments, ensure_ascii=False)
-    given = obj.get("id")
-    return ToolCall(obj["name"], arguments, given if isinstance(given, str) and given
-                    else new_id())
+    return ToolCall(obj["name"], call_arguments(text, scan, path, obj.get("arguments")),
+                    new_id())
 
 
 def response_so_far(text: str) -> tuple[str, bool] | None:
@@ -174,42 +181,59 @@ def response_so_far(text: str) -> tuple[str, bool] | None:
     while the answer is not known to be a response. Escapes not complete yet (and the first
     half of a surrogate pair) are left for later."""
     match = _RESPONSE.match(text)
-    if match is None:
-        return None
-    body, i, closed = text[match.end():], 0, False
-    while i < len(body):
-        if body[i] == '"':
-            closed = True
-            break
-        step = (6 if body[i + 1:i + 2] == "u" else 2) if body[i] == "\\" else 1
-        if i + step > len(body):
-            break
-        i += step
-    decoded = _DECODER.decode('"' + body[:i] + '"')
-    if not closed and decoded and "\ud800" <= decoded[-1] <= "\udbff":
-        decoded = decoded[:-1]
-    return decoded, closed
+    return None if match is None else string_so_far(text, match.end() - 1)
 
 
 class GenericStream:
     """One streamed choice of a generic answer: a response's text streams as it comes
-    (decoded from its JSON string); a call is held until the end, then parsed."""
+    (decoded from its JSON string), each call as it is written. If the reply does not parse
+    in the end (cut short by max_tokens), the text held goes out as content if no call was
+    streamed yet; if one was, the deltas sent stand and nothing more is sent (and the finish
+    reason is not "tool_calls")."""
 
     def __init__(self):
         self.raw, self.sent = "", ""
+        self._scan = JsonScan(0, depth=3)
+        self._streamed: list[StreamedCall] = []
 
-    def push(self, text: str) -> str:
+    def push(self, text: str) -> tuple[str, list[dict]]:
+        """(the content to send, the calls' deltas to send) once `text` is added."""
         self.raw += text
         partial = response_so_far(self.raw)
-        if partial is None:
-            return ""
-        new, self.sent = partial[0][len(self.sent):], partial[0]
-        return new
+        if partial is not None:
+            new, self.sent = partial[0][len(self.sent):], partial[0]
+            return new, []
+        self._scan.advance(self.raw)
+        deltas = []
+        for k, path in enumerate(self._call_paths()):
+            if k == len(self._streamed):
+                self._streamed.append(StreamedCall(k))
+            delta = self._streamed[k].delta(self.raw, self._scan, path)
+            if delta:
+                deltas.append(delta)
+            if self._streamed[k].name is None:
+                break    # (the next calls wait for this one's first delta)
+        return "", deltas
 
-    def finish(self) -> tuple[str, list[ToolCall]]:
-        """(content still to send, calls)."""
+    def _call_paths(self) -> list[tuple]:
+        """The paths of the calls begun, in the reply's first key: `tool_call` or
+        `tool_calls`."""
+        spans = self._scan.spans
+        first = next((path for path in spans if len(path) == 1), None)
+        if first == ("tool_call",):
+            return [first]
+        if first != ("tool_calls",):
+            return []
+        return [p for p in spans if len(p) == 2 and p[0] == "tool_calls"
+                and isinstance(p[1], int)]
+
+    def finish(self) -> tuple[str, list[dict], bool]:
+        """(content still to send, call deltas still to send, whether the answer has
+        calls)."""
         content, calls = extract_generic(self.raw)
         if calls:
-            return "", calls
+            return "", rest_of_calls(self._streamed, calls) or [], True
+        if any(c.name is not None for c in self._streamed):
+            return "", [], False
         content = content or ""
-        return (content[len(self.sent):] if content.startswith(self.sent) else ""), []
+        return (content[len(self.sent):] if content.startswith(self.sent) else ""), [], False
