@@ -139,15 +139,12 @@ class Drafter:
               stop_at: Callable[[list[int]], bool] | None = None, room: int | None = None
               ) -> tuple[list[list[int]], list[float]]:
         """Branches continuing `context` (branch 0 first) and the draft probability of each
-        token of branch 0. Empty when the draft's first guess is under `cutoff`. When
-        `should_stop` (asked after every draft step) says so, drafting ends early with the
-        tree drafted so far: a micro-batch that is ready goes out rather than wait (paper
-        IV-B: speculation runs whenever the head would otherwise idle); while the draft is
-        still catching up on a long context, stopping gives nothing (progress is kept).
-        `stop_at(branch 0)`, asked after each token branch 0 gains, ends drafting after
-        that token when it says so (a grammar that forces the text from there on:
-        engine/grammar_drafts.py drafts that text without the model). `room` is for such
-        free tokens (DraftJob.room): every token here costs a draft step, so unused."""
+        token of branch 0; empty when the first guess is under `cutoff`. `should_stop`
+        (asked after every step) ends drafting with the tree so far: a ready micro-batch goes
+        out rather than wait (paper IV-B); while catching up on a long context, it gives
+        nothing (progress is kept). `stop_at(branch 0)`, asked after each token branch 0
+        gains, ends drafting after it (where a grammar forces the rest, which
+        engine/grammar_drafts.py drafts without the model, up to `room`: unused here)."""
         limit = params.max_tokens if max_tokens is None else max_tokens
         if limit <= 0:
             return [], []
