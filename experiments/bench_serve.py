@@ -149,6 +149,7 @@ PIPEINFER_SYSTEMS = {"pipeinfer": ["--strategy", "pipeinfer", "-md", "{draft}"],
                      # the plain weight layout: exact runs of up to 7 tokens instead of 3
                      "pipeinfer-plain": ["--strategy", "pipeinfer", "-md", "{draft}",
                                          "--no-repack"],
+                     # speculative on the plain layout: the grammar's forced text fills runs of 7
                      "pipeinfer-speculative-plain": ["--strategy", "speculative", "-md", "{draft}",
                                                      "--no-repack"],
                      # drafts from the draft model only (no n-gram lookup of the text first)

@@ -29,7 +29,8 @@ import textwrap
 
 import httpx
 
-from bench_serve import LlamaServer, PipeinferServer, host_cpu, stream_chat  # (puts the repo on sys.path)
+from bench_serve import (PIPEINFER_SYSTEMS, LlamaServer, PipeinferServer, host_cpu,
+                         stream_chat)  # (puts the repo on sys.path)
 from json_task import JSON_ASK, SCHEMA
 
 QUESTIONS = (
@@ -165,9 +166,8 @@ def parse_args(argv):
     p.add_argument("--json-n", type=int, default=256, help="max_tokens of the JSON request")
     p.add_argument("--scenario", default="turns,json")
     p.add_argument("--json-system", default="pipeinfer",
-                   help="the json scenario's server: pipeinfer, pipeinfer-speculative, "
-                        "pipeinfer-plain, pipeinfer-ngram or pipeinfer-model-drafts "
-                        "(bench_serve.PIPEINFER_SYSTEMS)")
+                   help="the json scenario's server: one of bench_serve.PIPEINFER_SYSTEMS",
+                   choices=sorted(PIPEINFER_SYSTEMS))
     p.add_argument("--nodes", type=int, default=4)
     p.add_argument("--cpu", type=float, default=0.5, help="cores per node")
     p.add_argument("-m", "--model", default="qwen-coder-1.5b")
