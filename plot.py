@@ -76,6 +76,43 @@ def value_labels(ax, pos, means, stds) -> None:
                     ha="center", va="bottom", fontsize=7, color="#333333")
 
 
+def draw_panel(ax, panel, xs: list[str], variants: list[str], groups: dict, colors: dict,
+               metric: Metric, x_title: str, n_x_max: int) -> None:
+    """One panel of bar_chart: a bar per (x, variant) with its std, values labelled unless
+    the widest panel has too many bars for them."""
+    bar_w = 0.8 / len(variants)
+    many = n_x_max * len(variants) > 36
+    top = 0.0
+    for j, variant in enumerate(variants):
+        means, stds, pos = [], [], []
+        for i, x in enumerate(xs):
+            values = groups.get((panel, x, variant))
+            if not values:
+                continue
+            means.append(statistics.fmean(values))
+            stds.append(statistics.stdev(values) if len(values) > 1 else 0.0)
+            pos.append(i + (j - (len(variants) - 1) / 2) * bar_w)
+        if not pos:
+            continue
+        ax.bar(pos, means, bar_w * 0.92, yerr=stds, capsize=3 if not many else 1.5,
+               color=colors[variant], label=variant, edgecolor="white",
+               linewidth=0.5, error_kw={"elinewidth": 1, "ecolor": "#333333"})
+        top = max(top, max(m + s for m, s in zip(means, stds)))
+        if not many:
+            value_labels(ax, pos, means, stds)
+    ax.set_xticks(range(len(xs)))
+    ax.set_xticklabels(xs, rotation=30 if len(xs) > 4 or max(map(len, xs)) > 12 else 0,
+                       ha="right" if len(xs) > 4 or max(map(len, xs)) > 12 else "center",
+                       fontsize=9)
+    ax.set_ylabel(f"{metric.title.split(' (')[0]} ({metric.unit})", fontsize=9)
+    ax.set_xlabel(x_title, fontsize=9)
+    ax.set_title(panel_title(panel), fontsize=10)
+    ax.set_ylim(0, top * 1.15 if top > 0 else 1)
+    ax.grid(axis="y", alpha=0.3)
+    ax.set_axisbelow(True)
+    ax.tick_params(axis="y", labelsize=8)
+
+
 def bar_chart(plt, rows: list[Row], metric: Metric, variants: list[str], path: Path,
               title: str, x_of=lambda row: row.setting, panel_of=None,
               x_title: str = "cluster setting", order_x=setting_order) -> bool:
@@ -99,40 +136,9 @@ def bar_chart(plt, rows: list[Row], metric: Metric, variants: list[str], path: P
         if ncols == 1 else 13.0
     fig, axes = plt.subplots(nrows, ncols, figsize=(width_in, 3.9 * nrows + 0.9),
                              squeeze=False)
-    bar_w = 0.8 / len(variants)
-    many = n_x_max * len(variants) > 36
     for index, panel in enumerate(panels):
-        ax = axes[index // ncols][index % ncols]
-        xs = xs_of[panel]
-        top = 0.0
-        for j, variant in enumerate(variants):
-            means, stds, pos = [], [], []
-            for i, x in enumerate(xs):
-                values = groups.get((panel, x, variant))
-                if not values:
-                    continue
-                means.append(statistics.fmean(values))
-                stds.append(statistics.stdev(values) if len(values) > 1 else 0.0)
-                pos.append(i + (j - (len(variants) - 1) / 2) * bar_w)
-            if not pos:
-                continue
-            ax.bar(pos, means, bar_w * 0.92, yerr=stds, capsize=3 if not many else 1.5,
-                          color=colors[variant], label=variant, edgecolor="white",
-                          linewidth=0.5, error_kw={"elinewidth": 1, "ecolor": "#333333"})
-            top = max(top, max(m + s for m, s in zip(means, stds)))
-            if not many:
-                value_labels(ax, pos, means, stds)
-        ax.set_xticks(range(len(xs)))
-        ax.set_xticklabels(xs, rotation=30 if len(xs) > 4 or max(map(len, xs)) > 12 else 0,
-                           ha="right" if len(xs) > 4 or max(map(len, xs)) > 12 else "center",
-                           fontsize=9)
-        ax.set_ylabel(f"{metric.title.split(' (')[0]} ({metric.unit})", fontsize=9)
-        ax.set_xlabel(x_title, fontsize=9)
-        ax.set_title(panel_title(panel), fontsize=10)
-        ax.set_ylim(0, top * 1.15 if top > 0 else 1)
-        ax.grid(axis="y", alpha=0.3)
-        ax.set_axisbelow(True)
-        ax.tick_params(axis="y", labelsize=8)
+        draw_panel(axes[index // ncols][index % ncols], panel, xs_of[panel], variants, groups,
+                   colors, metric, x_title, n_x_max)
     for index in range(len(panels), nrows * ncols):
         axes[index // ncols][index % ncols].set_visible(False)
     n_runs = max(len(v) for v in groups.values())

@@ -36,7 +36,46 @@ BUSY_HELP = ("What a request does while others are generating (--parallel > 1). 
 BUSY_CHOICES = ("auto", "same", "speculative", "iterative")
 
 
-@click.command(cls=RankedCommand, context_settings={"show_default": True})
+SERVE_HELP = """Serve the model over HTTP with an OpenAI-compatible API. Two ways:
+
+      pipeinfer serve --ranks 3 -m smollm2 --port 8080        (with failover)
+
+    starts a front process here (no MPI, no llama.cpp in it) that owns the HTTP server and
+    every request's state and launches the job of 3 ranks itself (--hostfile/--hosts,
+    --mpiexec); when the job ends unexpectedly (a rank killed, a host gone) or hangs
+    (nothing from it for --stall-timeout seconds while requests are under way) /health says
+    `recovering`, the hosts that no longer answer are left out, the job is started again
+    and every request goes on from the last token it sent, with the same tokens as an
+    undisturbed run (greedy, or sampled with a seed: the front draws one for a request
+    without). With no host left that answers, every request gets a 503 saying so. A
+    host that answers again rejoins when the service is idle.
+
+      mpiexec -n 3 pipeinfer serve -m smollm2 --port 8080     (without failover)
+
+    is one MPI job: rank 0 runs the HTTP server (and is the head, as for `run`), ranks
+    1..N-1 evaluate their slices of the target's layers; a failed rank ends the server.
+
+    Endpoints (also without /v1): POST /v1/completions and /v1/chat/completions (stream or
+    not; chat through the GGUF's own Jinja template, as llama-server --jinja renders it;
+    logprobs, logit_bias, repeat/frequency/presence penalties and min_p as llama.cpp's
+    sampler chain; tools with tool_choice auto, none, required or a named function, in
+    the template's own tool format (Qwen2.5's <tool_call>) or, for templates without tool
+    support, llama-server's generic JSON format, calls forced by a grammar;
+    response_format json_object / json_schema and GBNF grammars through llama.cpp's
+    grammar sampler; fields not supported are a 400 naming them), POST /v1/embeddings
+    (the last stage's hidden states, pooled: the model's pooling type or the mean, then
+    L2-normalized; float or base64), POST /tokenize and
+    /detokenize, GET /v1/models and /v1/models/ID, /health (503 while the model loads) and
+    /metrics (Prometheus); CORS for browsers (--cors-origin). Greedy answers (temperature
+    0) are exactly single-node llama.cpp's, alone or with other requests in flight (with a
+    prompt prefix reused from a slot: llama.cpp's keeping that prefix, see --cache-prompt).
+    Up to --parallel requests are generated at once, their runs interleaved in the
+    pipeline; SIGINT or SIGTERM ends the server and every rank.
+    """
+
+
+@click.command(cls=RankedCommand, help=SERVE_HELP,
+               context_settings={"show_default": True})
 @click.option("-m", "--model", required=True,
               help="Target model: a GGUF path, or a name of `pipeinfer models list`. "
                    "Only rank 0 needs the file: the other ranks take their slices from their "
@@ -137,43 +176,6 @@ def serve(model, draft, compact_draft, draft_vocab, alias, n_ctx, n_batch, threa
           busy_strategy, api_key, cache_prompt, cors_origins, ranks, hostfile, host_list,
           mpiexec, max_restarts, stall_timeout, trace_path, channel, verbose, quiet,
           **speculation):
-    """Serve the model over HTTP with an OpenAI-compatible API. Two ways:
-
-      pipeinfer serve --ranks 3 -m smollm2 --port 8080        (with failover)
-
-    starts a front process here (no MPI, no llama.cpp in it) that owns the HTTP server and
-    every request's state and launches the job of 3 ranks itself (--hostfile/--hosts,
-    --mpiexec); when the job ends unexpectedly (a rank killed, a host gone) or hangs
-    (nothing from it for --stall-timeout seconds while requests are under way) /health says
-    `recovering`, the hosts that no longer answer are left out, the job is started again
-    and every request goes on from the last token it sent, with the same tokens as an
-    undisturbed run (greedy, or sampled with a seed: the front draws one for a request
-    without). With no host left that answers, every request gets a 503 saying so. A
-    host that answers again rejoins when the service is idle.
-
-      mpiexec -n 3 pipeinfer serve -m smollm2 --port 8080     (without failover)
-
-    is one MPI job: rank 0 runs the HTTP server (and is the head, as for `run`), ranks
-    1..N-1 evaluate their slices of the target's layers; a failed rank ends the server.
-
-    Endpoints (also without /v1): POST /v1/completions and /v1/chat/completions (stream or
-    not; chat through the GGUF's own Jinja template, as llama-server --jinja renders it;
-    logprobs, logit_bias, repeat/frequency/presence penalties and min_p as llama.cpp's
-    sampler chain; tools with tool_choice auto, none, required or a named function, in
-    the template's own tool format (Qwen2.5's <tool_call>) or, for templates without tool
-    support, llama-server's generic JSON format, calls forced by a grammar;
-    response_format json_object / json_schema and GBNF grammars through llama.cpp's
-    grammar sampler; fields not supported are a 400 naming them), POST /v1/embeddings
-    (the last stage's hidden states, pooled: the model's pooling type or the mean, then
-    L2-normalized; float or base64), POST /tokenize and
-    /detokenize, GET /v1/models and /v1/models/ID, /health (503 while the model loads) and
-    /metrics (Prometheus); CORS for browsers (--cors-origin). Greedy answers (temperature
-    0) are exactly single-node llama.cpp's, alone or with other requests in flight (with a
-    prompt prefix reused from a slot: llama.cpp's keeping that prefix, see --cache-prompt).
-    Up to --parallel requests are generated at once, their runs interleaved in the
-    pipeline; SIGINT or SIGTERM ends the server and every rank.
-    """
-    from ..engine.config import RunConfig, resolve_draft_source
     from ..model.sampling import SamplingParams
 
     setup_logging(verbose, quiet, rank=supervisor.launcher_rank() or 0)
@@ -193,9 +195,21 @@ def serve(model, draft, compact_draft, draft_vocab, alias, n_ctx, n_batch, threa
 
     setup_logging(verbose, quiet, rank=world()[0])
     signal.signal(signal.SIGTERM, signal.getsignal(signal.SIGINT))  # SIGTERM ends as Ctrl-C
+    defaults = SamplingParams(temp, top_k, top_p, seed)
+    cfg = _job_config(model, draft, compact_draft, draft_vocab, n_ctx, n_batch, threads, split,
+                      profile, strategy, defaults, parallel, busy_strategy, verbose, speculation)
+    options = ServeOptions(host, port, queue_size, api_key, alias or _name(model), defaults,
+                           tuple(cors_origins) or ("*",), cache_prompt, channel)
+    sys.exit(serve_main(cfg, options))
+
+
+def _job_config(model, draft, compact_draft, draft_vocab, n_ctx, n_batch, threads, split,
+                profile, strategy, defaults, parallel, busy_strategy, verbose, speculation):
+    """The serving job's RunConfig from the command's options (a Failure if they conflict)."""
+    from ..engine.config import RunConfig, resolve_draft_source
+
     source = checked_value(resolve_draft_source, strategy, speculation.pop("draft_source"),
                            bool(draft))
-    defaults = SamplingParams(temp, top_k, top_p, seed)
     cfg = RunConfig(model=model, prompt=None, n_ctx=n_ctx, n_batch=n_batch,
                     draft=(draft[0] if len(draft) == 1 else draft) or None, strategy=strategy,
                     split=split[0], profile=profile, threads=threads, sampling=defaults,
@@ -204,9 +218,7 @@ def serve(model, draft, compact_draft, draft_vocab, alias, n_ctx, n_batch, threa
                     slots=parallel, busy_strategy=_busy(busy_strategy, strategy, parallel),
                     compact_draft=compact_draft, draft_vocab=draft_vocab)
     checked_value(cfg.check_drafts)
-    options = ServeOptions(host, port, queue_size, api_key, alias or _name(model), defaults,
-                           tuple(cors_origins) or ("*",), cache_prompt, channel)
-    sys.exit(serve_main(cfg, options))
+    return cfg
 
 
 def _parallel(given: int | None, strategy: str) -> int:
