@@ -267,11 +267,23 @@ def test_an_idle_worker_uses_next_to_no_cpu(tmp_path: Path) -> None:
     assert out["cpu"] < IDLE_CPU_MAX, f"the idle worker used {out['cpu']:.1%} of a core"
 
 
+def _pickups(tmp_path: Path, envs: tuple[dict, dict] | None = None) -> tuple[dict, list]:
+    """WAKE_JOB's pickup mode and its round trips, sorted. A shared VM has spells in which
+    every wake-up is slow for minutes (seventh session: 5-15 ms round trips in a full CI run,
+    1-2 ms alone right after), so a job outside the bounds is measured once more before the
+    verdict; a worker that is not woken waits out its sleep (~50 ms) in both."""
+    for _ in range(2):
+        out = _wake_job(tmp_path, "pickup", 0, envs=envs)
+        pickup = sorted(out["pickup"])
+        if statistics.median(pickup) < PICKUP_MEDIAN_MAX_S and pickup[-2] < PICKUP_MAX_S:
+            break
+    return out, pickup
+
+
 def test_an_idle_worker_picks_a_message_up_at_once(tmp_path: Path) -> None:
     """Round trips head -> worker -> head after idle gaps of 50 ms to 2 s: two pick-ups (the
     worker's, then the head's) and the worker's answer, well within the worker's sleep."""
-    out = _wake_job(tmp_path, "pickup", 0)
-    pickup = sorted(out["pickup"])
+    _, pickup = _pickups(tmp_path)
     assert statistics.median(pickup) < PICKUP_MEDIAN_MAX_S, pickup
     # a machine shared with other jobs may delay one of them
     assert pickup[-2] < PICKUP_MAX_S, f"round trips {[f'{p * 1e3:.2f} ms' for p in pickup]}"
@@ -281,9 +293,8 @@ def test_ranks_of_different_hosts_pick_messages_up_at_once(tmp_path: Path) -> No
     """As test_an_idle_worker_picks_a_message_up_at_once, but each rank on a machine of its
     own (PIPEINFER_HOST_ID, as cluster.py's nodes): the wake-ups go over UDP."""
     envs = ({wakeup.HOST_VAR: "host-a"}, {wakeup.HOST_VAR: "host-b"})
-    out = _wake_job(tmp_path, "pickup", 0, envs=envs)
+    out, pickup = _pickups(tmp_path, envs)
     assert out["heard_all"] == [[1], [0]]
-    pickup = sorted(out["pickup"])
     assert statistics.median(pickup) < PICKUP_MEDIAN_MAX_S, pickup
     assert pickup[-2] < PICKUP_MAX_S, f"round trips {[f'{p * 1e3:.2f} ms' for p in pickup]}"
 
