@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import statistics
 import sys
 import time
@@ -130,7 +131,16 @@ def _scaling(by_nodes: dict) -> None:
                                                for n, r in zip(counts, ratios)))
 
 
+def _stopped(signum, frame):
+    """SIGTERM ends the bench as Ctrl-C does: through every cleanup on the way out (the
+    rpc-servers, the nodes' cgroups, a pipeinfer run's cluster.py; Python's default would
+    skip them)."""
+    signal.signal(signum, signal.SIG_IGN)   # (a second one must not cut the cleanup short)
+    raise SystemExit(128 + signum)
+
+
 def main(argv: list[str] | None = None) -> int:
+    signal.signal(signal.SIGTERM, _stopped)
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="qwen-coder-1.5b")
     parser.add_argument("--draft", default="qwen-coder-0.5b")

@@ -144,15 +144,43 @@ def pipeinfer_command(spec: RunSpec) -> list[str]:
             "--", *cmd]
 
 
-def run_pipeinfer(spec: RunSpec) -> dict:
+# cluster.py's own cleanup after SIGTERM: the job's ranks (10 s), its cgroups and links.
+STOP_GRACE_S = 30
+
+
+def run_cluster(command: list[str], timeout: float) -> tuple[int | None, str, str]:
+    """Run a cluster.py command: (its exit code, None if it hung; stdout; stderr). A hung one,
+    or one running when this process is stopped (the exception passes on), gets SIGTERM, so
+    that cluster.py takes its job, cgroups and links down with it (SIGKILL, which
+    subprocess.run sends, would leave them all behind), and SIGKILL only STOP_GRACE_S later."""
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, cwd=ROOT)
     try:
-        out = subprocess.run(pipeinfer_command(spec), capture_output=True, text=True,
-                             timeout=spec.timeout, cwd=ROOT)
+        out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        return {"error": f"hung: killed after {spec.timeout:.0f} s"}
-    if out.returncode != 0:
-        return {"error": f"exit {out.returncode}: {last_line(out.stderr)}"}
-    r = json.loads(out.stdout.strip().splitlines()[-1])
+        return (None, *_stop(proc))
+    except BaseException:
+        _stop(proc)
+        raise
+    return proc.returncode, out, err
+
+
+def _stop(proc: subprocess.Popen) -> tuple[str, str]:
+    proc.terminate()
+    try:
+        return proc.communicate(timeout=STOP_GRACE_S)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        return proc.communicate()
+
+
+def run_pipeinfer(spec: RunSpec) -> dict:
+    code, stdout, stderr = run_cluster(pipeinfer_command(spec), spec.timeout)
+    if code is None:
+        return {"error": f"hung: stopped after {spec.timeout:.0f} s"}
+    if code != 0:
+        return {"error": f"exit {code}: {last_line(stderr)}"}
+    r = json.loads(stdout.strip().splitlines()[-1])
     keys = ("speed_tps", "ttft_s", "itl_s", "prefill_tps", "n_prompt", "n_generated",
             "accept_rate", "n_drafted", "n_accepted", "text", "split")
     return {**{k: r.get(k) for k in keys},

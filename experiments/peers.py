@@ -155,6 +155,10 @@ class PeerCluster:
                     out, err = proc.communicate()
                     return PeerRun(out, err, None, error=f"hung: killed after {timeout:.0f} s "
                                    f"(last line: {last_line(err)})")
+            except BaseException:   # the bench stopped (Ctrl-C, SIGTERM): not left running
+                proc.kill()
+                proc.wait()
+                raise
         rss = [round(peak or 0.0, 1)] + [round(peak_rss_mb(s.pid) or 0.0, 1)
                                         for s in self.servers]
         run = PeerRun(out, err, proc.returncode, rss)

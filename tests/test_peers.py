@@ -9,8 +9,10 @@ from __future__ import annotations
 import csv
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
 import uuid
 from pathlib import Path
 
@@ -139,3 +141,68 @@ def test_bench_smoke_two_nodes(peer_bin, smollm2, session_cache, tmp_path):
                            str(figures)], capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert plot.returncode == 0, plot.stderr
     assert (figures / "peers.png").stat().st_size > 0
+
+
+def _emulation_leftovers(marker: str) -> tuple[set[str], set[int]]:
+    """The emulation's cgroups now, and the processes whose command line holds `marker`."""
+    from cpu_quota import controller
+    cgroups = {p.name for p in controller()[0].glob("pipeinfer-*")}
+    found = subprocess.run(["pgrep", "-f", marker], capture_output=True, text=True)
+    return cgroups, {int(pid) for pid in found.stdout.split()}
+
+
+def _wait_gone(marker: str, before: tuple[set[str], set[int]],
+               seconds: float = 15) -> tuple[set[str], set[int]]:
+    """The cgroups and `marker` processes of a stopped run still there (beyond `before`) once
+    they had `seconds` to go (an exited rpc-server is reaped by init, not at once)."""
+    deadline = time.monotonic() + seconds
+    while True:
+        cgroups, pids = _emulation_leftovers(marker)
+        left = (cgroups - before[0], pids - before[1])
+        if left == (set(), set()) or time.monotonic() > deadline:
+            return left
+        time.sleep(0.5)
+
+
+def test_a_hung_pipeinfer_run_is_stopped_with_its_cluster(smollm2, session_cache, monkeypatch):
+    """A run past its timeout gets SIGTERM, so cluster.py takes down its job and cgroups
+    (SIGKILL, as subprocess.run sends, left the ranks running and the cgroups behind)."""
+    why = _why_no_cgroups()
+    if why:
+        pytest.skip(why)
+    import bench_runs
+    monkeypatch.setenv("PIPEINFER_CACHE", str(_real_cache(session_cache)))
+    marker = f"Once upon a time {uuid.uuid4().hex}"
+    before = _emulation_leftovers(marker)
+    spec = bench_runs.RunSpec(system="iterative", variant="iterative", nodes=2, cpu=1.0,
+                              model=str(smollm2), draft="", prompt=marker, n=3000, timeout=8)
+    r = bench_runs.run_pipeinfer(spec)
+    assert r["error"] == "hung: stopped after 8 s", r
+    assert _wait_gone(marker, before) == (set(), set())
+
+
+def test_bench_stopped_by_sigterm_leaves_nothing_behind(peer_bin, smollm2, session_cache,
+                                                        tmp_path):
+    """SIGTERM in the middle of a llama.cpp RPC run: the bench ends (143) and takes the
+    rpc-servers, the main program and the nodes' cgroups with it, as Ctrl-C does."""
+    env = dict(os.environ, PIPEINFER_CACHE=str(_real_cache(session_cache)))
+    before = _emulation_leftovers("ggml-rpc-server|llama-completion")
+    bench = subprocess.Popen(
+        [sys.executable, str(ROOT / "experiments" / "bench_peers.py"), "--model", "smollm2",
+         "--nodes", "2", "-k", "1", "-n", "3000", "--systems", "llama-rpc",
+         "--out", str(tmp_path / "stopped.csv")],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not (
+                _emulation_leftovers("llama-completion")[1] - before[1]):
+            time.sleep(0.2)
+        assert _emulation_leftovers("llama-completion")[1] - before[1], "the run never started"
+        time.sleep(2)
+        bench.send_signal(signal.SIGTERM)
+        out, err = bench.communicate(timeout=60)
+    finally:
+        if bench.poll() is None:
+            bench.kill()
+    assert bench.returncode == 143, err[-2000:]
+    assert _wait_gone("ggml-rpc-server|llama-completion", before) == (set(), set())
