@@ -31,6 +31,7 @@ import time
 from pathlib import Path
 
 from bench_speculation_pays import EDIT_PROMPT  # beside this script
+from cluster_run import run_cluster
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -75,11 +76,11 @@ def run_once(tree: Path, variant: str, args) -> dict:
            args.split, "-t", "1", "--json", *VARIANTS[variant]]
     launch = [sys.executable, str(HERE / "cluster.py"), "--nodes", str(args.nodes),
               "--cpu", str(args.cpu), "--"] + cmd
-    out = subprocess.run(launch, capture_output=True, text=True, timeout=args.timeout,
-                         env=_env(tree), cwd=tree)
-    if out.returncode != 0:
-        raise SystemExit(f"{tree} {variant} failed ({out.returncode}):\n{out.stderr[-2000:]}")
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    code, stdout, stderr = run_cluster(launch, args.timeout, env=_env(tree), cwd=tree)
+    if code != 0:
+        how = f"hung (stopped after {args.timeout:.0f} s)" if code is None else f"failed ({code})"
+        raise SystemExit(f"{tree} {variant} {how}:\n{stderr[-2000:]}")
+    return json.loads(stdout.strip().splitlines()[-1])
 
 
 def _env(tree: Path) -> dict:

@@ -44,6 +44,7 @@ import build_peers  # noqa: E402
 from bench_peers import CODE_PROMPT, render_prompt  # noqa: E402
 from bench_runs import RunSpec, _links, peer_command  # noqa: E402
 from cluster import LINK_PRESETS  # noqa: E402
+from cluster_run import stop  # noqa: E402
 from cpu_quota import PERIOD_US, CpuQuotas, host_cpu  # noqa: E402
 from peers import PeerCluster, last_line, peak_rss_mb  # noqa: E402
 
@@ -73,8 +74,15 @@ def pipeinfer_start(args, disks: Path, prompt: str, env: dict | None = None) -> 
     t0 = time.monotonic()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT,
                             env={**os.environ, **(env or {})})
-    ttft = first_byte(proc, args.timeout)
-    _, err = proc.communicate(timeout=args.timeout)
+    try:
+        ttft = first_byte(proc, args.timeout)
+        _, err = proc.communicate(timeout=args.timeout)
+    except subprocess.TimeoutExpired:
+        stop(proc)
+        return {"error": f"hung: stopped after {args.timeout:.0f} s"}
+    except BaseException:  # Ctrl-C: cluster.py takes its ranks, cgroups and links down
+        stop(proc)
+        raise
     err = err.decode(errors="replace")
     if proc.returncode != 0 or ttft is None:
         return {"error": f"exit {proc.returncode}: {last_line(err)}"}

@@ -22,7 +22,6 @@ import os
 import re
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -31,6 +30,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 
+from cluster_run import run_cluster  # noqa: E402
 from cpu_quota import host_cpu  # noqa: E402
 
 PROMPT = "Write a Python function that reverses a linked list."
@@ -48,17 +48,18 @@ def run(args, limits: str, mmap: bool) -> dict:
            args.draft, "--chat", "-p", PROMPT, "-n", str(args.n), "--ignore-eos", "--strategy",
            args.strategy, "--layer-split", args.split, "-c", str(args.ctx), "--json"]
     env = dict(os.environ, **({"PIPEINFER_MMAP": "1"} if mmap else {}))
-    out = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT,
-                         timeout=args.timeout)
-    peaks = PEAKS.search(out.stderr)
+    code, stdout, stderr = run_cluster(cmd, args.timeout, env=env)
+    peaks = PEAKS.search(stderr)
     row = {"peak_mb": [float(p) if p != "?" else None for p in peaks.group(1).split(", ")]
            if peaks else [], "at_limit": [int(c) for c in peaks.group(2).split(",")]
            if peaks and peaks.group(2).strip() else []}
-    if out.returncode != 0:
-        lines = out.stderr.strip().splitlines() or ["?"]
+    if code is None:
+        return {**row, "error": f"hung: stopped after {args.timeout:.0f} s"}
+    if code != 0:
+        lines = stderr.strip().splitlines() or ["?"]
         errors = [line for line in lines if "error" in line.lower()]
         return {**row, "error": (errors or lines)[0]}
-    result = json.loads(out.stdout.strip().splitlines()[-1])
+    result = json.loads(stdout.strip().splitlines()[-1])
     return {**row, "speed": result["speed_tps"], "tokens": result["tokens"],
             "prompt_tokens": result["prompt_tokens"],
             "rss": [s.get("peak_rss_mb") for s in result["rank_stats"]]}

@@ -24,6 +24,7 @@ import sys
 import time
 from pathlib import Path
 
+from cluster_run import run_cluster
 from cpu_quota import host_cpu
 
 HERE = Path(__file__).resolve().parent
@@ -38,18 +39,18 @@ SETTINGS = {
 }
 
 
-def cluster(setting: dict, args, *command: str) -> subprocess.CompletedProcess:
+def cluster(setting: dict, args, *command: str) -> str:
+    """The standard output of `command` run on the setting's emulated cluster."""
     launch = [sys.executable, str(HERE / "cluster.py"), *setting["cluster"]]
     if "--nodes" not in setting["cluster"]:
         launch += ["--nodes", str(setting["nodes"])]
     if args.link != "none":
         launch += ["--link", args.link]
-    out = subprocess.run(launch + ["--", *command], capture_output=True, text=True,
-                         timeout=args.timeout)
-    if out.returncode != 0:
-        raise SystemExit(f"failed ({out.returncode}): {' '.join(command[:4])}...\n"
-                         f"{out.stderr[-2500:]}")
-    return out
+    code, stdout, stderr = run_cluster(launch + ["--", *command], args.timeout)
+    if code != 0:
+        how = f"hung (stopped after {args.timeout:.0f} s)" if code is None else f"failed ({code})"
+        raise SystemExit(f"{how}: {' '.join(command[:4])}...\n{stderr[-2500:]}")
+    return stdout
 
 
 def run(setting: dict, args, strategy: str, split: str, profile: Path) -> dict:
@@ -60,8 +61,7 @@ def run(setting: dict, args, strategy: str, split: str, profile: Path) -> dict:
         cmd += ["-md", args.draft]
     if split == "auto":
         cmd += ["--profile", str(profile)]
-    out = cluster(setting, args, *cmd)
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return json.loads(cluster(setting, args, *cmd).strip().splitlines()[-1])
 
 
 def simulate(args, strategy: str, split: str, profile: Path) -> dict:
@@ -85,7 +85,7 @@ def bench(name: str, args, strategies: list[str], outdir: Path) -> list[dict]:
     else:
         out = cluster(setting, args, str(BIN / "pipeinfer"), "calibrate", "-m", args.model,
                       "-md", args.draft, "--profile", str(profile))
-        print(f"# {name}: calibrated in {time.time() - t0:.0f} s\n{out.stdout}", flush=True)
+        print(f"# {name}: calibrated in {time.time() - t0:.0f} s\n{out}", flush=True)
     runs: dict[tuple[str, str], list[dict]] = {}
     for rep in range(args.k):
         for strategy in strategies:

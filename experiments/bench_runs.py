@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import time
 import uuid
@@ -20,6 +19,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 
+from cluster_run import run_cluster  # noqa: E402
 from cpu_quota import PERIOD_US, CpuQuotas, QuotaError  # noqa: E402
 from peer_output import PeerOutputError, parse_completion, parse_speculative  # noqa: E402
 from peers import PeerCluster, last_line  # noqa: E402
@@ -142,36 +142,6 @@ def pipeinfer_command(spec: RunSpec) -> list[str]:
     return [sys.executable, str(HERE / "cluster.py"), "--nodes", str(spec.nodes),
             "--cpu", f"{spec.cpu:g}", "--period-us", str(PERIOD_US), "--link", spec.link,
             "--", *cmd]
-
-
-# cluster.py's own cleanup after SIGTERM: the job's ranks (10 s), its cgroups and links.
-STOP_GRACE_S = 30
-
-
-def run_cluster(command: list[str], timeout: float) -> tuple[int | None, str, str]:
-    """Run a cluster.py command: (its exit code, None if it hung; stdout; stderr). A hung one,
-    or one running when this process is stopped (the exception passes on), gets SIGTERM, so
-    that cluster.py takes its job, cgroups and links down with it (SIGKILL, which
-    subprocess.run sends, would leave them all behind), and SIGKILL only STOP_GRACE_S later."""
-    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, cwd=ROOT)
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        return (None, *_stop(proc))
-    except BaseException:
-        _stop(proc)
-        raise
-    return proc.returncode, out, err
-
-
-def _stop(proc: subprocess.Popen) -> tuple[str, str]:
-    proc.terminate()
-    try:
-        return proc.communicate(timeout=STOP_GRACE_S)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        return proc.communicate()
 
 
 def run_pipeinfer(spec: RunSpec) -> dict:

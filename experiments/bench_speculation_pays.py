@@ -25,9 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -35,6 +33,8 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(ROOT))
+
+from cluster_run import run_cluster  # beside this script  # noqa: E402
 
 EDIT_PROMPT = '''Here is a Python function:
 
@@ -113,11 +113,12 @@ def run_once(prompt: str, flags: list[str], args) -> dict:
            "--json", *flags]
     launch = [sys.executable, str(HERE / "cluster.py"), "--nodes", str(args.nodes),
               "--cpu", str(args.cpu), "--"] + cmd
-    out = subprocess.run(launch, capture_output=True, text=True, timeout=args.timeout,
-                         env=dict(os.environ), cwd=ROOT)
-    if out.returncode != 0:
-        return {"error": (out.stderr.strip().splitlines() or ["(no output)"])[-1]}
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    code, stdout, stderr = run_cluster(launch, args.timeout)
+    if code is None:
+        return {"error": f"hung: stopped after {args.timeout:.0f} s"}
+    if code != 0:
+        return {"error": (stderr.strip().splitlines() or ["(no output)"])[-1]}
+    return json.loads(stdout.strip().splitlines()[-1])
 
 
 def median(rs: list[dict], key: str):

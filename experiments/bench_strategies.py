@@ -23,6 +23,8 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 BIN = Path(sys.executable).parent
+
+from cluster_run import run_cluster  # beside this script  # noqa: E402
 PROMPT = ("Write a Python function that parses a CSV file of transactions (date, amount, "
           "category) and returns the total amount per category, sorted by amount.")
 # pipespec gets the one draft (a 2-model hierarchy); specpipe: one tree level per pipeline step;
@@ -48,10 +50,11 @@ def run_strategy(setting: dict, strategy: str, args) -> dict:
     else:
         launch = [sys.executable, str(HERE / "cluster.py"), "--nodes", str(setting["ranks"]),
                   *setting["cluster"], "--"] + cmd
-    out = subprocess.run(launch, capture_output=True, text=True, timeout=args.timeout)
-    if out.returncode != 0:
-        raise SystemExit(f"{strategy} failed ({out.returncode}):\n{out.stderr[-2000:]}")
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    code, stdout, stderr = run_cluster(launch, args.timeout)
+    if code != 0:
+        how = f"hung (stopped after {args.timeout:.0f} s)" if code is None else f"failed ({code})"
+        raise SystemExit(f"{strategy} {how}:\n{stderr[-2000:]}")
+    return json.loads(stdout.strip().splitlines()[-1])
 
 
 def llama_cpp_decode(args, threads: int) -> float:

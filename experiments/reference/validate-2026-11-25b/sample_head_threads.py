@@ -2,14 +2,9 @@
 them): for each run, the median per second of the main thread and of the other threads (the
 draft thread) while drafting, from /proc/PID/task/*/stat. Wrote head-threads.txt."""
 import os, sys, time, glob
-def rank_of(pid):
-    try:
-        env = open(f'/proc/{pid}/environ','rb').read().split(b'\0')
-    except Exception: return None
-    for e in env:
-        for k in (b'PMI_RANK=', b'OMPI_COMM_WORLD_RANK=', b'PMIX_RANK='):
-            if e.startswith(k): return int(e[len(k):])
-    return None
+from pathlib import Path
+sys.path[:0] = [str(Path(__file__).resolve().parents[2]), str(Path(__file__).resolve().parents[3])]
+from proc_stat import rank_of, thread_cpu as cpu
 def find():
     cands=[]
     for p in glob.glob('/proc/[0-9]*'):
@@ -21,17 +16,7 @@ def find():
     if cands:
         time.sleep(8)
         return max(cands, key=lambda p: len(os.listdir(f'/proc/{p}/task')) if os.path.exists(f'/proc/{p}') else 0)
-import os, time, glob, statistics
-tck=os.sysconf('SC_CLK_TCK')
-def cpu(pid):
-    out={}
-    for t in glob.glob(f'/proc/{pid}/task/*'):
-        try:
-            s=open(f'{t}/stat').read(); name=open(f'{t}/comm').read().strip()
-        except Exception: continue
-        f=s.rsplit(')',1)[1].split()
-        out[t.split('/')[-1]]=(name,(int(f[11])+int(f[12]))/tck)
-    return out
+import statistics
 seen=set()
 while True:
     pid=find()
