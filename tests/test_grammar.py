@@ -8,16 +8,8 @@ import pytest
 
 from pipeinfer.model.grammar import GrammarError, json_grammar
 from pipeinfer.model.sampling import Sampler, SamplingParams
-from pipeinfer.model.tokenizer import Tokenizer
 
 pytestmark = pytest.mark.smollm2
-
-
-@pytest.fixture(scope="module")
-def tokenizer(smollm2):
-    tok = Tokenizer(smollm2)
-    yield tok
-    tok.close()
 
 
 def test_the_mask_allows_what_the_grammar_allows(tokenizer):

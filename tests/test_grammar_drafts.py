@@ -12,7 +12,6 @@ from pipeinfer.engine.grammar_drafts import GrammarDrafter, GrammarTrack, Probe
 from pipeinfer.engine.ngram_drafts import NgramDrafts
 from pipeinfer.metrics import Counters
 from pipeinfer.model.grammar import json_grammar
-from pipeinfer.model.tokenizer import Tokenizer
 from pipeinfer.schedule.actions import DraftJob
 
 pytestmark = pytest.mark.smollm2
@@ -21,13 +20,6 @@ SCHEMA = {"type": "object", "properties": {"name": {"type": "string"},
                                            "age": {"type": "integer"}},
           "required": ["name", "age"]}
 PROMPT = (1, 2, 3)
-
-
-@pytest.fixture(scope="module")
-def tokenizer(smollm2):
-    tok = Tokenizer(smollm2)
-    yield tok
-    tok.close()
 
 
 class ScriptedDrafter:

@@ -121,16 +121,6 @@ def server(smollm2, tmp_path_factory):
     yield from serving(srv)
 
 
-@pytest.fixture(scope="module")
-def client(server):
-    return openai_client(server)
-
-
-@pytest.fixture(scope="module")
-def tokenizer(smollm2):
-    yield from open_tokenizer(smollm2)
-
-
 def expected(model, tokenizer, prompt_tokens: list[int], n: int) -> tuple[str, int, str]:
     """llama.cpp's greedy answer as the server gives it: (text, tokens, finish reason)."""
     tokens = llama_greedy(model, prompt_tokens, n, n_ctx=N_CTX, repack=True)

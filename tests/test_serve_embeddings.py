@@ -22,8 +22,7 @@ import pytest
 from llama_oracle import chunked_states, token_states
 from pipeinfer.engine.embedding_job import MEAN, pool
 from pipeinfer.model import models
-from test_serve import (AUTH, KEY, N_CTX, Server, chat_tokens, expected, open_tokenizer,
-                        openai_client, serving)
+from test_serve import AUTH, KEY, N_CTX, Server, chat_tokens, expected, openai_client, serving
 
 pytestmark = pytest.mark.smollm2
 
@@ -39,16 +38,6 @@ def server(smollm2, tmp_path_factory):
                  "--layer-split", "0,0.5,0.5", "-c", str(N_CTX), "--api-key", KEY,
                  "--alias", "smollm2", "--parallel", "2")
     yield from serving(srv)
-
-
-@pytest.fixture(scope="module")
-def client(server):
-    return openai_client(server)
-
-
-@pytest.fixture(scope="module")
-def tokenizer(smollm2):
-    yield from open_tokenizer(smollm2)
 
 
 def test_vectors_are_llama_cpp_pythons_states_pooled(server, client, smollm2, tokenizer):

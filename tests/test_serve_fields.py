@@ -15,8 +15,7 @@ import httpx
 import pytest
 
 from llama_oracle import Chain, KeptConversation, chain_greedy, completion_logprobs
-from test_serve import (AUTH, KEY, N_CTX, Server, chat_tokens, expected, open_tokenizer,
-                        openai_client, serving)
+from test_serve import AUTH, KEY, N_CTX, Server, chat_tokens, expected, serving
 
 pytestmark = pytest.mark.smollm2
 
@@ -30,16 +29,6 @@ def server(smollm2, tmp_path_factory):
                  "-c", str(N_CTX), "--api-key", KEY, "--alias", "smollm2", "--parallel", "2",
                  "--no-cache-prompt")   # answers compared with fresh evaluations; but one test
     yield from serving(srv)
-
-
-@pytest.fixture(scope="module")
-def client(server):
-    return openai_client(server)
-
-
-@pytest.fixture(scope="module")
-def tokenizer(smollm2):
-    yield from open_tokenizer(smollm2)
 
 
 def test_completion_logprobs_equal_llama_cpp_pythons(server, client, smollm2, tokenizer):

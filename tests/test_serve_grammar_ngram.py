@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from test_serve import KEY, N_CTX, Server, open_tokenizer, openai_client, serving
+from test_serve import KEY, N_CTX, Server, openai_client, serving
 from test_serve_fields import assert_schema_answer_exact, metric
 
 pytestmark = pytest.mark.smollm2
@@ -26,11 +26,6 @@ def server(smollm2, tmp_path_factory):
                  "0,0.5,0.5", "-c", str(N_CTX), "--api-key", KEY, "--alias", "smollm2",
                  "--no-cache-prompt")
     yield from serving(srv)
-
-
-@pytest.fixture(scope="module")
-def tokenizer(smollm2):
-    yield from open_tokenizer(smollm2)
 
 
 def test_lookups_draft_the_forced_text_and_the_answer_stays_exact(server, smollm2, tokenizer):

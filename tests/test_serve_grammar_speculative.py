@@ -9,7 +9,7 @@ import re
 
 import pytest
 
-from test_serve import KEY, N_CTX, Server, open_tokenizer, openai_client, serving
+from test_serve import KEY, N_CTX, Server, openai_client, serving
 from test_serve_fields import assert_schema_answer_exact, metric
 
 pytestmark = pytest.mark.smollm2
@@ -31,11 +31,6 @@ def server(smollm2, tmp_path_factory):
                  "--api-key", KEY, "--alias", "smollm2", "--no-cache-prompt",
                  "-v")   # -v: the head logs every run it starts, with its size
     yield from serving(srv)
-
-
-@pytest.fixture(scope="module")
-def tokenizer(smollm2):
-    yield from open_tokenizer(smollm2)
 
 
 def test_forced_text_fills_runs_past_the_draft_limit_and_stays_exact(server, smollm2,

@@ -18,8 +18,7 @@ from llama_oracle import Chain, chain_greedy
 from pipeinfer.serve import tool_formats
 from pipeinfer.serve.tool_calls import GENERIC, ToolChoice, extract_generic
 from streamed_calls import add_up, sdk_stream
-from test_serve import (KEY, N_CTX, Server, chat_tokens, expected, open_tokenizer,
-                        openai_client, serving)
+from test_serve import KEY, N_CTX, Server, chat_tokens, expected, serving
 
 pytestmark = pytest.mark.smollm2
 
@@ -41,16 +40,6 @@ def server(smollm2, tmp_path_factory):
                  "0,0.5,0.5", "-c", str(N_CTX), "--api-key", KEY, "--alias", "smollm2",
                  "--parallel", "1", "--no-cache-prompt")
     yield from serving(srv)
-
-
-@pytest.fixture(scope="module")
-def client(server):
-    return openai_client(server)
-
-
-@pytest.fixture(scope="module")
-def tokenizer(smollm2):
-    yield from open_tokenizer(smollm2)
 
 
 def oracle(model, tokenizer, messages, tools, choice: ToolChoice, n: int, bias=()):
