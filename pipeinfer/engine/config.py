@@ -28,6 +28,17 @@ AUTO_DRAFT_VOCAB_MIN = 65536
 AUTO_DRAFT_VOCAB_RANKS = 4
 
 
+def draft_vocab_for(draft_vocab: int | str, strategy: str, n_vocab: int,
+                    n_pipeline: int) -> int:
+    """The K a head drafting for `strategy` over a `n_pipeline`-rank pipeline uses, its draft
+    having `n_vocab` tokens: AUTO's rule, else `draft_vocab` as given (0: all)."""
+    if draft_vocab != AUTO:
+        return draft_vocab
+    pays = (strategy == "pipeinfer" and n_vocab >= AUTO_DRAFT_VOCAB_MIN
+            and n_pipeline >= AUTO_DRAFT_VOCAB_RANKS)
+    return AUTO_DRAFT_VOCAB if pays else 0
+
+
 @dataclass(frozen=True)
 class RunConfig:
     model: str
@@ -124,11 +135,8 @@ class RunConfig:
         (0 without a draft model; check_drafts refuses a K where it cannot apply)."""
         if not self.reduces_draft:
             return 0
-        if self.draft_vocab == AUTO:
-            pays = (self.strategy == "pipeinfer" and n_vocab >= AUTO_DRAFT_VOCAB_MIN
-                    and self.n_pipeline(n_ranks) >= AUTO_DRAFT_VOCAB_RANKS)
-            return AUTO_DRAFT_VOCAB if pays else 0
-        return self.draft_vocab
+        return draft_vocab_for(self.draft_vocab, self.strategy, n_vocab,
+                               self.n_pipeline(n_ranks))
 
     def check_drafts(self) -> None:
         """ValueError if the draft source cannot work with this strategy and -md."""

@@ -7,6 +7,9 @@ from __future__ import annotations
 import shlex
 from dataclasses import dataclass
 
+from ..engine.config import AUTO, draft_vocab_for
+from ..model.gguf_header import read_header
+from ..model.slicing import model_info
 from .inputs import Setup
 from .simulate import SimConfig, simulate
 from .solver import Split, solve
@@ -20,13 +23,14 @@ class Advice:
     ttft_s: float
     itl_s: float
     command: str
+    draft_vocab: int = 0     # the draft's K kept tokens as modelled (0: the full vocabulary)
 
     def to_dict(self) -> dict:
         return {"strategy": self.strategy, "layers": list(self.split.counts),
                 "nodes_used": [r for r, c in enumerate(self.split.counts) if c or r == 0],
                 "bound_ms": round(self.split.bound_ms, 3), "speed_tps": round(self.speed_tps, 3),
                 "ttft_s": round(self.ttft_s, 4), "itl_s": round(self.itl_s, 4),
-                "command": self.command}
+                "draft_vocab": self.draft_vocab, "command": self.command}
 
 
 def advise(setup: Setup, strategy: str, accept_rate: float, n_predict: int,
@@ -35,7 +39,7 @@ def advise(setup: Setup, strategy: str, accept_rate: float, n_predict: int,
     result = simulate(setup.pipeline(), list(split.counts),
                       SimConfig(strategy, n_predict, accept_rate=accept_rate))
     return Advice(strategy, split, result.speed_tps, result.ttft_s, result.itl_s,
-                  command_line(setup, split, strategy, run_args))
+                  command_line(setup, split, strategy, run_args), setup.draft_vocab)
 
 
 def command_line(setup: Setup, split: Split, strategy: str, run_args: list[str]) -> str:
@@ -51,12 +55,21 @@ def command_line(setup: Setup, split: Split, strategy: str, run_args: list[str])
         cmd += ["-md", str(setup.draft_named or setup.draft)]
         if not setup.compact:
             cmd += ["--no-compact-draft"]
+        if setup.draft_vocab != _run_default_k(setup, strategy, len(kept)):
+            cmd += ["--draft-vocab", str(setup.draft_vocab)]
     cmd += ["--strategy", strategy, "--layer-split", fractions]
     threads = {setup.threads[r] if len(setup.threads) > 1 else setup.threads[0] for r in kept}
     if threads != {1}:
         cmd += ["-t", ",".join(str(setup.threads[r] if len(setup.threads) > 1
                                    else setup.threads[0]) for r in kept)]
     return shlex.join(cmd + run_args)
+
+
+def _run_default_k(setup: Setup, strategy: str, n_ranks: int) -> int:
+    """The K `run --draft-vocab auto` settles on for this draft on `n_ranks` ranks (the
+    solver may leave nodes out, and auto depends on how many ranks are left)."""
+    full = setup.embeddings or setup.draft
+    return draft_vocab_for(AUTO, strategy, model_info(read_header(full), full).n_vocab, n_ranks)
 
 
 def table(advice: list[Advice], setup: Setup) -> str:

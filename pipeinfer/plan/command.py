@@ -9,7 +9,7 @@ import sys
 import click
 
 from ..cli import Failure, RankedCommand, verbosity_options, setup_logging
-from ..cli_options import compact_draft_option, parse_threads
+from ..cli_options import parse_draft_vocab, compact_draft_option, parse_threads
 
 
 @click.command(cls=RankedCommand, context_settings={"show_default": True})
@@ -101,6 +101,14 @@ def _cluster_options(command):
         click.option("--compact-draft/--no-compact-draft", default=True,
                      help="Time and probe the draft as `run` loads it by default, its compact "
                           "Q4_0 copy (made once and cached), or the file as it is."),
+        click.option("--draft-vocab", "draft_vocab", default="auto", metavar="auto|K",
+                     callback=parse_draft_vocab,
+                     help="Model the draft as `run --draft-vocab` makes it, per strategy: "
+                          "auto is run's default (the 32768-token copy for pipeinfer on 4 "
+                          "nodes or more with a draft of 65536 tokens or more), K its copy "
+                          "over K tokens, 0 the full vocabulary. A reduced draft is timed and "
+                          "probed as the head runs it; a profile's draft time is scaled by "
+                          "what this machine measures for the two files."),
         click.option("--profile", type=click.Path(dir_okay=False), default=None,
                      help="Calibration profile of the nodes (`pipeinfer calibrate`); else "
                           "the nodes are this machine's core scaled by --cpu/--cpus."),
@@ -177,7 +185,7 @@ def _accept(setup, strategy: str, given: float | None) -> float:
     if not has_weights(setup.model):
         raise Failure(f"{setup.model.name} has no weights, so the draft cannot be probed "
                       "against it: give --accept-rate", 2)
-    return accept_rate(setup.model, setup.draft)
+    return accept_rate(setup.model, setup.draft, embeddings=setup.embeddings)
 
 
 def _plan_errors():
@@ -198,24 +206,24 @@ def _plan_errors():
 @click.option("--seed", default=0, type=int, help="Seed of the draft's right and wrong guesses.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @verbosity_options()
-def simulate(model, draft, compact_draft, profile, nodes, cpu, cpus, hostfile, memory, link,
-             reference, accept_rate, n_predict, strategy, split, seed, as_json, verbose,
-             quiet):
+def simulate(model, draft, compact_draft, draft_vocab, profile, nodes, cpu, cpus, hostfile,
+             memory, link, reference, accept_rate, n_predict, strategy, split, seed, as_json,
+             verbose, quiet):
     """Predict a run's speed without running it: the scheduler core `run` uses, driven by a
     discrete-event clock with modelled stage costs (from --profile, or this machine's measured
     layer times scaled by each node's --cpu share; a header-only GGUF scaled per byte), link
     latency and bandwidth, the draft's time per token and its acceptance. One process, no
     MPI; beyond a one-time measurement on this machine and the acceptance probe it decodes
     nothing."""
-    from .inputs import counts_for
+    from .inputs import counts_for, for_strategy
     from .simulate import SimConfig, simulate as run_sim
 
     setup_logging(verbose, quiet)
     if strategy != "iterative" and draft is None:
         raise Failure(f"strategy {strategy} needs a draft model (-md)", 2)
     try:
-        setup = _setup(model, draft, profile, nodes, cpu, cpus, link, reference,
-                       hostfile, memory, compact_draft)
+        setup = for_strategy(_setup(model, draft, profile, nodes, cpu, cpus, link, reference,
+                                    hostfile, memory, compact_draft), strategy, draft_vocab)
         counts = counts_for(setup, strategy, split)
         rate = _accept(setup, strategy, accept_rate)
         result = run_sim(setup.pipeline(), counts,
@@ -223,13 +231,17 @@ def simulate(model, draft, compact_draft, profile, nodes, cpu, cpus, hostfile, m
     except _plan_errors() as err:
         raise Failure(str(err))
     out = {"strategy": strategy, "nodes": len(counts), "layers": counts,
-           "assumed_accept_rate": round(rate, 4), **result.to_dict()}
+           "draft_vocab": setup.draft_vocab, "draft_ms": round(setup.nodes[0].draft_ms, 4),
+           "assumed_accept_rate": round(rate, 4),
+           **result.to_dict()}
     if as_json:
         click.echo(json.dumps(out))
     else:
         click.echo(f"{strategy} on {len(counts)} nodes, layers {counts}: "
                    f"{result.speed_tps:.2f} t/s, TTFT {1e3 * result.ttft_s:.0f} ms, "
-                   f"ITL {1e3 * result.itl_s:.0f} ms (draft acceptance {rate:.2f})")
+                   f"ITL {1e3 * result.itl_s:.0f} ms (draft acceptance {rate:.2f}"
+                   + (f", {setup.draft_vocab}-token draft vocabulary)" if setup.draft_vocab
+                      else ")"))
 
 
 @click.command(context_settings={"show_default": True})
@@ -238,14 +250,15 @@ def simulate(model, draft, compact_draft, profile, nodes, cpu, cpus, hostfile, m
               help="Strategies to plan, comma-separated (the speculative ones need -md).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object per strategy.")
 @verbosity_options()
-def plan(model, draft, compact_draft, profile, nodes, cpu, cpus, hostfile, memory, link,
-         reference, accept_rate, n_predict, strategies, as_json, verbose, quiet):
+def plan(model, draft, compact_draft, draft_vocab, profile, nodes, cpu, cpus, hostfile, memory,
+         link, reference, accept_rate, n_predict, strategies, as_json, verbose, quiet):
     """Plan a job: per strategy, the split that minimises its bound within each node's memory
     (nodes that would only slow the pipeline are left out), the predicted speed, TTFT and ITL
     (the simulator on that split), and the exact mpiexec command line that runs it. Nodes
     from --profile (the hosts named in the command), or modelled by --cpu/--cpus (named by
     --hostfile, limited by --memory)."""
     from .advice import advise, table
+    from .inputs import for_strategy
 
     setup_logging(verbose, quiet)
     chosen = [s for s in strategies.split(",") if s]
@@ -257,14 +270,15 @@ def plan(model, draft, compact_draft, profile, nodes, cpu, cpus, hostfile, memor
         chosen = [s for s in chosen if s == "iterative"] or chosen
     args = ["-n", str(n_predict)]
     try:
-        setup = _setup(model, draft, profile, nodes, cpu, cpus, link, reference,
-                       hostfile, memory, compact_draft)
-        rates = {s: _accept(setup, s, accept_rate) for s in chosen}
-        advice = [advise(setup, s, rates[s], n_predict, args) for s in chosen]
+        common = _setup(model, draft, profile, nodes, cpu, cpus, link, reference,
+                        hostfile, memory, compact_draft)
+        setups = {s: for_strategy(common, s, draft_vocab) for s in chosen}
+        rates = {s: _accept(setups[s], s, accept_rate) for s in chosen}
+        advice = [advise(setups[s], s, rates[s], n_predict, args) for s in chosen]
     except _plan_errors() as err:
         raise Failure(str(err))
     if as_json:
         for a in advice:
             click.echo(json.dumps({**a.to_dict(), "assumed_accept_rate": rates[a.strategy]}))
     else:
-        click.echo(table(advice, setup))
+        click.echo(table(advice, common))

@@ -8,7 +8,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ..model.balance import balanced_split
+from ..engine.config import AUTO, draft_vocab_for
 from ..model.draft_cache import compact_draft
+from ..model.draft_vocab import reduced_draft
 from ..model.gguf_header import HeaderError, read_header
 from ..model.models import ModelError, resolve_model
 from ..model.partition import PartitionError, parse_split, partition
@@ -33,6 +35,9 @@ class Setup:
     threads: tuple[int, ...] = (1,)
     draft_named: Path | None = None        # the draft file named (`draft` may be its compact copy)
     compact: bool = True                   # the draft costed as run loads it by default
+    timed_draft: str | None = None         # sha256 of the draft file the nodes' draft_ms timed
+    draft_vocab: int = 0                   # `draft` is the reduced copy over K tokens (0: not)
+    embeddings: Path | None = None         # a reduced draft's full file (its input rows)
 
     def pipeline(self, strategy: str | None = None) -> Pipeline:
         """The cost model; with a strategy, the head's drafting is counted on it (for the
@@ -82,7 +87,36 @@ def cluster(model: str, draft: str | None, profile: str | None, n_nodes: int | N
     else:  # not limited: the runtime's own share does not matter either
         shape = replace(shape, base_mb=0.0)
     return Setup(nodes, shape, target, draft_path, tuple(hosts) if hosts else None,
-                 draft_named=named, compact=compact)
+                 draft_named=named, compact=compact,
+                 timed_draft=_digest(draft_path) if draft_path else None)
+
+
+def for_strategy(setup: Setup, strategy: str, draft_vocab: int | str = AUTO) -> Setup:
+    """`setup` with the draft the head of a `strategy` job on these nodes drafts with: the
+    reduced-vocabulary copy where `run`'s --draft-vocab (`draft_vocab`) settles on a K
+    (engine/config.py), its time per token the timed draft's scaled by what this machine
+    measures for the two files, else `setup` itself."""
+    if setup.draft is None or strategy == "iterative" or not modelled.has_weights(setup.draft):
+        return setup
+    header = read_header(setup.draft)
+    k = draft_vocab_for(draft_vocab, strategy, model_info(header, setup.draft).n_vocab,
+                        len(setup.nodes))
+    if not k:
+        return setup
+    try:
+        reduced = reduced_draft(setup.draft, k, header=header)
+    except ModelError as err:
+        raise CostError(f"--draft-vocab {k}: {err}") from None
+    nodes = setup.nodes
+    if setup.timed_draft != _digest(reduced):
+        ratio = modelled.local_draft_ms(reduced) / modelled.local_draft_ms(setup.draft)
+        nodes = tuple(replace(n, draft_ms=n.draft_ms * ratio) for n in nodes)
+    return replace(setup, nodes=nodes, draft=reduced, timed_draft=_digest(reduced),
+                   draft_vocab=k, embeddings=setup.draft)
+
+
+def _digest(path: Path) -> str:
+    return content_digest(path)[:32]
 
 
 def _draft(path: Path, compact: bool) -> Path:
@@ -111,7 +145,8 @@ def _from_profile(path: str, target: Path, draft: Path | None, shape: ModelShape
     if draft is not None and prof.nodes[0].draft_ms <= 0:
         raise CostError(f"profile {path} has no draft model time: calibrate with -md")
     return Setup(prof.costs(), shape, target, draft, tuple(prof.hosts),
-                 tuple(n.threads for n in prof.nodes))
+                 tuple(n.threads for n in prof.nodes),
+                 timed_draft=prof.draft.sha256 if prof.draft else None)
 
 
 def counts_for(setup: Setup, strategy: str, split: str | None) -> list[int]:
