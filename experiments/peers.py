@@ -164,7 +164,10 @@ class PeerCluster:
         run = PeerRun(out, err, proc.returncode, rss)
         dead = [n for n, s in enumerate(self.servers, start=1) if s.poll() is not None]
         if proc.returncode != 0:
-            run.error = f"exit {proc.returncode}: {last_line(err)}"
+            said = last_line(err) if err.strip() else (
+                "(it printed nothing: llama.cpp's logging thread may drop its last lines when "
+                "a program exits early; run the command alone to read them)")
+            run.error = f"exit {proc.returncode}: {said}"
         elif dead:
             run.error = f"rpc-server on node {dead[0]} died"
         return run
