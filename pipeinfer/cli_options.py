@@ -59,7 +59,7 @@ DRAFT_VOCAB_HELP = ("Draft over the K most frequent tokens only (FR-Spec): the d
                     "vocabulary. A K given is refused with pipespec and draft ranks.")
 
 
-def parse_draft_vocab(ctx, param, value):
+def _draft_vocab(ctx, param, value):
     """--draft-vocab: "auto" or a number of tokens (0: off)."""
     if value == "auto":
         return value
@@ -73,10 +73,15 @@ def parse_draft_vocab(ctx, param, value):
     return k
 
 
+def draft_vocab_flag(help_text: str = DRAFT_VOCAB_HELP):
+    """The --draft-vocab auto|K option (plan and simulate give it their own help)."""
+    return click.option("--draft-vocab", "draft_vocab", default="auto", metavar="auto|K",
+                        callback=_draft_vocab, help=help_text)
+
+
 def draft_vocab_option(command):
     """--draft-vocab auto|K (run and serve)."""
-    return click.option("--draft-vocab", "draft_vocab", default="auto", metavar="auto|K",
-                        callback=parse_draft_vocab, help=DRAFT_VOCAB_HELP)(command)
+    return draft_vocab_flag()(command)
 
 
 def compact_draft_option(command):

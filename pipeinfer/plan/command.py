@@ -9,7 +9,7 @@ import sys
 import click
 
 from ..cli import Failure, RankedCommand, verbosity_options, setup_logging
-from ..cli_options import parse_draft_vocab, compact_draft_option, parse_threads
+from ..cli_options import compact_draft_option, draft_vocab_flag, parse_threads
 
 
 @click.command(cls=RankedCommand, context_settings={"show_default": True})
@@ -101,14 +101,12 @@ def _cluster_options(command):
         click.option("--compact-draft/--no-compact-draft", default=True,
                      help="Time and probe the draft as `run` loads it by default, its compact "
                           "Q4_0 copy (made once and cached), or the file as it is."),
-        click.option("--draft-vocab", "draft_vocab", default="auto", metavar="auto|K",
-                     callback=parse_draft_vocab,
-                     help="Model the draft as `run --draft-vocab` makes it, per strategy: "
-                          "auto is run's default (the 32768-token copy for pipeinfer on 4 "
-                          "nodes or more with a draft of 65536 tokens or more), K its copy "
-                          "over K tokens, 0 the full vocabulary. A reduced draft is timed and "
-                          "probed as the head runs it; a profile's draft time is scaled by "
-                          "what this machine measures for the two files."),
+        draft_vocab_flag(
+            "Model the draft as `run --draft-vocab` makes it, per strategy: auto is run's "
+            "default (the 32768-token copy for pipeinfer on 4 nodes or more with a draft of "
+            "65536 tokens or more), K its copy over K tokens, 0 the full vocabulary. A "
+            "reduced draft is timed and probed as the head runs it; a profile's draft time is "
+            "scaled by what this machine measures for the two files."),
         click.option("--profile", type=click.Path(dir_okay=False), default=None,
                      help="Calibration profile of the nodes (`pipeinfer calibrate`); else "
                           "the nodes are this machine's core scaled by --cpu/--cpus."),

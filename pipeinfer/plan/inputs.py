@@ -107,12 +107,12 @@ def for_strategy(setup: Setup, strategy: str, draft_vocab: int | str = AUTO) -> 
         reduced = reduced_draft(setup.draft, k, header=header)
     except ModelError as err:
         raise CostError(f"--draft-vocab {k}: {err}") from None
-    nodes = setup.nodes
-    if setup.timed_draft != _digest(reduced):
+    nodes, digest = setup.nodes, _digest(reduced)
+    if setup.timed_draft != digest:
         ratio = modelled.local_draft_ms(reduced) / modelled.local_draft_ms(setup.draft)
         nodes = tuple(replace(n, draft_ms=n.draft_ms * ratio) for n in nodes)
-    return replace(setup, nodes=nodes, draft=reduced, timed_draft=_digest(reduced),
-                   draft_vocab=k, embeddings=setup.draft)
+    return replace(setup, nodes=nodes, draft=reduced, timed_draft=digest, draft_vocab=k,
+                   embeddings=setup.draft)
 
 
 def _digest(path: Path) -> str:
