@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 
 from bench_speculation_pays import EDIT_PROMPT  # beside this script
-from cluster_run import run_cluster
+from cluster_run import failure, run_cluster
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -78,7 +78,7 @@ def run_once(tree: Path, variant: str, args) -> dict:
               "--cpu", str(args.cpu), "--"] + cmd
     code, stdout, stderr = run_cluster(launch, args.timeout, env=_env(tree), cwd=tree)
     if code != 0:
-        how = f"hung (stopped after {args.timeout:.0f} s)" if code is None else f"failed ({code})"
+        how = failure(code, args.timeout)
         raise SystemExit(f"{tree} {variant} {how}:\n{stderr[-2000:]}")
     return json.loads(stdout.strip().splitlines()[-1])
 

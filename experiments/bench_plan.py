@@ -24,7 +24,7 @@ import sys
 import time
 from pathlib import Path
 
-from cluster_run import run_cluster
+from cluster_run import failure, run_cluster
 from cpu_quota import host_cpu
 
 HERE = Path(__file__).resolve().parent
@@ -48,7 +48,7 @@ def cluster(setting: dict, args, *command: str) -> str:
         launch += ["--link", args.link]
     code, stdout, stderr = run_cluster(launch + ["--", *command], args.timeout)
     if code != 0:
-        how = f"hung (stopped after {args.timeout:.0f} s)" if code is None else f"failed ({code})"
+        how = failure(code, args.timeout)
         raise SystemExit(f"{how}: {' '.join(command[:4])}...\n{stderr[-2500:]}")
     return stdout
 

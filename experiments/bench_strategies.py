@@ -24,7 +24,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 BIN = Path(sys.executable).parent
 
-from cluster_run import run_cluster  # beside this script  # noqa: E402
+from cluster_run import failure, run_cluster  # beside this script  # noqa: E402
 PROMPT = ("Write a Python function that parses a CSV file of transactions (date, amount, "
           "category) and returns the total amount per category, sorted by amount.")
 # pipespec gets the one draft (a 2-model hierarchy); specpipe: one tree level per pipeline step;
@@ -52,7 +52,7 @@ def run_strategy(setting: dict, strategy: str, args) -> dict:
                   *setting["cluster"], "--"] + cmd
     code, stdout, stderr = run_cluster(launch, args.timeout)
     if code != 0:
-        how = f"hung (stopped after {args.timeout:.0f} s)" if code is None else f"failed ({code})"
+        how = failure(code, args.timeout)
         raise SystemExit(f"{strategy} {how}:\n{stderr[-2000:]}")
     return json.loads(stdout.strip().splitlines()[-1])
 

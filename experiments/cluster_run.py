@@ -37,3 +37,8 @@ def stop(proc: subprocess.Popen) -> tuple[str, str]:
     except subprocess.TimeoutExpired:
         proc.kill()
         return proc.communicate()
+
+
+def failure(code: int | None, timeout: float) -> str:
+    """How a run_cluster job that did not exit 0 ended, for a benchmark's error line."""
+    return f"hung (stopped after {timeout:.0f} s)" if code is None else f"failed ({code})"
