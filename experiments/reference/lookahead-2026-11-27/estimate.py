@@ -9,14 +9,13 @@ the share of steps that tried a guess, per G and N_MIN. `python estimate.py`"""
 import sys
 from pathlib import Path
 
-import numpy as np
-
 ROOT = Path(__file__).resolve().parents[3]
-sys.path[:0] = [str(ROOT / "experiments"), str(ROOT)]
+sys.path[:0] = [str(ROOT / "experiments"), str(ROOT),
+                str(ROOT / "experiments" / "reference" / "scaling-2026-11-27")]
 from bench_peers import CODE_PROMPT, render_prompt  # noqa: E402
+from miss_bound import greedy_text  # noqa: E402
 from pipeinfer.engine.draft_files import draft_file  # noqa: E402
 from pipeinfer.model.models import resolve_model  # noqa: E402
-from pipeinfer.model.stage import Stage, StageConfig  # noqa: E402
 from pipeinfer.model.tokenizer import Tokenizer  # noqa: E402
 from pipeinfer.schedule.ngram import ngram_draft  # noqa: E402
 
@@ -24,14 +23,7 @@ N = 128
 draft = draft_file("qwen-coder-0.5b", compact=True).path
 tok = Tokenizer(resolve_model("qwen-coder-1.5b"))
 prompt = tok.tokenize(render_prompt("qwen-coder-1.5b", CODE_PROMPT))
-config = StageConfig(n_ctx=len(prompt) + N + 8, n_batch=len(prompt) + N, n_seq_max=1)
-with Stage(draft, config, final=True, label="draft") as stage:
-    out = stage.decode(range(len(prompt)), [(0,)] * len(prompt), tokens=prompt,
-                       logit_rows=[False] * (len(prompt) - 1) + [True])
-    text = [int(np.argmax(out[-1]))]
-    while len(text) < N:
-        out = stage.decode([len(prompt) + len(text) - 1], [(0,)], tokens=[text[-1]])
-        text.append(int(np.argmax(out[-1])))
+text = greedy_text(draft, prompt, N)
 print(f"draft {draft.name}, its greedy text: {N} tokens")
 print(repr(tok.detokenize(text))[:300])
 tok.close()
