@@ -9,7 +9,7 @@ cd "$(dirname "$0")/../../.."
 OUT=experiments/reference/avx2-2026-11-27
 export CMAKE_ARGS="$(cat $OUT/args.txt)"
 PY=${PY:-/work/venv-avx2/bin/python}
-BENCH=$($PY -c "import sys; sys.path[0] = 'experiments'; import build_peers; print(build_peers.peer_dir())")/bin/llama-bench
+BENCH=$($PY experiments/build_peers.py --where)/llama-bench
 TARGET=~/.cache/pipeinfer/models/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf
 DRAFT=$(ls ~/.cache/pipeinfer/draft-vocab/*-k32768-v1.gguf | head -1)
 hostfig() { echo "$BENCH"; flock /tmp/cpu.lock $BENCH -m $TARGET -t 1 -p 0 -n 32 -r 3 2>&1 | grep -E 'tg32'; }

@@ -9,7 +9,7 @@
 # flags, K passes); bound.py prints the bounds against the 2-node figure.
 cd "$(dirname "$0")/../../.."
 OUT=experiments/reference/bound-2026-11-27
-BENCH=$(.venv/bin/python -c "import sys; sys.path[0] = 'experiments'; import build_peers; print(build_peers.peer_dir())")/bin/llama-bench  # this CPU's build (CMAKE_ARGS)
+BENCH=$(.venv/bin/python experiments/build_peers.py --where)/llama-bench  # this CPU's build (CMAKE_ARGS)
 TARGET=~/.cache/pipeinfer/models/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf
 DRAFT=$(ls ~/.cache/pipeinfer/draft-vocab/*-k32768-v1.gguf | head -1)
 K=${K:-3}

@@ -7,7 +7,7 @@
 # llama-bench figure (1 thread, and under one node's quota) first and last.
 cd "$(dirname "$0")/../../.."
 OUT=experiments/reference/validate-2026-11-27
-BENCH=$(.venv/bin/python -c "import sys; sys.path[0] = 'experiments'; import build_peers; print(build_peers.peer_dir())")/bin/llama-bench  # this CPU's build (CMAKE_ARGS)
+BENCH=$(.venv/bin/python experiments/build_peers.py --where)/llama-bench  # this CPU's build (CMAKE_ARGS)
 TARGET=~/.cache/pipeinfer/models/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf
 hostfig() { flock /tmp/cpu.lock $BENCH -m $TARGET -t 1 -p 0 -n 32 -r 3 2>&1 | grep -E 'tg32'
   flock /tmp/cpu.lock .venv/bin/python experiments/cluster.py --nodes 1 --cpu 0.25 --period-us 10000 -- \
