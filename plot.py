@@ -15,13 +15,13 @@ have three or more node counts at one CPU per node (bench_peers --cpu-per-node: 
 nodes, a line per system), acceptance.png when it holds acceptance
 rates, verified_acceptance.png when it holds verified acceptance rates (the share of the
 drafted tokens the target did verify that it accepted). summary.txt holds the table that is
-also printed (pipeinfer/results.py): means +- standard deviation over the repeats, and speed
+also printed (pipeinfer/report/results.py): means +- standard deviation over the repeats, and speed
 and TTFT as ratios of iterative's; a pair run on several prompts also gets lines for all its
 prompts together (prompt "(all)").
 
 --timeline TRACE (a `pipeinfer run --trace` file) writes timeline.png: one row per rank, a bar
 per run on each, coloured by kind, cancelled runs marked, the accepted tokens on the head's
-row (pipeinfer/timeline.py). A CSV is then optional.
+row (pipeinfer/report/timeline.py). A CSV is then optional.
 """
 
 from __future__ import annotations
@@ -35,20 +35,20 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-from pipeinfer.results import (
-    BASE,
-    METRICS,
-    Metric,
-    ResultsError,
-    Row,
-    ordered,
-    read_rows,
-    setting_order,
-    summary,
-    variant_order,
-    with_values,
-)
-from pipeinfer.timeline import Trace, TraceError, draw_timeline, read_trace
+from pipeinfer.report.results import (
+           BASE,
+           METRICS,
+           Metric,
+           ResultsError,
+           Row,
+           ordered,
+           read_rows,
+           setting_order,
+           summary,
+           variant_order,
+           with_values,
+       )
+from pipeinfer.report.timeline import Trace, TraceError, draw_timeline, read_trace
 
 COLORS = {"iterative": "#4c72b0", "speculative": "#dd8452", "pipeinfer": "#55a868",
           "pipespec": "#bcbd22", "specpipe": "#17becf"}

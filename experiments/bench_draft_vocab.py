@@ -17,7 +17,7 @@ import statistics
 import time
 from pathlib import Path
 
-from pipeinfer.engine.drafter import DraftParams, Drafter
+from pipeinfer.engine.drafting.drafter import DraftParams, Drafter
 from pipeinfer.model.draft_cache import compact_draft
 from pipeinfer.model.draft_vocab import reduced_draft
 from pipeinfer.model.draft_vocab_stage import DraftVocab, ReducedStage

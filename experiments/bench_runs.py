@@ -158,7 +158,7 @@ def run_pipeinfer(spec: RunSpec) -> dict:
 
 
 def write_row(path: str, spec: RunSpec, r: dict) -> None:
-    from pipeinfer.metrics import CsvRow, append_csv
+    from pipeinfer.report.metrics import CsvRow, append_csv
     label = (f"pair={spec.model}+{spec.draft};prompt=code;setting={spec.setting};"
              f"variant={spec.variant}")
     row = CsvRow(time=time.strftime("%Y-%m-%dT%H:%M:%S"), strategy=spec.system,

@@ -338,9 +338,9 @@ def main(argv: list[str] | None = None) -> int:
     cluster_hosts.add_arguments(parser)
     parser.add_argument("--shared-kernel", action="store_true",
                         help="let ranks wake each other through this kernel's Unix "
-                             "sockets (engine/wakeup.py), as ranks on one host do; by default "
+                             "sockets (engine/transport/wakeup.py), as ranks on one host do; by default "
                              "every node is a machine of its own, woken by the others over "
-                             "UDP (engine/wakeup_net.py: through --link's shaped links if "
+                             "UDP (engine/transport/wakeup_net.py: through --link's shaped links if "
                              "given, else this host's addresses)")
     parser.add_argument("--mpiexec", help="mpiexec to use (default: the one beside python)")
     parser.add_argument("--timeout", type=float, default=3600, help="seconds before the job is "

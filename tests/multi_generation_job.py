@@ -11,8 +11,8 @@ from __future__ import annotations
 import json
 import sys
 
-from pipeinfer.engine.config import RunConfig, resolve_draft_source
-from pipeinfer.engine.job import Job
+from pipeinfer.config.job import RunConfig, resolve_draft_source
+from pipeinfer.engine.startup.job import Job
 from pipeinfer.schedule.options import SpecOptions
 
 

@@ -20,7 +20,7 @@ P = len(PROMPT)
 
 
 class Share:
-    """Scheduler.share as engine/lanes.py gives it: `on` while others are under way."""
+    """Scheduler.share as engine/head/lanes.py gives it: `on` while others are under way."""
 
     def __init__(self, sched, on: bool, n_stages: int = 3):
         self.sched, self.on, self.n_stages = sched, on, n_stages

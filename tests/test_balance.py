@@ -8,8 +8,8 @@ import itertools
 
 import pytest
 
-from pipeinfer.engine.config import RunConfig
-from pipeinfer.engine.setup import plan
+from pipeinfer.config.job import RunConfig
+from pipeinfer.engine.startup.setup import plan
 from pipeinfer.model.balance import balanced_counts, balanced_split, layer_bytes
 from pipeinfer.model.models import ModelError, resolve_model
 from pipeinfer.model.partition import PartitionError, partition

@@ -19,7 +19,7 @@ import pytest
 
 import mpi_util
 from cached_models import cached_models
-from pipeinfer.engine.drafter import Drafter, DraftParams
+from pipeinfer.engine.drafting.drafter import Drafter, DraftParams
 from pipeinfer.model import tinymodel
 from pipeinfer.model.draft_vocab import (DraftVocabError, choose_kept, read_kept, reduced_draft,
                                          write_reduced)
@@ -264,7 +264,7 @@ def test_qwen_answer_unchanged(qwen) -> None:
 
 def test_serve_two_requests_at_once_exact(smollm2, tmp_path: Path) -> None:
     """`serve --parallel 2 --draft-vocab` (SmolLM2 drafting for itself over 8,192 of its
-    49,152 tokens): each request's draft is a slot of the reduced draft (engine/lanes.py),
+    49,152 tokens): each request's draft is a slot of the reduced draft (engine/head/lanes.py),
     and both answers, asked at once, are llama.cpp's."""
     import threading
 

@@ -1,4 +1,4 @@
-"""--draft-vocab auto, the default (engine/draft_files.py, RunConfig.settled_draft_vocab): real
+"""--draft-vocab auto, the default (engine/startup/draft_files.py, RunConfig.settled_draft_vocab): real
 files, real mpiexec.
 
 auto is 32768 for pipeinfer on a pipeline of 4 ranks or more whose draft model has a vocabulary
@@ -19,8 +19,8 @@ import pytest
 
 import mpi_util
 from cached_models import cached_models
-from pipeinfer.engine.config import AUTO, RunConfig
-from pipeinfer.engine.draft_files import settle_drafts
+from pipeinfer.config.job import AUTO, RunConfig
+from pipeinfer.engine.startup.draft_files import settle_drafts
 from pipeinfer.model.draft_vocab import DRAFT_VOCAB_VERSION
 from pipeinfer.schedule.options import SpecOptions
 from test_draft_vocab import K_QWEN, K_TINY, QWEN_PROMPT, run_json

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import pytest
 
-from pipeinfer.engine.drafter import Drafter
-from pipeinfer.engine.generate import driver_for
-from pipeinfer.engine.head import Pipeline
+from pipeinfer.engine.drafting.drafter import Drafter
+from pipeinfer.engine.head.generate import driver_for
+from pipeinfer.engine.head.pipeline import Pipeline
 from pipeinfer.model.sampling import Sampler, SamplingParams
 from pipeinfer.schedule.generation import Generation, Request
 from test_speculation_unit import N_BATCH, Rig, SteppedTransport, tiny  # noqa: F401

@@ -1,4 +1,4 @@
-"""An embedding request's runs on the head (engine/embedding_job.py): inputs in runs of at
+"""An embedding request's runs on the head (engine/head/embedding_job.py): inputs in runs of at
 most `chunk` tokens from position 0, the slot cleared between inputs, each run asking the last
 stage for hidden states (DecodeTx.states, carried on the wire); the states pooled and
 normalized."""
@@ -9,7 +9,7 @@ import itertools
 
 import numpy as np
 
-from pipeinfer.engine.embedding_job import CLS, LAST, MEAN, EmbeddingJob, pool, pooling_of
+from pipeinfer.engine.head.embedding_job import CLS, LAST, MEAN, EmbeddingJob, pool, pooling_of
 from pipeinfer.schedule.events import Cancel, ResultArrived
 from pipeinfer.schedule.transaction import DecodeTx, RunResult, seq_clear
 

@@ -209,7 +209,7 @@ def test_plot_scaling_chart_from_fixed_cpu_per_node(tmp_path):
     sys.path.insert(0, str(PLOT.parent))
     from plot import scaling_series
 
-    from pipeinfer.results import read_rows
+    from pipeinfer.report.results import read_rows
 
     path = tmp_path / "scaling.csv"
     rows = [("llama-rpc", n, 1.0 + n / 10) for n in (2, 3, 4)] + \

@@ -277,7 +277,7 @@ def test_sigterm_ends_the_front_and_every_rank(smollm2, tmp_path):
 
 
 def test_the_front_loads_neither_mpi_nor_llama_cpp() -> None:
-    code = ("import sys, pipeinfer.front.command, pipeinfer.front.main; "
+    code = ("import sys, pipeinfer.cli.front, pipeinfer.front.main; "
             "print(sorted(m for m in sys.modules if m.split('.')[0] in "
             "('mpi4py', 'llama_cpp')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
@@ -563,7 +563,7 @@ def test_embeddings_and_tool_calls_come_through_the_front(front, smollm2):
     import numpy as np
 
     from llama_oracle import token_states
-    from pipeinfer.engine.embedding_job import MEAN, pool
+    from pipeinfer.engine.head.embedding_job import MEAN, pool
 
     front.wait_ready()
     r = httpx.post(front.url + "/v1/embeddings", timeout=120,

@@ -1,4 +1,4 @@
-"""Drafting under a grammar (engine/grammar_drafts.py) with SmolLM2's vocabulary: the text a
+"""Drafting under a grammar (engine/drafting/grammar_drafts.py) with SmolLM2's vocabulary: the text a
 JSON schema forces is found character by character (whitespace left out), drafted as the
 model's tokens without a draft-model step, and the draft model's drafts are cut where the
 grammar forbids; the grammar's state follows each job's context, also after a rejection."""
@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import pytest
 
-from pipeinfer.engine.drafter import DraftParams
-from pipeinfer.engine.grammar_drafts import GrammarDrafter, GrammarTrack, Probe
-from pipeinfer.engine.ngram_drafts import NgramDrafts
-from pipeinfer.metrics import Counters
+from pipeinfer.engine.drafting.drafter import DraftParams
+from pipeinfer.engine.drafting.grammar_drafts import GrammarDrafter, GrammarTrack, Probe
+from pipeinfer.engine.drafting.ngram_drafts import NgramDrafts
+from pipeinfer.report.metrics import Counters
 from pipeinfer.model.grammar import json_grammar
 from pipeinfer.schedule.actions import DraftJob
 

@@ -1,7 +1,7 @@
 """A lazy grammar (model/grammar.py), as tool_choice "auto" uses it with Qwen2.5's vocabulary
 (`<tool_call>` is one added token): every token is allowed until the trigger token, from
 which the tool-call grammar applies; clones and fresh states keep that; drafting under it
-(engine/grammar_drafts.py) invents no forced text while it waits, drafts the forced text
+(engine/drafting/grammar_drafts.py) invents no forced text while it waits, drafts the forced text
 once triggered, and cuts nothing a free answer may write."""
 
 from __future__ import annotations
@@ -9,13 +9,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pipeinfer.engine.drafter import DraftParams
-from pipeinfer.engine.grammar_drafts import GrammarDrafter, Probe
-from pipeinfer.metrics import Counters
+from pipeinfer.engine.drafting.drafter import DraftParams
+from pipeinfer.engine.drafting.grammar_drafts import GrammarDrafter, Probe
+from pipeinfer.report.metrics import Counters
 from pipeinfer.model.grammar import GrammarError
 from pipeinfer.model.tokenizer import Tokenizer
 from pipeinfer.serve import tool_formats
-from pipeinfer.serve.tool_calls import NATIVE, OPEN, ToolChoice
+from pipeinfer.api.tool_calls import NATIVE, OPEN, ToolChoice
 from test_chat_template import _qwen
 from test_grammar_drafts import ScriptedDrafter
 

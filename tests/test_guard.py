@@ -115,7 +115,7 @@ def test_speculation_returns_when_drafts_recover(tiny, strategy):
 
 # --- the guard under n-gram chains: one mismatch is one mistake -----------------------------------
 
-from pipeinfer.engine.ngram_drafts import NgramDrafts  # noqa: E402
+from pipeinfer.engine.drafting.ngram_drafts import NgramDrafts  # noqa: E402
 from pipeinfer.schedule.actions import PolicyChanged  # noqa: E402
 from pipeinfer.schedule.pipeinfer import PipeInfer  # noqa: E402
 from test_ngram import PATTERN, PROMPT, drive, make  # noqa: E402

@@ -1,5 +1,5 @@
 """The native tool-call format parsed as llama-server's Hermes 2 Pro parser parses it
-(serve/hermes_calls.py; llama.cpp common/chat-parser.cpp, common_chat_parse_hermes_2_pro):
+(api/hermes_calls.py; llama.cpp common/chat-parser.cpp, common_chat_parse_hermes_2_pro):
 every shape its open regex takes, what it leaves as content, and streamed: the deltas add up
 to the whole answer's content and calls, and text that may open a call (a "```", a "{" ...)
 is never sent before it is known not to. How `<tool_call>` blocks stream call by call:
@@ -11,7 +11,7 @@ import json
 
 import pytest
 
-from pipeinfer.serve.hermes_calls import HermesStream, may_open, parse_hermes
+from pipeinfer.api.hermes_calls import HermesStream, may_open, parse_hermes
 from streamed_calls import splits, streamed
 
 ARGS = '{"city": "Paris"}'

@@ -1,4 +1,4 @@
-"""engine/lanes.py's policies without a pipeline: how a lane's runs and KV operations are
+"""engine/head/lanes.py's policies without a pipeline: how a lane's runs and KV operations are
 tagged with its slot and claimed, and how much speculation a lane may start when other
 requests share the pipeline. Exactness of lanes on real ranks: tests/test_serve.py."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from pipeinfer.engine.lanes import Lanes, PipelineShare, SlotPipeline
+from pipeinfer.engine.head.lanes import Lanes, PipelineShare, SlotPipeline
 from pipeinfer.schedule.transaction import DecodeTx, seq_clear, seq_cp
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import csv
 from dataclasses import fields
 
-from pipeinfer.metrics import CsvRow, append_csv
+from pipeinfer.report.metrics import CsvRow, append_csv
 
 
 def _row(**kw) -> CsvRow:

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 import mpi_util
-from pipeinfer.engine.config import RunConfig, resolve_draft_source
-from pipeinfer.engine.ngram_drafts import NgramDrafts
+from pipeinfer.config.job import RunConfig, resolve_draft_source
+from pipeinfer.engine.drafting.ngram_drafts import NgramDrafts
 from pipeinfer.schedule import actions as A
 from pipeinfer.schedule.actions import DraftJob
 from pipeinfer.schedule.events import DraftReady, Start, Tick

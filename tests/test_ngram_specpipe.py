@@ -13,8 +13,8 @@ import random
 import numpy as np
 import pytest
 
-from pipeinfer.engine.config import RunConfig, resolve_draft_source
-from pipeinfer.engine.ngram_tree_drafts import NO_MATCH, NgramTreeDrafts, TokenMirror
+from pipeinfer.config.job import RunConfig, resolve_draft_source
+from pipeinfer.engine.drafting.ngram_tree_drafts import NO_MATCH, NgramTreeDrafts, TokenMirror
 from pipeinfer.schedule import actions as A
 from pipeinfer.schedule.events import ResultArrived, Start, Tick
 from pipeinfer.schedule.generation import Generation, Request

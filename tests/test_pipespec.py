@@ -13,15 +13,15 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import mpi_util
-from pipeinfer.engine.hierarchy import (Hierarchy, Level, expectation, expected_tokens, geometric_tokens,
-                                 rho_recursion, steady_state_rho)
+from pipeinfer.engine.drafting.hierarchy import (Hierarchy, Level, expectation, expected_tokens, geometric_tokens,
+                                          rho_recursion, steady_state_rho)
 from pipeinfer.schedule.buffers import merge
-from pipeinfer.engine.hierarchy_remote import DraftRank, RemoteHierarchy
+from pipeinfer.engine.drafting.hierarchy_remote import DraftRank, RemoteHierarchy
 from pipeinfer.model.partition import StageRange
 from pipeinfer.model.slicing import model_info, open_model, write_stage
 from pipeinfer.model.stage import Stage, StageConfig
 from pipeinfer.strategies import SpecOptions
-from pipeinfer.engine.transport import LocalTransport
+from pipeinfer.engine.worker.local import LocalTransport
 from test_speculation_unit import (N_BATCH, N_CTX, N_PREDICT, PROMPT, Rig, SteppedTransport,
                                    check_consistent, make_tiny_set)
 

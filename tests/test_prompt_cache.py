@@ -1,10 +1,10 @@
-"""The serving slots' kept conversations (engine/prompt_cache.py): which slot a request
+"""The serving slots' kept conversations (engine/head/prompt_cache.py): which slot a request
 takes, how much of its prompt it reuses, and the KV operations that keep only the cells of
 the accepted tokens (prompt and answer), compacted."""
 
 from __future__ import annotations
 
-from pipeinfer.engine.prompt_cache import PromptCache, common_prefix
+from pipeinfer.engine.head.prompt_cache import PromptCache, common_prefix
 from pipeinfer.schedule.transaction import seq_clear, seq_compact, seq_keep, seq_rm
 
 

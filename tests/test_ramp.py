@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from pipeinfer.engine.ngram_drafts import NgramDrafts
+from pipeinfer.engine.drafting.ngram_drafts import NgramDrafts
 from pipeinfer.schedule import actions as A
 from pipeinfer.schedule.actions import DraftJob
 from pipeinfer.schedule.events import DraftReady

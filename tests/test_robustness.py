@@ -294,7 +294,7 @@ class LongJob:
 
     def ready_pids(self, timeout: float = 60.0) -> dict[int, int]:
         """rank -> pid of the process running it, from the head's `ready:` line (under the
-        launcher, each is the child of the rank's supervisor: pipeinfer.engine.supervisor)."""
+        launcher, each is the child of the rank's supervisor: pipeinfer.engine.startup.supervisor)."""
         deadline = time.monotonic() + timeout
         while True:
             ready = re.search(r"^pipeinfer\[0\]: ready: (.*)$", self.output()[1], re.M)
@@ -444,13 +444,13 @@ def test_supervisor_can_be_turned_off(long_job) -> None:
      True),
 ])
 def test_supervisor_wanted(argv, env, wanted) -> None:
-    from pipeinfer.engine import supervisor
+    from pipeinfer.engine.startup import supervisor
 
     assert supervisor.wanted(argv, env) is wanted
 
 
 def test_killed_message() -> None:
-    from pipeinfer.engine.supervisor import killed_message
+    from pipeinfer.engine.startup.supervisor import killed_message
 
     assert killed_message(2, "node3", 4242, signal.SIGKILL) == (
         "pipeinfer: error: rank 2 (node3, pid 4242) was killed by signal 9 (SIGKILL; out of "

@@ -14,19 +14,19 @@ from types import SimpleNamespace
 import httpx
 import pytest
 
-from pipeinfer.engine.mpi_transport import RankFailed
-from pipeinfer.metrics import Counters
+from pipeinfer.engine.transport.mpi import RankFailed
+from pipeinfer.report.metrics import Counters
 from pipeinfer.model.sampling import SamplingParams
 from pipeinfer.schedule.generation import Request
-from pipeinfer.serve import api
-from pipeinfer.serve.api import ApiError
+from pipeinfer.api import requests as api
+from pipeinfer.api.requests import ApiError
 from pipeinfer.serve.app import Service, build_app, ready
 from pipeinfer.serve.bridge import Bridge, State
 from pipeinfer.serve.http_thread import HttpThread
 from pipeinfer.serve.loop import serve_requests
 from pipeinfer.serve.metrics import ServeMetrics
 from pipeinfer.serve.stop_text import StopText
-from pipeinfer.serve.tool_calls import ToolChoice
+from pipeinfer.api.tool_calls import ToolChoice
 
 DEFAULTS = SamplingParams()
 
@@ -496,7 +496,7 @@ def test_busy_strategy_needs_a_draft_model():
 
 
 def test_parallel_defaults_to_four_where_requests_can_share_the_pipeline():
-    from pipeinfer.serve.command import _parallel
+    from pipeinfer.cli.serve import _parallel
 
     assert _parallel(None, "pipeinfer") == 4 and _parallel(None, "iterative") == 4
     assert _parallel(None, "pipespec") == 1        # one request at a time
@@ -505,7 +505,7 @@ def test_parallel_defaults_to_four_where_requests_can_share_the_pipeline():
 
 def test_busy_strategy_resolution():
     from pipeinfer.schedule.options import ADAPTIVE
-    from pipeinfer.serve.command import _busy
+    from pipeinfer.cli.serve import _busy
 
     assert _busy("auto", "pipeinfer", 4) == ADAPTIVE   # drafts ride in own runs when shared
     assert _busy("speculative", "pipeinfer", 4) == "speculative"

@@ -1,6 +1,6 @@
 """`POST /v1/embeddings` served for real: a 3-rank job of SmolLM2 (its GGUF has no pooling
 type: the mean), asked with the `openai` client and httpx. The last stage returns each
-token's final hidden state, the head pools and normalizes them (engine/embedding_job.py).
+token's final hidden state, the head pools and normalizes them (engine/head/embedding_job.py).
 
 Exactness against llama-cpp-python's `Llama(embedding=True)` on one node: the tokens' states
 are bit-identical (an input of up to 64 tokens is one decode, as llama-cpp-python evaluates
@@ -20,7 +20,7 @@ import openai
 import pytest
 
 from llama_oracle import chunked_states, token_states
-from pipeinfer.engine.embedding_job import MEAN, pool
+from pipeinfer.engine.head.embedding_job import MEAN, pool
 from pipeinfer.model import models
 from test_serve import AUTH, KEY, N_CTX, Server, chat_tokens, expected, openai_client, serving
 

@@ -1,6 +1,6 @@
 """Structured output on a server with no draft model (`--draft-source ngram`, a 3-rank SmolLM2
 job, pipeinfer's strategy): the n-gram lookups keep to the request's grammar
-(engine/grammar_drafts.py GrammarTrack), the text the grammar forces is drafted for free, and
+(engine/drafting/grammar_drafts.py GrammarTrack), the text the grammar forces is drafted for free, and
 the answer is still llama.cpp's with its grammar sampler, one token per decode."""
 
 from __future__ import annotations

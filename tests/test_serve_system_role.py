@@ -14,7 +14,7 @@ import pytest
 from pipeinfer.model import tinymodel
 from pipeinfer.model.tokenizer import Tokenizer
 from pipeinfer.serve import tool_formats
-from pipeinfer.serve.tool_calls import GENERIC
+from pipeinfer.api.tool_calls import GENERIC
 from pipeinfer.serve.tool_formats import GENERIC_SYSTEM
 from test_pipeline_mpi import llama_greedy
 from test_serve import AUTH, KEY, Server, openai_client, serving

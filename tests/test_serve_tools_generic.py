@@ -16,7 +16,7 @@ import pytest
 
 from llama_oracle import Chain, chain_greedy
 from pipeinfer.serve import tool_formats
-from pipeinfer.serve.tool_calls import GENERIC, ToolChoice, extract_generic
+from pipeinfer.api.tool_calls import GENERIC, ToolChoice, extract_generic
 from streamed_calls import add_up, sdk_stream
 from test_serve import KEY, N_CTX, Server, chat_tokens, expected, serving
 

@@ -4,7 +4,7 @@ model's (with a probe of the lookup now and then) once they are clearly worse, a
 
 from __future__ import annotations
 
-from pipeinfer.engine.ngram_drafts import NgramDrafts
+from pipeinfer.engine.drafting.ngram_drafts import NgramDrafts
 from pipeinfer.schedule.actions import DraftJob
 from pipeinfer.schedule.sources import SourceChoice
 

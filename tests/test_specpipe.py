@@ -17,14 +17,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import mpi_util
-from pipeinfer.engine.drafter import Drafter
-from pipeinfer.engine.head import Pipeline
+from pipeinfer.engine.drafting.drafter import Drafter
+from pipeinfer.engine.head.pipeline import Pipeline
 from pipeinfer.model.sampling import SamplingParams
 from pipeinfer.model.stage import Stage, StageConfig
 from pipeinfer.strategies import SpecOptions
 from pipeinfer.schedule.specpipe_tree import BeamTree
 from pipeinfer.schedule.transaction import DecodeTx
-from pipeinfer.engine.transport import LocalTransport
+from pipeinfer.engine.worker.local import LocalTransport
 from test_speculation_unit import (N_BATCH, N_PREDICT, PROMPT, Rig, SteppedTransport,
                                    make_tiny_set)
 

@@ -31,21 +31,21 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from pipeinfer.engine.drafter import Drafter
+from pipeinfer.engine.drafting.drafter import Drafter
 from pipeinfer.model.embedding import Embedder
 from pipeinfer.schedule.generation import Generation, Request
-from pipeinfer.engine.head import Pipeline
+from pipeinfer.engine.head.pipeline import Pipeline
 from pipeinfer.model.partition import StageRange
 from pipeinfer.schedule.partition_pool import PartitionPool
 from pipeinfer.schedule.runs import Node, Run, RunState, tree_from_branches
-from pipeinfer.engine.config import RunConfig
+from pipeinfer.config.job import RunConfig
 from pipeinfer.model.sampling import Sampler, SamplingParams
 from pipeinfer.model.slicing import model_info, open_model, write_stage
 from pipeinfer.model.stage import Stage, StageAborted, StageConfig
 from pipeinfer.strategies import STRATEGIES, SpecOptions
 from pipeinfer.model.tokenizer import Tokenizer
 from pipeinfer.schedule.transaction import DecodeTx, KvOp, RunResult
-from pipeinfer.engine.transport import LocalTransport, apply_kv
+from pipeinfer.engine.worker.local import LocalTransport, apply_kv
 
 PROMPT = "the number of people in the world"
 N_PREDICT = 32

@@ -417,7 +417,7 @@ def test_slots_are_contexts_of_their_own(tiny_setup: Setup):
             stage.slot(2)
 
 
-# --- compaction (a serving slot's kept cells, engine/prompt_cache.py) --------------------------
+# --- compaction (a serving slot's kept cells, engine/head/prompt_cache.py) --------------------------
 
 def _turns(stage: Stage, toks: list[int], holes: bool, compact: bool) -> list[np.ndarray]:
     """A prompt, then one-token steps (with `holes`: each after a step of another sequence at

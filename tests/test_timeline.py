@@ -1,4 +1,4 @@
-"""The timeline picture of a `--trace` file (issue 18 item 6): pipeinfer/timeline.py and
+"""The timeline picture of a `--trace` file (issue 18 item 6): pipeinfer/report/timeline.py and
 `plot.py --timeline TRACE --out DIR`, on a small synthetic trace over 3 ranks."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeinfer.timeline import Span, TraceError, draw_timeline, read_trace
+from pipeinfer.report.timeline import Span, TraceError, draw_timeline, read_trace
 
 ROOT = Path(__file__).resolve().parent.parent
 PLOT = ROOT / "plot.py"

@@ -1,4 +1,4 @@
-"""Tool calls streamed while they are written (serve/call_stream.py, json_scan.py): a call's
+"""Tool calls streamed while they are written (api/call_stream.py, json_scan.py): a call's
 first delta (index, id, type, name) once its name is known, then the pieces of its arguments,
 which add up, character for character, to the whole answer's arguments however the answer
 is cut into tokens; native `<tool_call>` blocks and the generic format's calls, one or
@@ -15,12 +15,12 @@ from openai.lib.streaming.chat import ChatCompletionStreamState
 from openai.types.chat import ChatCompletionChunk
 
 from pipeinfer.model.sampling import SamplingParams
-from pipeinfer.serve.api import parse_chat
+from pipeinfer.api.requests import parse_chat
 from pipeinfer.serve.bridge import Done, Piece
-from pipeinfer.serve.hermes_calls import HermesStream, parse_hermes
-from pipeinfer.serve.json_scan import JsonScan
-from pipeinfer.serve.responses import Reply
-from pipeinfer.serve.tool_calls import GENERIC, NATIVE, GenericStream, extract_generic
+from pipeinfer.api.hermes_calls import HermesStream, parse_hermes
+from pipeinfer.api.json_scan import JsonScan
+from pipeinfer.api.responses import Reply
+from pipeinfer.api.tool_calls import GENERIC, NATIVE, GenericStream, extract_generic
 from streamed_calls import add_up, splits, streamed
 
 ARGS = '{"q": "caf\\u00e9 \\"x\\" \u00e9\\\\", "n": [1, 2.5e3, {"}": "]"}], "ok": true}'

@@ -1,4 +1,4 @@
-"""Tool calls in answers (serve/tool_calls.py): Qwen2.5's / Hermes' `<tool_call>` blocks and
+"""Tool calls in answers (api/tool_calls.py): Qwen2.5's / Hermes' `<tool_call>` blocks and
 the generic format's JSON replies parsed into OpenAI's tool_calls or content, whole and
 streamed."""
 
@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import json
 
-from pipeinfer.serve.tool_calls import (GENERIC, NATIVE, GenericStream, extract_generic, parse,
-                                        response_so_far, stream)
+from pipeinfer.api.tool_calls import (GENERIC, NATIVE, GenericStream, extract_generic, parse,
+                                      response_so_far, stream)
 from streamed_calls import add_up
 
 CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'

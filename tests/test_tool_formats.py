@@ -13,7 +13,7 @@ import pytest
 from pipeinfer.model.grammar import GrammarError
 from pipeinfer.model.tokenizer import Tokenizer
 from pipeinfer.serve import tool_formats
-from pipeinfer.serve.tool_calls import GENERIC, NATIVE, ToolChoice
+from pipeinfer.api.tool_calls import GENERIC, NATIVE, ToolChoice
 from test_chat_template import _qwen, llama_chat_tokens
 
 pytestmark = pytest.mark.smollm2

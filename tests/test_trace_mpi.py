@@ -3,7 +3,7 @@
 statistics (a real Worker under `mpiexec -n 2`; LocalTransport's in-process stages).
 
 Ranks on one host share the monotonic clock, so the true offset is 0; a rank whose clock the
-test script shifts (pipeinfer.engine.mpi_transport.mpi_now patched on rank 2) must come out
+test script shifts (pipeinfer.engine.transport.mpi.mpi_now patched on rank 2) must come out
 shifted by that much.
 """
 
@@ -18,7 +18,7 @@ import pytest
 from mpi_util import PYTHON, launch, mpi_command
 from pipeinfer.model.stage import StageAborted
 from pipeinfer.schedule.transaction import DecodeTx
-from pipeinfer.engine.transport import LocalTransport
+from pipeinfer.engine.worker.local import LocalTransport
 
 TOLERANCE_S = 5e-3
 TIMEOUT = 120.0

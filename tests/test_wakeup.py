@@ -1,4 +1,4 @@
-"""Waiting without spinning and waking when a message comes (engine/wakeup.py, issue 34).
+"""Waiting without spinning and waking when a message comes (engine/transport/wakeup.py, issue 34).
 
 In-process: the sockets, greetings and wake-ups themselves. Under real mpiexec: an idle
 worker costs next to no CPU, and a worker idle for a while picks a message up at once.
@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 
 from mpi_util import MPIEXEC, PYTHON, launch, mpmd_command
-from pipeinfer.engine import wakeup, wakeup_net
-from pipeinfer.engine.backoff import MAX_SLEEP_S, WOKEN_MAX_SLEEP_S, IdleBackoff
-from pipeinfer.engine.wakeup import Channel, Wakeups
+from pipeinfer.engine.transport import wakeup, wakeup_net
+from pipeinfer.engine.transport.backoff import MAX_SLEEP_S, WOKEN_MAX_SLEEP_S, IdleBackoff
+from pipeinfer.engine.transport.wakeup import Channel, Wakeups
 
 
 @pytest.fixture
@@ -98,7 +98,7 @@ def test_a_woken_backoff_starts_again_from_short_sleeps(pair) -> None:
     assert time.monotonic() - t0 < 0.2 and backoff.delay == 0.0
 
 
-# --- ranks of different hosts: the network path (engine/wakeup_net.py) ---------------------
+# --- ranks of different hosts: the network path (engine/transport/wakeup_net.py) ---------------------
 
 def _connect_in_process(*wakeups: Wakeups, wait: float = 0.2) -> list[frozenset[int]]:
     """wakeup.connect's steps for ranks of one process: greet, heard, routes, adopt."""

@@ -16,13 +16,13 @@ import numpy as np
 import pytest
 
 from pipeinfer.model import tinymodel
-from pipeinfer.engine.worker_core import StageCore
+from pipeinfer.engine.worker.core import StageCore
 from pipeinfer.model.partition import partition
 from pipeinfer.model.slicing import split_model
 from pipeinfer.model.stage import Stage, StageAborted, StageConfig
 from pipeinfer.schedule.transaction import (DecodeTx, decode_kv_ops, encode_kv_ops, seq_compact,
                                             seq_cp, seq_keep, seq_rm)
-from pipeinfer.engine.transport import LocalTransport
+from pipeinfer.engine.worker.local import LocalTransport
 
 CFG = StageConfig(n_ctx=512, n_batch=256, n_seq_max=4, n_threads=1)
 N_EMBD, N_PREFIX, N_BIG = 512, 8, 256

@@ -7,4 +7,4 @@ the front over a channel (serve/front_link.py is the job's end).
 
 main.py (start, signals, uvicorn) -> app.py (the HTTP handlers) -> table.py (the requests and
 their tokens) <- channel.py (the socket to the job's head) <- supervisor.py (launch, watch,
-relaunch) -> launcher.py (the mpiexec command, the hosts and their probes); metrics.py."""
+relaunch) -> launcher.py (the mpiexec command, the hosts and their probes); report/metrics.py."""

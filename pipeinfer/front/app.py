@@ -1,5 +1,5 @@
 """The front's HTTP API: the same routes and answers as the job's own server (serve/app.py,
-through serve/http_common.py), with each request's state kept here so that it survives the
+through front/http.py), with each request's state kept here so that it survives the
 job. A completion is parsed by the job (which has the tokenizer and the grammars); its answer
 is built here from the job's events, whichever job sends them."""
 
@@ -12,10 +12,11 @@ from dataclasses import dataclass, field
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from ..serve import api, http_common
-from ..serve.api import ApiError
-from ..serve.http_common import QueueChoices, read_body
-from ..serve.responses import Reply
+from ..api import requests as api
+from . import http as http_common
+from ..api.requests import ApiError
+from .http import QueueChoices, read_body
+from ..api.responses import Reply
 from .metrics import FrontMetrics
 from .supervisor import Supervisor
 from .table import Table

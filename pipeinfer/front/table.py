@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from ..serve.api import ApiError
+from ..api.requests import ApiError
 from ..serve.bridge import Done, Embedded, Failed, Piece
 
 Send = Callable[[tuple], bool]   # to the job that is up; False when none is

@@ -17,7 +17,7 @@ before it:
     {..., "name": "give_up", "reason": "..."}
 
 `t` is seconds of the front's time.monotonic() (as `pipeinfer run --trace`'s records, whose
-reader, timeline.py, skips records of this type), `time` the wall clock (Unix seconds). A
+reader, report/timeline.py, skips records of this type), `time` the wall clock (Unix seconds). A
 job's end says why (its head's message, the rank-failure line, the watchdog's "no progress"
 or the launcher's status), `failed_rank` the rank blamed if any; `resume` names each request
 sent again to a new job and the tokens each of its choices had sent; `recovered` the time from

@@ -64,7 +64,7 @@ class ReducedStage:
         return self._stage.decode(positions, seq_ids, embd=embd, **kw)
 
     def slot(self, k: int) -> "ReducedStage":
-        """The same through context `k` of the stage (a draft per request, engine/lanes.py)."""
+        """The same through context `k` of the stage (a draft per request, engine/head/lanes.py)."""
         return ReducedStage(self._stage.slot(k), self.embed, self.vocab)
 
     def __getattr__(self, name: str) -> Any:

@@ -6,7 +6,7 @@ llama.cpp's converter (json-schema-to-grammar).
 Under speculation the sampler is asked once per accepted position, in order, so the target's
 token at every verified position comes from the constrained distribution and the answer is
 exactly what non-speculative constrained decoding gives, whatever was drafted. The drafts
-themselves follow the grammar too (engine/grammar_drafts.py): a state cloned at their tip
+themselves follow the grammar too (engine/drafting/grammar_drafts.py): a state cloned at their tip
 cuts drafts the grammar forbids, and supplies the text it forces as free drafts.
 
 A lazy grammar (llama.cpp's lazy grammar sampler, as llama-server uses for tool calls with

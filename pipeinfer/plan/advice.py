@@ -7,7 +7,7 @@ from __future__ import annotations
 import shlex
 from dataclasses import dataclass
 
-from ..engine.config import AUTO, draft_vocab_for
+from ..config.job import AUTO, draft_vocab_for
 from ..model.gguf_header import read_header
 from ..model.slicing import model_info
 from .inputs import Setup

@@ -161,7 +161,7 @@ def draft_tokens(strategy: str, with_draft_model: bool) -> int:
 
 
 def drafts_on_thread(strategy: str | None) -> bool:
-    """Whether the strategy drafts on a thread beside the head's loop (engine/generate.py)."""
+    """Whether the strategy drafts on a thread beside the head's loop (engine/head/generate.py)."""
     return strategy in DRAFT_THREAD_STRATEGIES
 
 

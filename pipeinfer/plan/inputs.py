@@ -8,7 +8,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ..model.balance import balanced_split
-from ..engine.config import AUTO, draft_vocab_for
+from ..config.job import AUTO, draft_vocab_for
 from ..model.draft_cache import compact_draft
 from ..model.draft_vocab import reduced_draft
 from ..model.gguf_header import HeaderError, read_header
@@ -94,7 +94,7 @@ def cluster(model: str, draft: str | None, profile: str | None, n_nodes: int | N
 def for_strategy(setup: Setup, strategy: str, draft_vocab: int | str = AUTO) -> Setup:
     """`setup` with the draft the head of a `strategy` job on these nodes drafts with: the
     reduced-vocabulary copy where `run`'s --draft-vocab (`draft_vocab`) settles on a K
-    (engine/config.py), its time per token the timed draft's scaled by what this machine
+    (config/job.py), its time per token the timed draft's scaled by what this machine
     measures for the two files, else `setup` itself."""
     if setup.draft is None or strategy == "iterative" or not modelled.has_weights(setup.draft):
         return setup

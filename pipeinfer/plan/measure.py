@@ -110,7 +110,7 @@ def probe_layer_ms(slices: Slices, threads: int, repack: bool = True) -> float:
 def measure_draft(draft: Path, threads: int) -> float:
     """Milliseconds per drafted token: a 1-token step of the whole draft model, and the
     drafter's choice of the token from its logits (a softmax over the vocabulary and the
-    two best, engine/drafter.py: ~1 ms a token for Qwen2.5's 151,936 on a core here). A
+    two best, engine/drafting/drafter.py: ~1 ms a token for Qwen2.5's 151,936 on a core here). A
     reduced-vocabulary draft (model/draft_vocab.py) is fed embeddings, as the head feeds it,
     and its logits rows are K wide."""
     tokens = KEPT_KEY not in read_header(draft).fields
@@ -125,7 +125,7 @@ def measure_draft(draft: Path, threads: int) -> float:
 
 
 def _pick_ms(logits: np.ndarray) -> float:
-    from ..engine.drafter import candidates
+    from ..engine.drafting.drafter import candidates
     times = []
     for _ in range(REPEATS):
         t0 = time.perf_counter()

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..engine.backoff import IDLE_LATENCY_SHARE, MAX_SLEEP_S, IdleBackoff
+from ..engine.transport.backoff import IDLE_LATENCY_SHARE, MAX_SLEEP_S, IdleBackoff
 from ..schedule import actions as A
 from ..schedule.events import DraftReady, ResultArrived, Start, Tick
 from ..schedule.generation import Generation, Request

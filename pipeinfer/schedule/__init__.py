@@ -1,7 +1,7 @@
 """The head's schedule as a pure state machine: `Scheduler.step(event) -> list[action]`.
 
 Nothing here imports mpi4py or llama_cpp, reads a clock or sleeps: the driver
-(pipeinfer/engine/driver.py) polls the transport and the draft model, turns what happened into
+(pipeinfer/engine/head/driver.py) polls the transport and the draft model, turns what happened into
 events, and carries out the actions. A test replays scripted events; a simulator drives the
 same core with a modelled clock.
 

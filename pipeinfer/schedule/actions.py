@@ -46,7 +46,7 @@ class DraftJob:
     `budget` tokens deep. `source` is where a run continuing it copies the context's KV
     entries from ((run id, sequence id), or None for sequence 0). `room`: how long a branch
     may grow with tokens that cost no draft step (the text a grammar forces,
-    engine/grammar_drafts.py): the run's own limits without --draft's (None: budget)."""
+    engine/drafting/grammar_drafts.py): the run's own limits without --draft's (None: budget)."""
     job_id: int
     context: tuple[int, ...]
     source: tuple[int, int] | None

@@ -1,5 +1,5 @@
 """PipeInfer for a generation that shares the pipeline with others (serve --parallel, the
-lanes of engine/lanes.py): alone it is PipeInfer; while other generations are under way it
+lanes of engine/head/lanes.py): alone it is PipeInfer; while other generations are under way it
 verifies its drafts in the run of its own pending token, as the speculative strategy does.
 
 Why: with several requests under way their own runs keep every stage busy, so PipeInfer's

@@ -47,7 +47,7 @@ class Scheduler:
     @property
     def run_limit(self) -> int:
         """Most runs in flight in the pipeline before no speculative run may start: --max-runs,
-        or what the generations sharing the pipeline leave (engine/lanes.py)."""
+        or what the generations sharing the pipeline leave (engine/head/lanes.py)."""
         limit = self.opts.max_runs
         return self.share.limit(limit) if self.share is not None else limit
 

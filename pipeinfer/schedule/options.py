@@ -13,13 +13,13 @@ NGRAM_MIN, NGRAM_MAX = 2, 4
 NGRAM_LIMIT = 16
 DRAFT_SOURCES = ("model", "ngram", "both")
 
-# Strategies whose generations may share the pipeline (serve --parallel; engine/lanes.py):
+# Strategies whose generations may share the pipeline (serve --parallel; engine/head/lanes.py):
 # pipespec's draft hierarchy keeps one generation's state per level.
 LANE_STRATEGIES = ("iterative", "speculative", "pipeinfer", "specpipe")
 # The lanes' pipeinfer that verifies its drafts in its own runs while others are under way
 # (adaptive.py; serve --busy-strategy auto under --strategy pipeinfer).
 ADAPTIVE = "pipeinfer-adaptive"
-# Strategies whose draft model runs on a thread beside the head's loop (engine/generate.py;
+# Strategies whose draft model runs on a thread beside the head's loop (engine/head/generate.py;
 # --no-draft-thread keeps it inline); the simulator charges that thread for the loop's CPU.
 DRAFT_THREAD_STRATEGIES = ("pipeinfer",)
 

@@ -251,7 +251,7 @@ class Speculation:
         self._credit(run, drafted)
         # Entries of the accepted path up to the new pending token move into sequence 0,
         # also when the generation just ended: a serving slot keeps them for the next turn
-        # of the conversation (engine/prompt_cache.py).
+        # of the conversation (engine/head/prompt_cache.py).
         end, seq = self.pending, run.nodes[node].seqs[0]
         if seq != CANONICAL_SEQ and end > self.c0:
             self.emit(KvOps((seq_cp(seq, CANONICAL_SEQ, self.c0, end),)))

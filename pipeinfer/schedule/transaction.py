@@ -48,7 +48,7 @@ class Tag(enum.IntEnum):
     DRAFT = 10      # between PipeSpec's draft ranks and the head: int64 [kind, arg, tokens...]
     CLOCK = 11      # start-up clock offsets: head <-> each rank, float64 ping/pong
     BUSY = 12       # float64: busy seconds of the ranks passed so far (TxType.BUSY)
-    WEIGHTS = 13    # rank 0 -> a rank at start-up: chunks of a file it lacks (engine/weights.py)
+    WEIGHTS = 13    # rank 0 -> a rank at start-up: chunks of a file it lacks (engine/startup/weights.py)
     WEIGHTS_CTL = 14  # both ways at start-up: a file transfer's header, checksum and answer
 
 
@@ -104,7 +104,7 @@ def seq_keep(seq: int) -> KvOp:
 
 def seq_compact(seq: int) -> KvOp:
     """Move the cells of `seq`, the only sequence left in the cache, to cells 0..n-1 (in
-    their cell order, which is their position order: see engine/prompt_cache.py), so that
+    their cell order, which is their position order: see engine/head/prompt_cache.py), so that
     the next batch goes right after them, as it would in a cache that never held anything
     else: attention then adds the cells up in the order llama.cpp alone would."""
     return KvOp(KvOpType.KV_SEQ_COMPACT, seq)

@@ -21,11 +21,13 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from ..model.sampling import SamplingParams
-from . import api, embeddings, http_common, prepare, text_api
+from ..api import embeddings, requests as api, text as text_api
+from ..front import http as http_common
+from . import prepare
 from .bridge import Bridge, State, Ticket
-from .http_common import QueueChoices, metric_counter, read_body
+from ..front.http import QueueChoices, metric_counter, read_body
 from .metrics import ServeMetrics
-from .responses import Reply
+from ..api.responses import Reply
 
 log = logging.getLogger(__name__)
 

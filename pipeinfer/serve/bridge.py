@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from ..model.sampling import SamplingParams
-from .api import ApiError
-from .logprobs import TokenLogprob
+from ..api.requests import ApiError
+from ..api.logprobs import TokenLogprob
 
 
 class State(enum.Enum):

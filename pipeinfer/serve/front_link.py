@@ -36,8 +36,9 @@ import threading
 import time
 from multiprocessing.connection import Client, Connection
 
-from . import api, embeddings, prepare, text_api
-from .api import ApiError
+from ..api import embeddings, requests as api, text as text_api
+from . import prepare
+from ..api.requests import ApiError
 from .bridge import Done, Failed
 
 log = logging.getLogger(__name__)

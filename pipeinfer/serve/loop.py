@@ -1,6 +1,6 @@
 """The head's side of `pipeinfer serve`, on the main thread (the only one touching MPI):
 requests from the bridge are generated up to --parallel at once, each in a lane of its own
-(engine/lanes.py: a slot of every stage's contexts), through the one pipeline; more wait in
+(engine/head/lanes.py: a slot of every stage's contexts), through the one pipeline; more wait in
 the bridge's queue, in arrival order.
 
 A request's tokens become text (whole UTF-8 characters), cut at its first stop string, and go
@@ -16,13 +16,13 @@ import time
 from collections import deque
 from typing import Callable
 
-from ..engine.backoff import IdleBackoff
-from ..engine.job import Head, describe
-from ..engine.lanes import Lane, Lanes
+from ..engine.transport.backoff import IdleBackoff
+from ..engine.startup.job import Head, describe
+from ..engine.head.lanes import Lane, Lanes
 from ..model.tokenizer import TextStream
 from ..schedule.generation import Generation
 from .bridge import Bridge, Done, Embedded, Piece, State, Ticket
-from .logprobs import TokenLogprob, measure
+from ..api.logprobs import TokenLogprob, measure
 from .metrics import ServeMetrics
 from .stop_text import StopText
 
@@ -126,7 +126,7 @@ class EmbeddingAnswer:
         return self.ticket.cancelled.is_set()
 
     def finish(self, job) -> None:
-        """The job (engine/embedding_job.py) is done: its vectors to the handler."""
+        """The job (engine/head/embedding_job.py) is done: its vectors to the handler."""
         if job.cancelled or self.wants_end:
             self.metrics.cancelled.inc()
             return

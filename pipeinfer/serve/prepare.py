@@ -12,10 +12,11 @@ from typing import Callable, Sequence
 from ..model.chat_template import ChatTemplateError
 from ..model.grammar import GrammarError
 from ..model.llama_lib import LlamaError
-from . import api, text_api, tool_formats
-from .api import ApiError, Ask
+from ..api import requests as api, text as text_api
+from . import tool_formats
+from ..api.requests import ApiError, Ask
 from .bridge import Ticket
-from .tool_calls import CLOSE, NATIVE, OPEN
+from ..api.tool_calls import CLOSE, NATIVE, OPEN
 
 Sink = Callable[[int, object], None]   # (choice, event) back to the request's handler
 

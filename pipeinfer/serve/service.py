@@ -12,7 +12,7 @@ seconds; if that takes over STOP_LIMIT_S, SIGALRM ends the head and the launcher
 rank that fails
 ends the requests with 503 naming it, and the whole job. A rank killed outright (SIGKILL) is
 named by its supervisor, and the launcher ends the job: the head's supervisor dies, the head
-gets JOB_LOST (engine/supervisor.py), answers the requests under way and waiting with 503
+gets JOB_LOST (engine/startup/supervisor.py), answers the requests under way and waiting with 503
 (the job ended; the launcher's output names the rank, which the head cannot know) and ends.
 """
 
@@ -25,12 +25,12 @@ import threading
 import time
 from dataclasses import dataclass
 
-from ..engine.config import RunConfig
-from ..engine.backoff import IdleBackoff
-from ..engine.job import Job, StartFailed, describe
-from ..engine.mpi_transport import Link, abort_job
-from ..engine import supervisor
-from ..engine.supervisor import JOB_LOST
+from ..config.job import RunConfig
+from ..engine.transport.backoff import IdleBackoff
+from ..engine.startup.job import Job, StartFailed, describe
+from ..engine.transport.mpi import Link, abort_job
+from ..engine.startup import supervisor
+from ..engine.startup.supervisor import JOB_LOST
 from ..model.sampling import SamplingParams
 from .app import Service, build_app, ready
 from .bridge import Bridge, State

@@ -44,7 +44,7 @@ from llama_cpp.llama_grammar import SchemaConverter
 
 from ..model.chat_template import ChatTemplate, ChatTemplateError
 from ..model.grammar import GrammarError
-from .tool_calls import GENERIC, NATIVE, OPEN, ToolChoice
+from ..api.tool_calls import GENERIC, NATIVE, OPEN, ToolChoice
 
 GENERIC_SYSTEM = ("Respond in JSON format, either with `tool_call` (a request to call tools) "
                   "or with `response` reply to the user's request")

@@ -5,7 +5,7 @@ pipeinfer/engine/."""
 
 from __future__ import annotations
 
-from ..engine.generate import strategy_runner
+from ..engine.head.generate import strategy_runner
 from ..schedule.options import SpecOptions
 
 __all__ = ["STRATEGIES", "SpecOptions"]

@@ -9,7 +9,7 @@ from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
-from pipeinfer.plan.command import _accept, _setup  # noqa: E402
+from pipeinfer.cli.plan import _accept, _setup  # noqa: E402
 from pipeinfer.plan.inputs import counts_for  # noqa: E402
 from pipeinfer.plan.simulate import SimConfig, simulate  # noqa: E402
 from pipeinfer.schedule.options import SpecOptions  # noqa: E402

@@ -1,0 +1,240 @@
+"""Long help texts and option groups of `pipeinfer run`, kept apart so that cli/main.py stays the
+wiring of options into a RunConfig. Imports nothing heavy: `--help` stays fast."""
+
+from __future__ import annotations
+
+import click
+
+from ..model import partition
+from ..schedule.cutoff import FLOOR
+from ..schedule.guard import THRESHOLD as GUARD_THRESHOLD
+from ..schedule.options import DRAFT_SOURCES, NGRAM_LIMIT, NGRAM_MAX, NGRAM_MIN
+
+# The names of pipeinfer.strategies.STRATEGIES, without importing llama.cpp for --help.
+STRATEGY_NAMES = ("iterative", "speculative", "pipeinfer", "pipespec", "specpipe")
+
+SPLIT_HELP = ("Comma-separated fraction of the target's layers per rank, in rank order "
+              "(must sum to 1). Rank r gets layers [round(L*(F0+..+F(r-1))), "
+              "round(L*(F0+..+Fr))), rounding halves up. Only rank 0 may get 0 (it then "
+              "only drafts and samples). Default: stages of equal weight with the output matrix "
+              "counted (so the last rank gets fewer layers); rank 0 gets none when it runs a "
+              "draft model.")
+
+AUTO_SPLIT_HELP = (" auto: the split that minimises the strategy's bound (sum of stage times for "
+                   "iterative and speculative, slowest stage and the head's drafting for the "
+                   "pipelined strategies) within each node's memory, from the --profile of the "
+                   "job's ranks (measured first if there is none; see `pipeinfer calibrate`).")
+
+PROFILE_HELP = ("--layer-split auto: the calibration profile (JSON) to use, or to write if "
+                "absent. Default: the one cached for these hosts, threads and models, measured "
+                "again when a quick probe finds a rank's speed changed.")
+
+DRAFT_MODEL_HELP = ("Draft model (path or cached name), same vocabulary as the target; "
+                    "needed by pipespec, optional for speculative, pipeinfer and specpipe "
+                    "(see --draft-source). pipespec: repeat it for a model hierarchy, smallest "
+                    "first (-md M0 -md M1 ...); the others use the first.")
+
+COMPACT_DRAFT_HELP = ("Load each draft model (-md) as a copy whose Q5_0, Q5_1, Q8_0 and Q6_K "
+                      "matrices are requantized to Q4_0, which llama.cpp runs faster on CPUs "
+                      "(about 1.5x faster drafting). The copy is made once, in seconds, and "
+                      "cached (a registry model's compact entry, else in the cache's compact/ "
+                      "directory); a draft with nothing to convert is used as it is. Only what "
+                      "is guessed changes, never the output: the target verifies every token.")
+
+
+DRAFT_VOCAB_HELP = ("Draft over the K most frequent tokens only (FR-Spec): the draft model's "
+                    "output matrix keeps K rows (the special tokens, then the tokens most "
+                    "frequent in the Python standard library's sources), so each draft token "
+                    "costs less, and its choices are mapped back to token ids. The head drafts "
+                    "faster (measured: the Qwen2.5-Coder 0.5B draft 1.27x per token at K = "
+                    "32768, pipeinfer 1.18x at 8 x 0.25-core nodes, 1.04x at 4 x 0.5, but "
+                    "0.95x at 2 x 1.0, where drafting is not the limit). The target still "
+                    "verifies over the full vocabulary, so the output stays exact; only what "
+                    "is guessed changes: a token outside the K is never drafted, so a few "
+                    "fewer drafts are accepted (measured 0.73 -> 0.65). The reduced copy of "
+                    "the draft is made once, in seconds, and cached. auto: 32768 for "
+                    "pipeinfer on 4 ranks or more with a draft model (-md) whose vocabulary "
+                    "has at least 65536 tokens, else 0 (fewer ranks, other strategies, draft "
+                    "ranks, smaller vocabularies, n-gram drafts alone). 0: the full "
+                    "vocabulary. A K given is refused with pipespec and draft ranks.")
+
+
+def _draft_vocab(ctx, param, value):
+    """--draft-vocab: "auto" or a number of tokens (0: off)."""
+    if value == "auto":
+        return value
+    try:
+        k = int(value)
+    except ValueError:
+        k = -1
+    if k < 0:
+        raise click.BadParameter(f"{value!r}: give auto, 0 (the full vocabulary) or a number "
+                                 "of tokens")
+    return k
+
+
+def draft_vocab_flag(help_text: str = DRAFT_VOCAB_HELP):
+    """The --draft-vocab auto|K option (plan and simulate give it their own help)."""
+    return click.option("--draft-vocab", "draft_vocab", default="auto", metavar="auto|K",
+                        callback=_draft_vocab, help=help_text)
+
+
+def draft_vocab_option(command):
+    """--draft-vocab auto|K (run and serve)."""
+    return draft_vocab_flag()(command)
+
+
+def compact_draft_option(command):
+    """--compact-draft/--no-compact-draft (run and serve)."""
+    return click.option("--compact-draft/--no-compact-draft", default=True,
+                        help=COMPACT_DRAFT_HELP)(command)
+
+
+STRATEGY_HELP = ("iterative: pipeline-parallel decoding, one token per pass. speculative: "
+                 "draft a token tree, verify it in one pass, repeat (synchronous). pipeinfer: "
+                 "asynchronous continuous speculation in micro-batches with KV multibuffering "
+                 "and early cancellation. pipespec: a hierarchy of draft models (PipeSpec), "
+                 "each verifying the one before it, the target verifying the last. "
+                 "specpipe: SpecPipe/PipeDec, one level of a fixed-width draft tree per "
+                 "pipeline step, rerooted on a hit, flushed on a miss (--tree-width, "
+                 "--tree-k). All are exact under greedy sampling.")
+
+DRAFT_SOURCE_HELP = (
+    "speculative, pipeinfer and specpipe: where drafts come from. model: the draft model "
+    "(-md). ngram: the text itself (prompt lookup, no draft model): the longest suffix of the "
+    "text so far (prompt, generated and speculated tokens) of --ngram-max down to --ngram-min "
+    "tokens that occurred before is found at its latest place, and what followed it there is "
+    "the draft (specpipe: every token that followed it is a candidate for the tree, the most "
+    "frequent first); it costs nothing on the head and pays off where the output repeats the "
+    "prompt (editing code, rewriting a text); pipeinfer's n-gram runs after a mismatch are "
+    "1, 2, then --draft tokens long. both: the n-gram draft where one matches, else "
+    "the draft model. [default: both with -md, else ngram; pipespec takes the model only]")
+
+
+def draft_source_options(command):
+    """--draft-source, --ngram-min, --ngram-max."""
+    options = [
+        click.option("--draft-source", type=click.Choice(DRAFT_SOURCES), default=None,
+                     help=DRAFT_SOURCE_HELP),
+        click.option("--ngram-min", default=NGRAM_MIN, type=click.IntRange(1, NGRAM_LIMIT),
+                     help="n-gram drafts: the shortest suffix looked up (fewer tokens match "
+                          "more often, and more often wrongly)."),
+        click.option("--ngram-max", default=NGRAM_MAX, type=click.IntRange(1, NGRAM_LIMIT),
+                     help="n-gram drafts: the longest suffix looked up (tried first; at "
+                          "least --ngram-min)."),
+    ]
+    for option in reversed(options):  # listed in --help in this order
+        command = option(command)
+    return command
+
+
+# The draft source and the speculation's parameters: run and serve take the same.
+SPECULATION_OPTIONS = (
+    click.option("--draft", "draft_max", default=4, type=click.IntRange(1, 64),
+                 help="Most draft tokens per speculative run (tree depth; micro-batch size); "
+                      "--exact cuts runs to 3 tokens (repacked weights) or 7 (plain)."),
+    click.option("-pa", "--p-accept", default=0.3, type=float,
+                 help="Keep drafting while the draft's top probability is at least this "
+                      "(pipeinfer: plus p_adjust)."),
+    click.option("-ps", "--p-split", default=0.3, type=float,
+                 help="Branch the draft tree when the runner-up candidate's probability exceeds "
+                      "this."),
+    click.option("-np", "--n-parallel", default=1, type=click.IntRange(1, 16),
+                 help="Most branches per draft tree."),
+    click.option("-pr", "--p-recovery", default=0.05, type=float,
+                 help="pipeinfer: the cutoff (-pa + p_adjust) rises by this per speculative run "
+                      "started; p_adjust is reset to 0 whenever a speculative run is verified "
+                      "(its guess was right)."),
+    click.option("-pd", "--p-decay", default=0.01, type=float,
+                 help="pipeinfer: the cutoff falls by this per draft attempt that found no token "
+                      "above it (once per attempt of the draft model, not per idle poll), down "
+                      "to --p-floor."),
+    click.option("--p-floor", default=FLOOR, type=click.FloatRange(0, 1),
+                 help="pipeinfer: the cutoff never decays below this (or -pa, if lower): a "
+                      "draft token less likely is rarely the target's; unbounded, decay ends "
+                      "the cutoff."),
+    click.option("--guard-accept", default=GUARD_THRESHOLD, type=click.FloatRange(0, 1),
+                 help="speculative, pipeinfer: the never-slower guard. When fewer than this share "
+                      "of the last 16 drafted tokens were accepted (tokens of runs cancelled "
+                      "behind another run's wrong guess are not counted), speculation pauses "
+                      "(plain decoding) for 8 tokens, then probes again; each failed probe "
+                      "doubles the pause (up to 256), a probe that pays resets it. 0 turns the "
+                      "guard off."),
+    click.option("--max-runs", default=6, type=click.IntRange(2, 64),
+                 help="pipeinfer: most runs in flight in the target pipeline at once. specpipe: "
+                      "tree levels in flight are the number of target stages + 1, at most this."),
+    click.option("--partitions", default=8, type=click.IntRange(1, 64),
+                 help="KV sequence partitions for speculative runs (x --n-parallel sequence ids; "
+                      "at most 254 in all)."),
+    click.option("--kv-size", default=0, type=click.IntRange(0, None),
+                 help="Speculative strategies: KV cache cells per stage (0 = 4x -c). Cells of "
+                      "rejected tokens are not reused within a generation (that keeps results "
+                      "bit-exact), so generation stops early with a notice when they run out."),
+    click.option("--tree-width", default=4, type=click.IntRange(1, 64),
+                 help="specpipe: nodes per tree level; of all candidates for the next level, "
+                      "the ones with the highest cumulative draft probability are kept (each "
+                      "takes one KV sequence id: a beam slot)."),
+    click.option("--tree-k", default=2, type=click.IntRange(1, 64),
+                 help="specpipe: draft candidates (top-k tokens) per bottom node when growing "
+                      "the tree by one level."),
+    click.option("--repack/--no-repack", default=None,
+                 help="The target stages' weight layout: llama.cpp's repacked weights (faster) or "
+                      "the plain layout. Default: repacked, except for specpipe and pipespec, "
+                      "whose wider runs stay exact only with the plain layout. The output equals "
+                      "llama.cpp's single-node output with the same layout. The draft model is "
+                      "always repacked (it never decides the output).", show_default=False),
+    click.option("--exact/--no-exact", default=True,
+                 help="Cut every run after the prompt to the size llama.cpp computes exactly like "
+                      "one-token decoding: 3 tokens with repacked weights, 7 with the plain "
+                      "layout (a speculative tree is verified as one batch, and larger batches "
+                      "round differently). --no-exact lets runs grow to --draft: speculation may "
+                      "then pick another token than llama.cpp at a near tie."),
+    click.option("--no-continuous", is_flag=True,
+                 help="pipeinfer ablation: one speculative run in flight at a time, micro-batches "
+                      "up to 2x --draft."),
+    click.option("--no-cancel", is_flag=True,
+                 help="pipeinfer ablation: never cancel runs; useless results are just dropped."),
+    click.option("--no-draft-thread", is_flag=True,
+                 help="pipeinfer: draft on the head's main thread (the head then sees results "
+                      "only between draft steps) instead of a thread of its own."),
+)
+
+
+def speculation_options(command):
+    """--draft-source, --ngram-min, --ngram-max and SPECULATION_OPTIONS, in that order."""
+    for option in reversed(SPECULATION_OPTIONS):  # listed in --help in this order
+        command = option(command)
+    return draft_source_options(command)
+
+
+# --- option callbacks: values checked and converted, errors as click's bad-parameter lines --
+def parse_split(ctx, param, value):
+    if value is None:
+        return None
+    try:
+        return tuple(partition.parse_split(value))
+    except partition.PartitionError as err:
+        raise click.BadParameter(str(err)) from None
+
+
+def parse_run_split(ctx, param, value):
+    """`run`'s split: (target fractions or "auto", number of draft ranks)."""
+    if value is None:
+        return None, 0
+    if value == "auto":
+        return "auto", 0
+    try:
+        fractions, draft_ranks = partition.parse_layer_split(value)
+    except partition.PartitionError as err:
+        raise click.BadParameter(str(err)) from None
+    return tuple(fractions), draft_ranks
+
+
+def parse_threads(ctx, param, value):
+    try:
+        threads = tuple(int(v) for v in value.split(","))
+    except ValueError:
+        raise click.BadParameter(f"{value!r} is not a number or comma-separated numbers") from None
+    if any(t < 1 for t in threads):
+        raise click.BadParameter("thread counts must be at least 1")
+    return threads

@@ -1,0 +1,285 @@
+"""`pipeinfer serve`: its options and their checks; the server itself is service.py."""
+
+from __future__ import annotations
+
+import signal
+import sys
+from pathlib import Path
+
+import click
+
+from .main import Failure, RankedCommand, checked_value, verbosity_options, setup_logging
+from ..engine.startup import supervisor
+from ..config.job import NEEDS_DRAFT
+from ..schedule.options import ADAPTIVE, LANE_STRATEGIES
+from .options import (AUTO_SPLIT_HELP, DRAFT_MODEL_HELP, PROFILE_HELP, SPLIT_HELP,
+                      STRATEGY_HELP, STRATEGY_NAMES, compact_draft_option,
+                      draft_vocab_option, parse_run_split, parse_threads,
+                      speculation_options)
+
+DEFAULT_PARALLEL = 4   # as llama-server's automatic slot count
+PARALLEL_HELP = ("Requests generated at once, sharing the pipeline (each in a llama.cpp "
+                 "context of its own on every rank: N times the KV cache memory, -c tokens "
+                 "each, and exact alone or together; Qwen2.5-Coder 1.5B with -c 2048: 80 to "
+                 "100 MB a rank for each request beyond the first); more wait in the queue, "
+                 "in arrival order. [default: 4; 1 under --strategy pipespec, which "
+                 "generates one request at a time]")
+
+BUSY_HELP = ("What a request does while others are generating (--parallel > 1). auto, "
+             "under --strategy pipeinfer: every request runs pipeinfer alone and, while "
+             "others are under way, verifies its drafts in the run of its own next token "
+             "(the requests' own runs then keep the stages busy, so runs of drafts alone "
+             "would wait behind them), switching back and forth at run boundaries; under "
+             "other strategies auto is same. same: --strategy throughout. speculative, "
+             "iterative: a request that starts while others run uses this strategy to its "
+             "end; one that starts alone uses --strategy. Exact either way.")
+BUSY_CHOICES = ("auto", "same", "speculative", "iterative")
+
+
+SERVE_HELP = """Serve the model over HTTP with an OpenAI-compatible API. Two ways:
+
+      pipeinfer serve --ranks 3 -m smollm2 --port 8080        (with failover)
+
+    starts a front process here (no MPI, no llama.cpp in it) that owns the HTTP server and
+    every request's state and launches the job of 3 ranks itself (--hostfile/--hosts,
+    --mpiexec); when the job ends unexpectedly (a rank killed, a host gone) or hangs
+    (nothing from it for --stall-timeout seconds while requests are under way) /health says
+    `recovering`, the hosts that no longer answer are left out, the job is started again
+    and every request goes on from the last token it sent, with the same tokens as an
+    undisturbed run (greedy, or sampled with a seed: the front draws one for a request
+    without). With no host left that answers, every request gets a 503 saying so. A
+    host that answers again rejoins when the service is idle.
+
+      mpiexec -n 3 pipeinfer serve -m smollm2 --port 8080     (without failover)
+
+    is one MPI job: rank 0 runs the HTTP server (and is the head, as for `run`), ranks
+    1..N-1 evaluate their slices of the target's layers; a failed rank ends the server.
+
+    Endpoints (also without /v1): POST /v1/completions and /v1/chat/completions (stream or
+    not; chat through the GGUF's own Jinja template, as llama-server --jinja renders it;
+    logprobs, logit_bias, repeat/frequency/presence penalties and min_p as llama.cpp's
+    sampler chain; tools with tool_choice auto, none, required or a named function, in
+    the template's own tool format (Qwen2.5's <tool_call>) or, for templates without tool
+    support, llama-server's generic JSON format, calls forced by a grammar;
+    response_format json_object / json_schema and GBNF grammars through llama.cpp's
+    grammar sampler; fields not supported are a 400 naming them), POST /v1/embeddings
+    (the last stage's hidden states, pooled: the model's pooling type or the mean, then
+    L2-normalized; float or base64), POST /tokenize and
+    /detokenize, GET /v1/models and /v1/models/ID, /health (503 while the model loads) and
+    /metrics (Prometheus); CORS for browsers (--cors-origin). Greedy answers (temperature
+    0) are exactly single-node llama.cpp's, alone or with other requests in flight (with a
+    prompt prefix reused from a slot: llama.cpp's keeping that prefix, see --cache-prompt).
+    Up to --parallel requests are generated at once, their runs interleaved in the
+    pipeline; SIGINT or SIGTERM ends the server and every rank.
+    """
+
+
+@click.command(cls=RankedCommand, help=SERVE_HELP,
+               context_settings={"show_default": True})
+@click.option("-m", "--model", required=True,
+              help="Target model: a GGUF path, or a name of `pipeinfer models list`. "
+                   "Only rank 0 needs the file: the other ranks take their slices from their "
+                   "stage caches or receive them from rank 0.")
+@click.option("-md", "--model-draft", "draft", multiple=True, help=DRAFT_MODEL_HELP)
+@compact_draft_option
+@draft_vocab_option
+@click.option("--alias", default=None,
+              help="The model's name in the API (/v1/models, the requests' `model`). "
+                   "[default: the -m name without .gguf]", show_default=False)
+@click.option("-c", "--ctx-size", "n_ctx", default=2048, type=click.IntRange(2, None),
+              help="Context size in tokens: prompt + completion of one request.")
+@click.option("-b", "--batch-size", "n_batch", default=512, type=click.IntRange(1, None),
+              help="Largest batch one stage evaluates at once (prompt chunks).")
+@click.option("-t", "--threads", default="1", callback=parse_threads,
+              help="Threads per rank: one number for all, or a comma list with one per rank.")
+@click.option("--layer-split", "split", default=None, callback=parse_run_split,
+              help=SPLIT_HELP + AUTO_SPLIT_HELP)
+@click.option("--profile", type=click.Path(dir_okay=False), default=None, help=PROFILE_HELP)
+@click.option("--strategy", default="iterative", type=click.Choice(list(STRATEGY_NAMES)),
+              help=STRATEGY_HELP)
+@speculation_options
+@click.option("--temp", default=0.0, type=click.FloatRange(0, 2),
+              help="Temperature of requests that give none; 0 = greedy (exact).")
+@click.option("--top-k", default=40, type=click.IntRange(0, None),
+              help="Top-k of requests that give none (0 = off).")
+@click.option("--top-p", default=0.95, type=click.FloatRange(0, 1, min_open=True),
+              help="Top-p of requests that give none (1 = off).")
+@click.option("-s", "--seed", default=0, type=int, help="Seed of requests that give none.")
+@click.option("--host", default="127.0.0.1", help="Address to listen on (0.0.0.0: all).")
+@click.option("--port", default=8080, type=click.IntRange(0, 65535),
+              help="Port to listen on (0: any free port, named in the `listening` line).")
+@click.option("--queue", "queue_size", default=16, type=click.IntRange(1, None),
+              help="Requests that may wait for the pipeline; the server answers 503 beyond.")
+@click.option("--parallel", default=None, type=click.IntRange(1, None), help=PARALLEL_HELP,
+              show_default=False)
+@click.option("--busy-strategy", default="auto", type=click.Choice(BUSY_CHOICES),
+              help=BUSY_HELP)
+@click.option("--api-key", default=None, envvar="PIPEINFER_API_KEY",
+              help="Require `Authorization: Bearer KEY` on every endpoint but /health "
+                   "(401 otherwise). Also from $PIPEINFER_API_KEY.", show_default=False)
+@click.option("--cache-prompt/--no-cache-prompt", default=True,
+              help="Whether requests that do not say `cache_prompt` reuse the longest prefix "
+                   "of their prompt that a slot keeps from its last request (its KV cells on "
+                   "every rank) and evaluate only the rest, as llama-server does. Greedy "
+                   "answers then equal llama.cpp's with that prefix kept (the rest evaluated "
+                   "in the same batches), which may differ in the last bits of the logits "
+                   "from a fresh evaluation of the whole prompt.")
+@click.option("--cors-origin", "cors_origins", multiple=True,
+              help="An origin (scheme://host[:port]) whose browser pages may call the API "
+                   "(CORS); repeat for several. [default: any origin, *]")
+@click.option("--ranks", type=click.IntRange(1, None), default=None,
+              help="Start a front process here that launches the job of N ranks itself "
+                   "(do not run it under mpiexec then) and keeps the service up: when the "
+                   "job ends unexpectedly (a rank killed, a host gone), it is started again on "
+                   "the hosts that still answer and every request goes on from the last token "
+                   "it sent, with the same tokens (greedy, or sampled with a seed; the front "
+                   "draws a seed for a request without one; a request that reused a "
+                   "prompt prefix kept in its slot is evaluated whole on the new job, which "
+                   "may change the last bits of its logits: --no-cache-prompt for exact "
+                   "resumes). Without --ranks, under "
+                   "`mpiexec -n N`, the server is the job itself, without failover.",
+              show_default=False)
+@click.option("--hostfile", type=click.Path(dir_okay=False), default=None,
+              help="With --ranks: the hosts (one `host[:slots]` per line, as mpiexec -f), "
+                   "filled in order. [default: this host]", show_default=False)
+@click.option("--hosts", "host_list", default=None,
+              help="With --ranks: the hosts as a comma list (`a:2,b,c`), instead of "
+                   "--hostfile.", show_default=False)
+@click.option("--mpiexec", "mpiexec", default=None,
+              help="With --ranks: the launcher command (e.g. experiments/cluster.py ... "
+                   "--as-mpiexec). [default: the mpiexec beside pipeinfer's Python]",
+              show_default=False)
+@click.option("--max-restarts", default=5, type=click.IntRange(0, None),
+              help="With --ranks: give up after the job failed this many times in a row "
+                   "(a job that ran for a minute resets the count); back-off 1 to 30 s.")
+@click.option("--stall-timeout", default=60.0, type=click.FloatRange(0, None),
+              help="With --ranks: a job that sends nothing (no token, no end, no heartbeat) "
+                   "for this many seconds while requests (or /metrics, /tokenize calls) are "
+                   "under way is taken as hung (a "
+                   "rank stopped, a host swapping or cut off without a reset): it is killed "
+                   "and started again, its requests resumed as after a crash. Its head beats "
+                   "whenever the pipeline returns results, so a slow job (a long prompt on "
+                   "slow nodes) is not taken for a hung one as long as each run comes back "
+                   "within it; an idle server is never taken for hung. 0: off.")
+@click.option("--trace", "trace_path", type=click.Path(dir_okay=False), default=None,
+              help="With --ranks: write the front's record of its jobs here, one JSON line "
+                   "each (type \"front\"): job_start (job, ranks, hosts), job_ready (each "
+                   "rank's host and pid), job_end (reason, failed_rank), stall, resume "
+                   "(request, the tokens each choice had sent), recovered (seconds from the "
+                   "failure to the new job taking requests), host_left, host_back, give_up.",
+              show_default=False)
+@click.option("--channel", default=None, hidden=True)   # the front's address (front_link.py)
+@verbosity_options("-v: progress of every rank, the head's scheduling and tracebacks; -vv: "
+                   "also llama.cpp's log.", "Only notices and errors on stderr.")
+def serve(model, draft, compact_draft, draft_vocab, alias, n_ctx, n_batch, threads, split,
+          profile, strategy, temp, top_k, top_p, seed, host, port, queue_size, parallel,
+          busy_strategy, api_key, cache_prompt, cors_origins, ranks, hostfile, host_list,
+          mpiexec, max_restarts, stall_timeout, trace_path, channel, verbose, quiet,
+          **speculation):
+    from ..model.sampling import SamplingParams
+
+    setup_logging(verbose, quiet, rank=supervisor.launcher_rank() or 0)
+    parallel = _parallel(parallel, strategy)
+    _refuse(parallel, split, strategy, speculation, n_batch)
+    if profile is not None and split[0] != "auto":
+        raise Failure("--profile is read by --layer-split auto only; add it, or drop --profile",
+                      2)
+    _refuse_launch(ranks, hostfile or host_list or mpiexec or trace_path)
+    if ranks is not None:   # the front: no MPI, no llama.cpp in this process
+        from .front import run_front
+        sys.exit(run_front(ranks, hostfile, host_list, mpiexec, max_restarts, host, port,
+                           queue_size, api_key, alias or _name(model), cors_origins,
+                           parallel, stall_timeout, trace_path))
+    from ..engine.transport.mpi import world
+    from ..serve.service import ServeOptions, main as serve_main
+
+    setup_logging(verbose, quiet, rank=world()[0])
+    signal.signal(signal.SIGTERM, signal.getsignal(signal.SIGINT))  # SIGTERM ends as Ctrl-C
+    defaults = SamplingParams(temp, top_k, top_p, seed)
+    cfg = _job_config(model, draft, compact_draft, draft_vocab, n_ctx, n_batch, threads, split,
+                      profile, strategy, defaults, parallel, busy_strategy, verbose, speculation)
+    options = ServeOptions(host, port, queue_size, api_key, alias or _name(model), defaults,
+                           tuple(cors_origins) or ("*",), cache_prompt, channel)
+    sys.exit(serve_main(cfg, options))
+
+
+def _job_config(model, draft, compact_draft, draft_vocab, n_ctx, n_batch, threads, split,
+                profile, strategy, defaults, parallel, busy_strategy, verbose, speculation):
+    """The serving job's RunConfig from the command's options (a Failure if they conflict)."""
+    from ..config.job import RunConfig, resolve_draft_source
+
+    source = checked_value(resolve_draft_source, strategy, speculation.pop("draft_source"),
+                           bool(draft))
+    cfg = RunConfig(model=model, prompt=None, n_ctx=n_ctx, n_batch=n_batch,
+                    draft=(draft[0] if len(draft) == 1 else draft) or None, strategy=strategy,
+                    split=split[0], profile=profile, threads=threads, sampling=defaults,
+                    spec=_spec(speculation, source), repack=speculation["repack"],
+                    exact=speculation["exact"], verbose=verbose, full_logits=True,
+                    slots=parallel, busy_strategy=_busy(busy_strategy, strategy, parallel),
+                    compact_draft=compact_draft, draft_vocab=draft_vocab)
+    checked_value(cfg.check_drafts)
+    return cfg
+
+
+def _parallel(given: int | None, strategy: str) -> int:
+    """--parallel, or its default for `strategy`."""
+    if given is not None:
+        return given
+    return DEFAULT_PARALLEL if strategy in LANE_STRATEGIES else 1
+
+
+def _refuse(parallel: int, split, strategy: str, speculation: dict, n_batch: int) -> None:
+    if parallel > 1 and strategy not in LANE_STRATEGIES:
+        raise Failure(f"--parallel {parallel}: strategy {strategy} generates one request at a "
+                      f"time (use --parallel 1, or one of {', '.join(LANE_STRATEGIES)})", 2)
+    if split[1]:
+        raise Failure("--layer-split: draft models on ranks of their own ('/') run one "
+                      "generation per job; serve runs them in the head process", 2)
+    if speculation["partitions"] * speculation["n_parallel"] > 254:
+        raise Failure("--partitions x --n-parallel must be at most 254 (llama.cpp's sequence "
+                      "limit)", 2)
+    if strategy == "specpipe" and speculation["tree_width"] > n_batch:
+        raise Failure(f"--tree-width ({speculation['tree_width']}) must be at most the batch "
+                      f"size (-b {n_batch}): a tree level is evaluated in one batch", 2)
+
+
+def _refuse_launch(ranks: int | None, launch_options) -> None:
+    """--ranks (the front launches the job) not under a launcher; its launch options only
+    with it."""
+    if ranks is not None and supervisor.launcher_rank() is not None:
+        raise Failure("--ranks starts the job itself: run `pipeinfer serve --ranks N` "
+                      "without mpiexec (or `mpiexec -n N pipeinfer serve` without "
+                      "--ranks, which has no failover)", 2)
+    if ranks is None and launch_options:
+        raise Failure("--hostfile, --hosts, --mpiexec and --trace go with --ranks (the "
+                      "front launches the job); under mpiexec, give the hosts to mpiexec", 2)
+
+
+def _busy(given: str, strategy: str, parallel: int) -> str | None:
+    """--busy-strategy as the strategy name RunConfig takes (None: --strategy's)."""
+    if parallel == 1 or given == "same" or given == strategy:
+        return None
+    if given == "auto":
+        return ADAPTIVE if strategy == "pipeinfer" else None
+    if given == "speculative" and strategy not in NEEDS_DRAFT:
+        raise Failure(f"--busy-strategy speculative needs a draft model, which --strategy "
+                      f"{strategy} does not load (use --strategy pipeinfer or speculative "
+                      f"with -md)", 2)
+    return given
+
+
+def _spec(o: dict, source: str):
+    from ..strategies import SpecOptions
+
+    return SpecOptions(o["draft_max"], o["p_accept"], o["p_split"], o["n_parallel"],
+                       o["p_recovery"], o["p_decay"], not o["no_continuous"],
+                       not o["no_cancel"], o["max_runs"], o["partitions"], o["kv_size"],
+                       tree_width=o["tree_width"], tree_k=o["tree_k"],
+                       draft_thread=not o["no_draft_thread"], p_floor=o["p_floor"],
+                       guard_accept=o["guard_accept"], draft_source=source,
+                       ngram_min=o["ngram_min"], ngram_max=o["ngram_max"])
+
+
+def _name(model: str) -> str:
+    name = Path(model).name
+    return name[:-5] if name.endswith(".gguf") else name

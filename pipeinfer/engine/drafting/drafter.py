@@ -1,0 +1,205 @@
+"""The draft model on the head: greedy token trees with a confidence cutoff and branching.
+
+The draft keeps the context it last evaluated in its sequence 0 and only evaluates what
+changed, so continuing a speculation costs one draft step per token. Branch b of a tree is
+decoded in draft sequence b and dropped afterwards; branch 0 (the greedy path) stays cached.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import time
+
+import numpy as np
+
+from ...model.draft_vocab_stage import DraftVocab
+from ...model.stage import Stage
+
+
+# Catching up on a long context (the prompt, while the target prefills it) goes in steps, and
+# the head checks for waiting results between them, so it is never kept from the target's
+# results by more than about one step: steps of at most WARM_STEP tokens, and (once the draft's
+# speed is known) of about WARM_STEP_S seconds.
+WARM_STEP = 32
+WARM_STEP_S = 0.015
+
+
+@dataclass(frozen=True)
+class DraftParams:
+    max_tokens: int = 4        # tree depth limit (micro-batch size for a single branch)
+    p_split: float = 0.1       # fork a branch when the runner-up candidate is above this
+    n_parallel: int = 1        # at most this many branches
+
+
+def _softmax(logits: np.ndarray) -> np.ndarray:
+    z = logits.astype(np.float64)
+    z = np.exp(z - z.max())
+    return z / z.sum()
+
+
+def candidates(logits: np.ndarray) -> tuple[np.ndarray, int, int]:
+    """The draft's choice at one position: the probabilities, the likeliest token and the
+    runner-up (plan/measure.py times this as part of a drafted token)."""
+    probs = _softmax(logits)
+    first, second = sorted(np.argpartition(-probs, 1)[:2], key=lambda t: -probs[t])
+    return probs, int(first), int(second)
+
+
+class Drafter:
+    """`vocab`: the stage is a reduced-vocabulary draft (model/draft_vocab_stage.py) whose
+    logits columns stand for the tokens `vocab.kept`; None: columns are token ids."""
+
+    def __init__(self, stage: Stage, n_batch: int, vocab: DraftVocab | None = None):
+        self.stage = stage
+        self.n_batch = n_batch
+        self.vocab = vocab
+        self.ctx: list[int] = []              # tokens held in draft sequence 0
+        self._last: np.ndarray | None = None  # draft logits after self.ctx, when known
+        self.busy_s = 0.0
+        self._s_per_token: float | None = None  # measured cost of one context token
+
+    def reset(self) -> None:
+        """Forget every cached token: a new generation of the job begins."""
+        self.stage.clear()
+        self.ctx, self._last = [], None
+
+    def _common(self, context: Sequence[int]) -> int:
+        """How many leading tokens of `context` the draft's sequence 0 already holds."""
+        common, limit = 0, min(len(self.ctx), len(context))
+        while common < limit and self.ctx[common] == context[common]:
+            common += 1
+        return common
+
+    def _sync(self, context: Sequence[int], want_logits: bool = True) -> np.ndarray | None:
+        """Make sequence 0 hold `context`; return the logits after its last token (None
+        without `want_logits`)."""
+        common = self._common(context)
+        if common == len(context) == len(self.ctx) and self._last is not None:
+            return self._last
+        keep = min(common, len(context) - 1)
+        self.stage.seq_rm(0, keep, -1)
+        logits = None
+        for start in range(keep, len(context), self.n_batch):
+            chunk = list(context[start:start + self.n_batch])
+            last = want_logits and start + len(chunk) == len(context)
+            t0 = time.perf_counter()
+            out = self.stage.decode(list(range(start, start + len(chunk))), [(0,)] * len(chunk),
+                                    tokens=chunk, logit_rows=[last and i == len(chunk) - 1
+                                                              for i in range(len(chunk))])
+            self._s_per_token = (time.perf_counter() - t0) / len(chunk)
+            if last:
+                logits = out[-1]
+        self.ctx, self._last = list(context), logits
+        return logits
+
+    def sync(self, context: Sequence[int]) -> np.ndarray:
+        """Make sequence 0 hold `context`; the draft's logits after it."""
+        return self._sync(context)
+
+    def token(self, column: int) -> int:
+        """The token id of logits column `column`."""
+        return int(column) if self.vocab is None else self.vocab.token(column)
+
+    def full_row(self, row: np.ndarray) -> np.ndarray:
+        """A logits row indexed by token id (a reduced draft's kept columns spread out)."""
+        return row if self.vocab is None else self.vocab.full_row(row)
+
+    @property
+    def n_held(self) -> int:
+        """How many tokens sequence 0 holds."""
+        return len(self.ctx)
+
+    def adopt(self, seq: int, token: int) -> None:
+        """Append `token` to sequence 0, taking the KV entry that sequence `seq` already holds
+        for that position (no decode)."""
+        pos = len(self.ctx)
+        self.stage.seq_cp(seq, 0, pos, pos + 1)
+        self.ctx, self._last = self.ctx + [token], None
+
+    def prepare(self, context: Sequence[int], max_tokens: int | None = None,
+                timed: bool = True) -> None:
+        """Evaluate `context` now, or only its next `max_tokens` tokens not evaluated yet: the
+        head warms the draft up on the prompt in such steps while the target prefills it, so
+        the first token is not kept waiting for the draft (drafting later does the rest).
+        `timed`: steps also of about WARM_STEP_S (the head's own thread waits for each);
+        a draft thread steps by tokens only, as nothing waits for it but its closing."""
+        if timed and max_tokens is not None:  # the first step measures the draft's speed
+            max_tokens = 1 if self._s_per_token is None else max(
+                1, min(max_tokens, int(WARM_STEP_S / self._s_per_token)))
+        if max_tokens is None or len(context) - self._common(context) <= max_tokens:
+            self._sync(context)
+            return
+        done = self._common(context) + max_tokens
+        self._sync(context[:done], want_logits=False)
+
+    def draft(self, context: Sequence[int], params: DraftParams, cutoff: float,
+              max_tokens: int | None = None, should_stop: Callable[[], bool] | None = None,
+              stop_at: Callable[[list[int]], bool] | None = None, room: int | None = None
+              ) -> tuple[list[list[int]], list[float]]:
+        """Branches continuing `context` (branch 0 first) and the draft probability of each
+        token of branch 0; empty when the first guess is under `cutoff`. `should_stop`
+        (asked after every step) ends drafting with the tree so far: a ready micro-batch goes
+        out rather than wait (paper IV-B); while catching up on a long context, it gives
+        nothing (progress is kept). `stop_at(branch 0)`, asked after each token branch 0
+        gains, ends drafting after it (where a grammar forces the rest, which
+        engine/drafting/grammar_drafts.py drafts without the model, up to `room`: unused here)."""
+        limit = params.max_tokens if max_tokens is None else max_tokens
+        if limit <= 0:
+            return [], []
+        while should_stop is not None and len(context) - self._common(context) > WARM_STEP:
+            self.prepare(context, max_tokens=WARM_STEP)
+            if should_stop():
+                return [], []
+        logits = [self._sync(context)]
+        branches: list[list[int]] = [[]]
+        active = [True]
+        main_probs: list[float] = []
+        base = len(context)
+        last_evaluated = True  # branch 0's last token has been evaluated (logits[0] follows it)
+        stopped = False
+        for depth in range(limit):
+            grown = []
+            for b in range(len(branches)):
+                if not active[b]:
+                    continue
+                probs, first, second = candidates(logits[b])
+                if probs[first] < cutoff:
+                    active[b] = False
+                    continue
+                if (len(branches) < params.n_parallel and probs[second] > params.p_split
+                        and probs[second] >= cutoff):
+                    fork = branches[b][:] + [self.token(second)]
+                    self.stage.seq_cp(b, len(branches), -1, -1)
+                    branches.append(fork)
+                    active.append(True)
+                    logits.append(None)
+                    grown.append(len(branches) - 1)
+                branches[b].append(self.token(first))
+                if b == 0:
+                    main_probs.append(float(probs[first]))
+                    last_evaluated = False
+                    stopped = stop_at is not None and stop_at(branches[0])
+                grown.append(b)
+            if not grown or depth + 1 == limit or stopped:
+                break
+            if should_stop is not None and should_stop():
+                break
+            grown.sort()
+            out = self.stage.decode([base + depth] * len(grown), [(b,) for b in grown],
+                                    tokens=[branches[b][-1] for b in grown])
+            for row, b in enumerate(grown):
+                logits[b] = out[row]
+            last_evaluated = last_evaluated or 0 in grown
+        self._finish(context, branches, logits[0] if last_evaluated else None)
+        return [br for br in branches if br], main_probs
+
+    def _finish(self, context: Sequence[int], branches: list[list[int]],
+                last_logits: np.ndarray | None) -> None:
+        """Drop the side branches; keep branch 0 in sequence 0 as the new cached context."""
+        for b in range(1, len(branches)):
+            self.stage.seq_rm(b, -1, -1)
+        main = branches[0]
+        self.ctx = list(context) + (main if last_logits is not None else main[:-1])
+        self._last = last_logits

@@ -1,0 +1,113 @@
+"""An embedding request in a lane of its own (`POST /v1/embeddings`): its inputs through the
+pipeline with the last stage returning each token's final hidden state instead of logits
+(DecodeTx.states: llama.cpp's embeddings, the output norm applied), pooled on the head.
+
+Each input is evaluated from position 0 in sequence 0 of the lane's slot, in chunks of at
+most `chunk` tokens (every row is an output, and the last stage's contexts are sized for a
+few rows of outputs: setup.MAX_OUTPUTS); the slot's cells are cleared between inputs. Every
+run goes out at once, so the inputs pipeline through the stages. None is speculative, so none
+is ever aborted: a cancelled request's runs come back and are dropped.
+
+Pooling, as llama.cpp's pooling types: "mean" over the input's tokens, "cls" its first
+token's, "last" its last token's; the vector is then L2-normalized (llama-server's default,
+and what OpenAI's embeddings are).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ...schedule.events import Cancel, ResultArrived
+from ...schedule.generation import CANONICAL_SEQ
+from ...schedule.transaction import DecodeTx, seq_clear
+
+MEAN, CLS, LAST = "mean", "cls", "last"
+POOLINGS = {1: MEAN, 2: CLS, 3: LAST}    # llama.cpp's llama_pooling_type values
+EMBEDDING = "embedding"                   # a lane's strategy name for these jobs
+
+
+def pooling_of(value: str | None) -> str:
+    """The pooling of a model whose GGUF says `{arch}.pooling_type` = `value`: its own if
+    it is mean, cls or last, else (none, unspecified) mean."""
+    try:
+        return POOLINGS.get(int(value), MEAN) if value is not None else MEAN
+    except ValueError:
+        return MEAN
+
+
+def pool(states: np.ndarray, pooling: str) -> np.ndarray:
+    """One input's vector from its tokens' hidden states [n_tokens, n_embd], L2-normalized
+    (in double, as llama.cpp's common_embd_normalize)."""
+    if pooling == CLS:
+        vector = states[0].astype(np.float64)
+    elif pooling == LAST:
+        vector = states[-1].astype(np.float64)
+    else:
+        vector = states.astype(np.float64).mean(axis=0)
+    norm = float(np.sqrt(np.sum(vector * vector)))
+    return (vector / norm if norm > 0 else vector).astype(np.float32)
+
+
+class EmbeddingJob:
+    """The runs of one embedding request, and their states as they come back. It stands in
+    a Lane where a generation's driver would (lanes.py reads `sched`, `gen`, `drafts`,
+    `feed`, `turn_drafts` of a driver): it is its own scheduler and generation."""
+
+    drafts = None
+    prefilled = True     # (nothing to rebuild: PipelineShare.rebuilding)
+    resumed = ()
+    rooted_runs = 0
+
+    def __init__(self, pipe, inputs: list[list[int]], run_ids, chunk: int, pooling: str):
+        self.pipe, self.inputs, self.pooling = pipe, inputs, pooling
+        self._run_ids, self.chunk = run_ids, chunk
+        self._rows: dict[int, np.ndarray] = {}   # run id -> its rows of states
+        self._runs: list[list[int]] = []        # each input's run ids, in order
+        self.in_flight = 0
+        self.finished = self.cancelled = False
+
+    # (what lanes.py and the serve loop read of a driver, its scheduler and generation)
+    @property
+    def sched(self) -> "EmbeddingJob":
+        return self
+
+    @property
+    def gen(self) -> "EmbeddingJob":
+        return self
+
+    @property
+    def request(self) -> "EmbeddingJob":
+        return self
+
+    def begin(self) -> None:
+        """Every input's runs out, the slot cleared before each input but the first."""
+        for k, tokens in enumerate(self.inputs):
+            if k:
+                self.pipe.kv([seq_clear()])
+            runs = []
+            for first in range(0, len(tokens), self.chunk):
+                part = tokens[first:first + self.chunk]
+                tx = DecodeTx(next(self._run_ids), tuple(range(first, first + len(part))),
+                              ((CANONICAL_SEQ,),) * len(part), (True,) * len(part),
+                              states=True)
+                self.pipe.decode(tx, part)
+                runs.append(tx.run_id)
+            self._runs.append(runs)
+            self.in_flight += len(runs)
+
+    def feed(self, event) -> None:
+        if isinstance(event, Cancel):
+            self.cancelled = self.finished = True
+        elif isinstance(event, ResultArrived):
+            self.in_flight -= 1
+            if event.result.states is not None:
+                self._rows[event.run_id] = event.result.states
+            self.finished = self.finished or self.in_flight == 0
+
+    def turn_drafts(self) -> bool:
+        return False
+
+    def vectors(self) -> list[np.ndarray]:
+        """Each input's pooled, normalized vector (once every run is back)."""
+        return [pool(np.concatenate([self._rows[r] for r in runs]), self.pooling)
+                for runs in self._runs]

@@ -1,0 +1,292 @@
+"""Several generations at once through one pipeline (`pipeinfer serve --parallel N`).
+
+A *lane* is one request's generation in a slot of its own: every stage keeps one llama.cpp
+context per slot (model/stage.py), so a lane's KV cells (its canonical sequence, partitions
+and graveyard) live apart from the other lanes' and it computes exactly as it would alone.
+Its scheduler is the strategy's, unchanged; its actions go through a SlotPipeline, which tags
+decodes and KV operations with the slot. Run ids come from the head's one counter (they grow
+in issue order across lanes, as the ranks' cancellation rules need), and results, which come
+back in issue order, go to the lane that started the run.
+
+Scheduling order per turn: a waiting result first (its lane starts the run of its new
+pending token at once, so every active request keeps its non-speculative run in flight: with
+N stages and N requests every stage is busy without speculation); else each lane's draft
+events and ticks in turn. Speculative runs fill the stages the requests leave idle
+(PipelineShare): alone, a generation speculates up to --max-runs runs in flight, as in `run`;
+with others under way, only while fewer runs than stages are in flight, since then the
+requests' own runs keep the stages busy and a speculative run only delays them (and the
+head's one draft model is shared by every lane). Under --busy-strategy auto a pipeinfer lane
+goes further while others are under way: its drafts ride behind its pending token in that
+token's own run (schedule/adaptive.py). A lane whose generation ended is drained (its runs in flight come back and are
+discarded), then its slot's KV cells but those of its accepted tokens are cleared on every
+rank (those stay for a later request sharing a prefix, the conversation's next turn:
+prompt_cache.py; the draft model's context stays too, for the same reason) before the slot
+takes another request.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any, Callable
+
+from ..drafting.drafter import Drafter
+from .driver import Driver
+from .embedding_job import EMBEDDING, EmbeddingJob
+from .generate import driver_for
+from ..drafting.grammar_drafts import GrammarDrafter, GrammarTrack, Probe, free_drafts_on
+from .pipeline import Pipeline
+from .prompt_cache import PromptCache
+from ..startup.setup import MAX_OUTPUTS
+from ...model.grammar import Grammar
+from ...model.sampling import Constraint, LogitObserver, Sampler, SamplingParams
+from ...schedule.events import Cancel, ResultArrived
+from ...schedule.generation import Generation, Request
+from ...schedule.options import ADAPTIVE, LANE_STRATEGIES
+from ...schedule.transaction import DecodeTx, KvOp
+
+
+# Strategies whose draft model keeps nothing but its context (sequence 0, Drafter.ctx) between
+# jobs: a slot keeps it for the next request too. (specpipe's tree drafts hold more.)
+KEEPS_DRAFT_CONTEXT = ("speculative", "pipeinfer", ADAPTIVE)
+
+
+class SlotPipeline:
+    """One lane's view of the shared Pipeline: decodes and KV operations in its slot."""
+
+    def __init__(self, pipe: Pipeline, slot: int, owners: dict[int, "Lane"]):
+        self.pipe, self.slot, self.owners = pipe, slot, owners
+        self.stage, self.n_stages = pipe.stage, pipe.n_stages
+        self.lane: Lane | None = None    # whose runs these are (set once it exists)
+
+    def decode(self, tx: DecodeTx, tokens) -> None:
+        self.owners[tx.run_id] = self.lane
+        self.pipe.decode(replace(tx, slot=self.slot), tokens)
+
+    def kv(self, ops: list[KvOp]) -> None:
+        self.pipe.kv([replace(op, slot=self.slot) for op in ops])
+
+    def cancel(self, run_ids: list[int]) -> None:
+        self.pipe.cancel(run_ids)
+
+    def result_waiting(self) -> bool:
+        return self.pipe.result_waiting()
+
+
+class PipelineShare:
+    """What a lane's scheduler sees of the pipeline it shares (Scheduler.share)."""
+
+    def __init__(self, lanes: "Lanes"):
+        self.lanes = lanes
+
+    def load(self) -> int:
+        """Runs in flight, of every lane."""
+        return self.lanes.pipe.in_flight
+
+    def shared(self) -> bool:
+        """Whether more than one generation is under way."""
+        return sum(not lane.finished for lane in self.lanes.active) > 1
+
+    def rebuilding(self) -> bool:
+        """Whether a resumed generation is still evaluating its prompt and the tokens it had
+        sent (serve's front resumes them after a failure): the drafts wait, so that the head's
+        CPU goes to the runs every resumed client waits for."""
+        return any(lane.gen.request.resumed and not lane.driver.sched.prefilled
+                   for lane in self.lanes.active)
+
+    def draft_lag(self, sched) -> int:
+        """Tokens of `sched`'s accepted context that its lane's draft model does not hold
+        yet (0 without a draft model): a resumed request's whole context after its rebuild,
+        or a long prompt still being read."""
+        lane = next((ln for ln in self.lanes.active if ln.driver.sched is sched), None)
+        drafter = None if lane is None else self.lanes.drafter_of(lane.slot)
+        held = getattr(drafter, "n_held", None)
+        return 0 if held is None else max(0, len(sched.gen.accepted) - held)
+
+    def limit(self, max_runs: int) -> int:
+        """Most runs in flight under which a lane may start a speculative run."""
+        return min(max_runs, self.lanes.pipe.n_stages) if self.shared() else max_runs
+
+
+@dataclass
+class Lane:
+    slot: int
+    driver: Driver          # its pipe is the lane's SlotPipeline (or an EmbeddingJob)
+    owner: Any              # the caller's object for this request (serve: its completion)
+    strategy: str           # its scheduler's (Lanes.strategy_now when it started)
+
+    @property
+    def gen(self) -> Generation:
+        return self.driver.gen
+
+    @property
+    def finished(self) -> bool:
+        return self.driver.sched.finished
+
+    @property
+    def rooted_runs(self) -> int:
+        """Its runs that carried its drafts behind its pending token while it shared the
+        pipeline (schedule/adaptive.py)."""
+        return getattr(self.driver.sched, "rooted_runs", 0)
+
+    @property
+    def drained(self) -> bool:
+        return self.finished and self.driver.sched.in_flight == 0
+
+
+class Lanes:
+    """The generations under way on the head (at most `cfg.slots`), through one pipeline."""
+
+    def __init__(self, head):
+        cfg, setup = head.cfg, head.setup
+        for strategy in (cfg.strategy, cfg.busy_strategy):
+            if strategy not in (*LANE_STRATEGIES, ADAPTIVE, None) and cfg.slots > 1:
+                raise ValueError(f"strategy {strategy} generates one request at a time")
+        self.head, self.cfg, self.pipe = head, cfg, setup.pipeline
+        drafter = setup.drafter
+        self._drafters = ([Drafter(drafter.stage.slot(k), drafter.n_batch, drafter.vocab)
+                           for k in range(cfg.slots)] if isinstance(drafter, Drafter)
+                          else [drafter] * cfg.slots)
+        self._free = list(range(cfg.slots))
+        self.cache = PromptCache(cfg.slots)
+        self._probe: Probe | None = None     # the vocabulary's one-character tokens (grammars)
+        self._owners: dict[int, Lane] = {}   # run id in flight -> its lane
+        self._share = PipelineShare(self)
+        self.active: list[Lane] = []
+
+    @property
+    def n_free(self) -> int:
+        return len(self._free)
+
+    def drafter_of(self, slot: int):
+        """Slot `slot`'s draft model (a Drafter), or None."""
+        drafter = self._drafters[slot]
+        return drafter if isinstance(drafter, Drafter) else None
+
+    def start(self, request: Request, sampling: SamplingParams, owner: Any,
+              on_token: Callable[[int], None], observe: LogitObserver | None = None,
+              cache_prompt: bool = False, constraint: Constraint | None = None) -> Lane:
+        """A generation of `request` in a free slot (its prefill goes out now); `observe`
+        sees each generated position's logits and the token chosen (model/sampling.py);
+        `cache_prompt`: the slot keeping the longest prefix of its prompt is taken and the
+        prefix is not evaluated again (prompt_cache.py); `constraint`: a grammar its tokens
+        keep to."""
+        slot, cached = self.cache.pick(self._free, request.prompt, cache_prompt)
+        self._free.remove(slot)
+        head = self.head
+        pipe = SlotPipeline(self.pipe, slot, self._owners)
+        pipe.kv(self.cache.take(slot, cached))
+        request = replace(request, cached=cached)
+        gen = Generation(request, head.tokenizer.is_eog, on_token, run_ids=head.run_ids)
+        strategy = self.strategy_now()
+        sampler = Sampler(sampling, history=gen.last, observe=observe, constraint=constraint,
+                          position=len(gen.request.resumed))
+        driver = driver_for(strategy, pipe, gen, sampler, self.cfg,
+                            self._drafter_for(slot, gen, constraint), self.cfg.pool(),
+                            head.trace, threaded_drafts=True,
+                            track=self._track(gen, constraint))
+        driver.sched.share = self._share
+        lane = pipe.lane = Lane(slot, driver, owner, strategy)
+        self.active.append(lane)
+        driver.begin()
+        return lane
+
+    def start_embedding(self, inputs: list[list[int]], owner: Any, pooling: str) -> Lane:
+        """An embedding request in a free slot (the least recently used: its kept cells are
+        dropped), its runs out now (embedding_job.py)."""
+        slot, _ = self.cache.pick(self._free, (), False)
+        self._free.remove(slot)
+        pipe = SlotPipeline(self.pipe, slot, self._owners)
+        pipe.kv(self.cache.take(slot, 0))
+        job = EmbeddingJob(pipe, inputs, self.head.run_ids,
+                           min(self.cfg.n_batch, MAX_OUTPUTS), pooling)
+        lane = pipe.lane = Lane(slot, job, owner, EMBEDDING)
+        self.active.append(lane)
+        job.begin()
+        return lane
+
+    def _drafter_for(self, slot: int, gen: Generation, constraint: Constraint | None):
+        """The slot's draft model, under the request's grammar if it has one: its drafts
+        cut to the grammar, the text the grammar forces drafted for free
+        (grammar_drafts.py; PIPEINFER_FREE_DRAFTS=0: not, to measure what they bring)."""
+        drafter = self._drafters[slot]
+        if not isinstance(constraint, Grammar) or not isinstance(drafter, Drafter):
+            return drafter
+        return GrammarDrafter(drafter, constraint.fresh(), len(gen.request.prompt),
+                              self._probe_for(constraint), self._tokenize, gen.counters,
+                              free_drafts_on())
+
+    def _track(self, gen: Generation, constraint: Constraint | None) -> GrammarTrack | None:
+        """The request's grammar for its n-gram lookups (on the head's thread: a state of
+        its own), as _drafter_for's for the draft model; None without a grammar."""
+        if not isinstance(constraint, Grammar):
+            return None
+        return GrammarTrack(constraint.fresh(), len(gen.request.prompt),
+                            self._probe_for(constraint), self._tokenize, gen.counters,
+                            free_drafts_on())
+
+    def _tokenize(self, text: str) -> list[int]:
+        return self.head.tokenizer.tokenize(text, add_special=False, parse_special=False)
+
+    def _probe_for(self, constraint: Grammar) -> Probe:
+        if self._probe is None:
+            self._probe = Probe(self._tokenize, self.head.tokenizer.piece, constraint.eos)
+        return self._probe
+
+    def strategy_now(self) -> str:
+        """The strategy of a generation starting now: --busy-strategy while another is under
+        way (the pipeline is then full of the requests' own runs, so drafts ride in the
+        request's runs instead of runs of their own), else --strategy. The adaptive
+        pipeinfer (schedule/adaptive.py) switches by itself: every generation gets it."""
+        if self.cfg.busy_strategy == ADAPTIVE:
+            return ADAPTIVE
+        busy = any(not lane.finished for lane in self.active)
+        return self.cfg.busy_strategy if busy and self.cfg.busy_strategy else self.cfg.strategy
+
+    def cancel(self, lane: Lane) -> None:
+        """End `lane`'s generation now (its runs in flight are drained all the same)."""
+        if not lane.finished:
+            lane.driver.feed(Cancel())
+
+    def turn(self) -> bool:
+        """A waiting result to its lane, else every lane's draft work and tick; False when
+        nothing happened."""
+        result = self.pipe.poll()
+        if result is not None:
+            lane = self._owners.pop(result.run_id)
+            lane.driver.feed(ResultArrived(result.run_id, result))
+            return True
+        busy = False
+        for lane in self.active:
+            if not lane.finished:
+                busy = lane.driver.turn_drafts() or busy
+        return busy
+
+    def reap(self) -> list[Lane]:
+        """The lanes whose generations ended and whose runs are all back: their slots are
+        cleared (every rank's KV cells of the slot but those of the accepted tokens; the
+        draft context only if nothing is kept) and free again."""
+        done = [lane for lane in self.active if lane.drained]
+        for lane in done:
+            self.active.remove(lane)
+            if lane.driver.drafts is not None:
+                lane.driver.drafts.close()
+            kept = kept_tokens(lane) if lane.strategy != EMBEDDING else []
+            lane.driver.pipe.kv(self.cache.release(   # (the lane's SlotPipeline: its slot)
+                lane.slot, kept))
+            drafter = self._drafters[lane.slot]
+            if isinstance(drafter, Drafter):
+                if kept and lane.strategy in KEEPS_DRAFT_CONTEXT:
+                    drafter.stage.seq_keep(0)   # its context stays (Drafter.sync then
+                else:                           # evaluates only what the next turn adds)
+                    drafter.reset()
+            self._free.append(lane.slot)
+        return done
+
+
+def kept_tokens(lane: Lane) -> list[int]:
+    """The tokens whose cells sequence 0 of a drained lane holds from position 0: its
+    scheduler's count of them (Speculation.c0: the prompt, then the accepted tokens whose
+    runs came back; only the reused prefix if its prefill was cut short)."""
+    gen = lane.gen
+    accepted = gen.accepted
+    return accepted[:min(lane.driver.sched.spec.c0, len(accepted))]

@@ -1,0 +1,110 @@
+"""The head's view of the target pipeline: what a scheduler submits runs to.
+
+It embeds tokens, evaluates the head's own slice of layers (if it holds any), and hands the
+rest to a Transport. Results come back as RunResults in the order runs were submitted.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from typing import Callable, Sequence
+
+from ...model.embedding import Embedder
+from ..transport.backoff import IdleBackoff
+from ...model.stage import Stage
+from ...schedule.transaction import DecodeTx, KvOp, RunResult
+from ..worker.local import Transport, apply_kv
+
+
+class Pipeline:
+    def __init__(self, embed: Embedder | None, stage: Stage | None,
+                 transport: Transport | None, *, whole_model: bool = False):
+        if stage is None and transport is None:
+            raise ValueError("a pipeline needs a head stage, a transport, or both")
+        self.embed, self.stage, self.transport = embed, stage, transport
+        self.whole_model = whole_model  # the head stage is the unsliced model: feed token ids
+        self._local: deque[RunResult] = deque()
+        self.busy_s = 0.0
+        self.in_flight = 0
+        # Work done: runs evaluated here and results taken. `on_progress(count)` after each
+        # (the front's heartbeat, serve/front_link.py: a long prompt's chunks all go out in
+        # one turn of the head's loop, through the head's own slice first).
+        self.progress = 0
+        self.on_progress: Callable[[int], None] | None = None
+
+    @property
+    def n_stages(self) -> int:
+        """Stages holding target layers: the head's own slice (if any) and every worker."""
+        n = 1 if self.stage is not None else 0
+        tr = self.transport
+        if tr is not None:
+            n += len(tr.stages) if hasattr(tr, "stages") else max(getattr(tr, "size", 2) - 1, 1)
+        return n
+
+    def decode(self, tx: DecodeTx, tokens: Sequence[int]) -> None:
+        """Start a run. Returns once the head's own slice (if any) has been evaluated."""
+        t0 = time.perf_counter()
+        if self.whole_model:
+            extra = {"states": True} if tx.states else {}   # (an embedding's run)
+            out = self.stage.decode(tx.positions, tx.seq_ids, tokens=tokens,
+                                    logit_rows=tx.logit_rows, run_id=tx.run_id, slot=tx.slot,
+                                    **extra)
+        else:
+            out = self.embed(tokens)
+            if self.stage is not None:
+                out = self.stage.decode(tx.positions, tx.seq_ids, embd=out, run_id=tx.run_id,
+                                        slot=tx.slot)
+        self.busy_s += time.perf_counter() - t0
+        self.in_flight += 1
+        self._progressed()
+        if self.transport is None:
+            self._local.append(RunResult(tx.run_id, None, states=out) if tx.states
+                               else RunResult(tx.run_id, out))
+        else:
+            self.transport.send_decode(tx, out)
+
+    def kv(self, ops: list[KvOp]) -> None:
+        """Apply KV operations on every stage, after every run already started."""
+        if not ops:
+            return
+        if self.stage is not None:
+            apply_kv(self.stage, ops)
+        if self.transport is not None:
+            self.transport.send_kv(ops)
+
+    def cancel(self, run_ids: list[int]) -> None:
+        # The head's own slice is never mid-decode here (the head is single-threaded).
+        if run_ids and self.transport is not None:
+            self.transport.send_cancel(run_ids)
+
+    def result_waiting(self) -> bool:
+        """Whether a result can be taken now (without taking it)."""
+        return bool(self._local) or (self.transport is not None
+                                     and self.transport.result_waiting())
+
+    def poll(self) -> RunResult | None:
+        result = self._local.popleft() if self._local else (
+            self.transport.poll_result() if self.transport is not None else None)
+        if result is not None:
+            self.in_flight -= 1
+            self._progressed()
+        return result
+
+    def _progressed(self) -> None:
+        self.progress += 1
+        if self.on_progress is not None:
+            self.on_progress(self.progress)
+
+    def wait(self, idle: Callable[[], None] | None = None) -> RunResult:
+        """Block (politely: the sleep between polls grows with the time waited) for the next
+        result; `idle` is called while waiting, if given."""
+        backoff = IdleBackoff()
+        while (result := self.poll()) is None:
+            if idle is not None:
+                idle()
+            backoff.wait()
+        return result
+
+    def shutdown(self) -> list[dict]:
+        return self.transport.shutdown() if self.transport is not None else []

@@ -1,0 +1,358 @@
+"""The roles of a pipeinfer MPI job as a library: no printing, no exit codes.
+
+    job = Job.start(cfg)              # every rank: load its part, wait until all are ready
+    if job.is_head:
+        gen = job.head.generate(on_token=print)    # tokens as they are accepted
+        gen = job.head.generate(request=job.head.request(other_prompt))  # and more
+        stats = job.head.shutdown()
+    else:
+        job.serve()                   # a worker or draft rank, until the head shuts down
+
+`Job.start` raises StartFailed on every rank when any rank failed to load (the message names
+the rank); failures while running raise on the head (RankFailed names the rank), and a worker
+reports its own to the head before it returns. The CLI (cli/runner.py) sits on top of this.
+Progress (fetching, slicing) is logged at INFO by the modules doing it, tracebacks at DEBUG.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import logging
+import os
+from pathlib import Path
+from typing import Callable, Iterator, Sequence, TypeVar
+
+from ..drafting.hierarchy import Level
+from ..drafting.hierarchy_remote import DraftRank
+from ...model.llama_lib import LlamaError
+from ..transport import wakeup
+from ..transport.draft_link import DraftLink
+from ..transport.mpi import Link, RankFailed, WorkerLink, hostname
+from ...model.sampling import Sampler, SamplingParams
+from ...schedule.generation import Generation, Request
+from ...schedule.transaction import seq_clear
+from ...strategies import STRATEGIES
+from ...model.partition import chain
+from ..worker.loop import Idle, Worker
+from ...config.job import RunConfig
+from .draft_files import DraftFile, settle_drafts
+from ..head.generate import driver_for
+from .setup import (SETUP_ERRORS, HeadSetup, draft_rank_file, head_setup,
+                    load_draft_rank_stage, load_stage, own_stage_file, plan, prompt_tokens)
+from ..transport.transfer import TransferError
+from .weights import Manifest, WeightsError, draft_need, obtain, target_needs
+from ...model.stage_cache import content_digest
+from ...model.tokenizer import Tokenizer
+from ..head.trace import Trace
+
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+class StartFailed(Exception):
+    """A rank could not load its part of the job; the message names it."""
+
+
+RUN_ERRORS = (RankFailed, LlamaError)          # expected while a job runs
+
+
+def describe(err: Exception, verbose: int = 0, known: tuple = RUN_ERRORS) -> str:
+    """The one-line report of an error: its message if it is of a `known` kind, else (a bug)
+    its type too, and a hint unless `verbose`; its traceback is logged (DEBUG, shown by -v)."""
+    log.debug("traceback of %s: %s", type(err).__name__, err, exc_info=err)
+    if isinstance(err, known):
+        return str(err)
+    return f"internal error: {type(err).__name__}: {err}" + ("" if verbose else
+                                                             " (run with -v for the traceback)")
+
+
+def _plan_phase(link: Link, cfg: RunConfig, check: Callable[[], None] | None):
+    """Collective: rank 0 checks, settles the draft files and --draft-vocab (draft_files.py),
+    plans the split (auto: every rank takes part) and names every rank's file; every rank gets
+    the settled config and (model, ranges, manifest), rank 0 the target's tokenizer and the
+    draft files too (None and () elsewhere), or StartFailed. Its first link.agree is the one
+    abandon_start (cli/runner.py) answers."""
+    rank, size = link.rank, link.size
+    shared, tokenizer, drafts, error = None, None, (), None
+    if rank == 0:
+        settled, error = _attempt(cfg, lambda: _first_checks(cfg, check, size))
+        if settled is not None:
+            cfg, drafts = settled
+    if cfg.split == "auto":  # collective: calibrate (or probe) and solve, all ranks being well
+        _agreed(link, error)
+        from ...plan.auto import auto_split
+        fractions, error = _attempt(cfg, lambda: auto_split(link, cfg, drafts[:1]))
+        if fractions is not None:
+            cfg = dataclasses.replace(cfg, split=fractions, leave_empty=True)
+    if rank == 0 and error is None:
+        planned, error = _attempt(cfg, lambda: _manifest(cfg, size, drafts))
+        if planned is not None:
+            shared, tokenizer = planned
+    _agreed(link, error, tokenizer)
+    model, ranges, manifest, kv_cells, draft_vocab = link.bcast(shared)
+    cfg = dataclasses.replace(cfg, draft_vocab=draft_vocab)
+    if kv_cells:
+        cfg = dataclasses.replace(cfg, spec=dataclasses.replace(cfg.spec, kv_size=kv_cells))
+    return cfg, (model, ranges, manifest), tokenizer, drafts
+
+
+def _agreed(link: Link, error: str | None, tokenizer: Tokenizer | None = None) -> None:
+    """Collective: StartFailed on every rank if one failed (`error`: this rank's)."""
+    _, failure = link.agree((link.rank, hostname(), os.getpid(), error))
+    if failure:
+        if tokenizer is not None:
+            tokenizer.close()
+        raise StartFailed(failure)
+
+
+def _first_checks(cfg: RunConfig, check: Callable[[], None] | None, size: int):
+    """Rank 0: `check`, then the settled config and the draft files (`size`: the job's
+    ranks)."""
+    if check is not None:
+        check()
+    return settle_drafts(cfg, size)
+
+
+def _attempt(cfg: RunConfig, step: Callable[[], T]) -> tuple[T | None, str | None]:
+    """(what `step` returns, None), or (None, the message of what it raised): a rank that
+    fails a step of the start still takes part in the collective ones after it."""
+    try:
+        return step(), None
+    except SETUP_ERRORS + (WeightsError, TransferError) as err:  # (auto: calibration's)
+        return None, str(err)
+    except Exception as err:
+        return None, describe(err, cfg.verbose)
+
+
+def job_kv_cells(cfg: RunConfig, tokenizer: Tokenizer) -> int:
+    """The KV cells every stage of a `run` job reserves: what its generation can use, not
+    what -c allows (llama.cpp zeroes, so keeps resident, every cell it reserves). A
+    speculative strategy gets 4x the prompt plus -n (rejected tokens keep their cells: the
+    ratio the default 4 x -c has), plus 512, in whole 256-cell blocks, at most 4 x -c; 0 (as
+    configured) for serve, an explicit --kv-size, and strategies without speculation."""
+    if cfg.prompt is None or cfg.spec.kv_size or not cfg.speculates:
+        return 0
+    cells = 4 * (len(prompt_tokens(cfg, tokenizer)) + cfg.n_predict) + 512
+    return min(cfg.kv_size, -(-cells // 256) * 256)
+
+
+def _manifest(cfg: RunConfig, size: int, drafts: Sequence[DraftFile]):
+    """Rank 0: (model, ranges, Manifest, KV cells, --draft-vocab's K) of the job, and the
+    target's tokenizer, opened once for the draft ranks' checks, the KV size and the head
+    (head_setup)."""
+    ranges, model = plan(cfg, size)
+    n_pipeline = cfg.n_pipeline(size)
+    digest = content_digest(model)
+    needs = target_needs(model, digest, ranges, n_pipeline)
+    tokenizer = Tokenizer(model)
+    try:
+        for i, rank in enumerate(range(n_pipeline, size)):
+            needs[rank] = draft_need(draft_rank_file(drafts[i], tokenizer), cfg.drafts[i])
+        kv_cells = job_kv_cells(cfg, tokenizer)
+    except BaseException:
+        tokenizer.close()
+        raise
+    manifest = Manifest(str(model), str(cfg.model), digest, needs)
+    return (model, ranges, manifest, kv_cells, cfg.draft_vocab), tokenizer
+
+
+class Job:
+    """One rank's part of a job started on COMM_WORLD."""
+
+    def __init__(self, cfg: RunConfig, link: Link, stage, head: "Head | None", statuses,
+                 ranges=None):
+        self.cfg, self.link, self.stage, self.head, self.statuses = (cfg, link, stage, head,
+                                                                     statuses)
+        self.ranges = ranges
+
+    @property
+    def rank(self) -> int:
+        return self.link.rank
+
+    @property
+    def is_head(self) -> bool:
+        return self.link.rank == 0
+
+    def ready_line(self) -> str:
+        """Where every rank runs and what it holds, for the log (launchers name a dead rank by
+        pid and host only; after a failover the front's log shows the new split here)."""
+        ranges = self.ranges or []
+
+        def held(r: int) -> str:
+            if r >= len(ranges):
+                return ", a draft model"
+            return f", layers [{ranges[r].first},{ranges[r].last})" if ranges[r].n_layer else ""
+        return "ready: " + "; ".join(f"rank {r} pid {pid} on {host}{held(r)}"
+                                     for r, host, pid, *_ in self.statuses)
+
+    @classmethod
+    def start(cls, cfg: RunConfig, check: Callable[[], None] | None = None) -> "Job":
+        """Every rank: rank 0 plans the split, every other rank obtains its file (from its
+        cache or its own copy of the model, else from rank 0: weights.py), every rank loads
+        its part; then all agree that all are ready (a rank that failed ends the job
+        everywhere with its message) and the head measures the clock offsets of the other
+        ranks (for traces). `check` runs first on the head (e.g. that an output file is
+        writable); what it raises fails the start."""
+        link = Link()
+        cfg, shared, tokenizer, drafts = _plan_phase(link, cfg, check)
+        model, ranges, manifest = shared
+        rank, size = link.rank, link.size
+        stage, setup, error, received = None, None, None, 0
+        try:
+            path, received = obtain(link, manifest, own=cfg.model, confirm=False)
+            n_pipeline = cfg.n_pipeline(size)
+            if rank >= n_pipeline:
+                stage = load_draft_rank_stage(cfg, path, rank)
+            elif rank == 0:
+                stage = load_stage(cfg, own_stage_file(model, ranges[0], n_pipeline),
+                                   ranges[0], n_pipeline)
+                setup = head_setup(cfg, model, stage, size, drafts, chain(ranges[:n_pipeline]),
+                                   tokenizer)
+            elif path is not None:
+                stage = load_stage(cfg, path, ranges[rank], n_pipeline)
+        except WeightsError as err:  # raised on every rank alike: the start fails here
+            raise StartFailed(str(err)) from None
+        except SETUP_ERRORS + (TransferError,) as err:
+            error = str(err)
+        except Exception as err:  # a bug: still take part in the gather, or the others hang
+            error = describe(err, cfg.verbose)
+        if setup is None and tokenizer is not None:  # (head_setup did not take it)
+            tokenizer.close()
+        statuses, failure = link.agree((rank, hostname(), os.getpid(), error, received))
+        if failure:
+            raise StartFailed(failure)
+        offsets = link.clock_offsets()
+        wakeup.connect(link)  # from now on a message wakes the rank waiting for it
+        head = Head(cfg, setup, ranges, size, offsets or {}) if rank == 0 else None
+        if head is not None:
+            head.weights_received = [s[4] for s in statuses]
+        return cls(cfg, link, stage, head, statuses, ranges)
+
+    def serve(self) -> int:
+        """A worker or draft rank's role until the head shuts the job down: 0 when it ended
+        normally, 1 after a failure (reported to the head, which ends the job)."""
+        size = self.link.size
+        if self.rank >= self.cfg.n_pipeline(size):
+            link = DraftLink()
+            n_pipeline = self.cfg.n_pipeline(size)
+            name = Path(self.cfg.drafts[self.rank - n_pipeline]).name  # (not its cache key)
+            role = DraftRank(link, Level(self.stage, self.cfg.n_batch, name=name),
+                             self.rank - n_pipeline,
+                             range(n_pipeline, size), self.cfg.spec.draft)
+        else:
+            n_pipeline = self.cfg.n_pipeline(size)
+            ranks = chain(self.ranges[:n_pipeline]) if self.ranges else list(range(n_pipeline))
+            if self.rank in ranks:
+                link = WorkerLink(n_ranks=n_pipeline, chain=ranks)
+                role = Worker(link, self.stage, argmax_only=self.cfg.argmax_only)
+            else:  # no layers: out of the chain, it waits for the end of the job
+                link = WorkerLink(n_ranks=n_pipeline, chain=[0, self.rank])
+                role = Idle(link)
+        try:
+            role.run()
+            return 0
+        except Exception as err:  # report to the head, which ends the job with the message
+            link.report_error(describe(err, self.cfg.verbose))
+            link.flush(timeout=5)
+            return 1
+
+
+class Head:
+    """Rank 0: the tokenizer, pipeline and draft model(s) of a started job. Generations run
+    one after another (`generate`, `stream`), each from its own Request (default: the job's
+    prompt and -n) and sampling. Before each but the first, every rank's KV cells and the draft
+    models' are cleared, so each generation computes as in a job of its own; run ids keep
+    growing across generations (a rank takes a cancellation of an id it has passed as one of a
+    run done, and a stage's abort flag holds the last id it was asked to abort)."""
+
+    def __init__(self, cfg: RunConfig, setup: HeadSetup, ranges, size: int,
+                 offsets: dict[int, float]):
+        self.cfg, self.setup, self.ranges, self.size = cfg, setup, ranges, size
+        self.offsets = offsets
+        self.trace = Trace(cfg.trace) if cfg.trace else None
+        self.gen: Generation | None = None
+        self.generations = 0
+        self.run_ids = itertools.count()  # one counter for every generation (and lane)
+        self.weights_received: list[int] = []  # bytes of weights each rank received at start
+
+    @property
+    def tokenizer(self):
+        return self.setup.tokenizer
+
+    def request(self, prompt: Sequence[int] | None = None, n_predict: int | None = None,
+                ignore_eos: bool | None = None, resumed: Sequence[int] = ()) -> Request:
+        """A Request of this job: the job's prompt, -n and --ignore-eos unless given;
+        `resumed`: the tokens an earlier job generated for it before it ended (the generation
+        goes on after them, as it would have: n_predict counts them)."""
+        cfg = self.cfg
+        return Request(tuple(self.setup.prompt if prompt is None else prompt),
+                       cfg.n_predict if n_predict is None else n_predict, cfg.n_ctx,
+                       cfg.ignore_eos if ignore_eos is None else ignore_eos,
+                       resumed=tuple(int(t) for t in resumed))
+
+    def generate(self, on_token: Callable[[int], None] = lambda t: None,
+                 request: Request | None = None,
+                 sampling: SamplingParams | None = None) -> Generation:
+        """Generate from `request` (default: the job's) until a stop condition; `on_token`
+        gets every accepted token as it is accepted. Returns the generation (tokens, timeline,
+        counters, stop reason)."""
+        self.gen = self._generation(on_token, request)
+        cfg = self.cfg
+        STRATEGIES[cfg.strategy](self.setup.pipeline, self.gen, self._sampler(sampling),
+                                 cfg, self.setup.drafter, self.setup.pool, trace=self.trace)
+        return self.gen
+
+    def stream(self, request: Request | None = None,
+               sampling: SamplingParams | None = None) -> Iterator[int]:
+        """A generation token by token as they are accepted (`self.gen` holds the rest);
+        closing the iterator early cancels the generation (stop reason "cancelled") and
+        drains its runs, so the next generation may follow."""
+        self.gen = self._generation(lambda t: None, request)
+        cfg = self.cfg
+        yield from driver_for(cfg.strategy, self.setup.pipeline, self.gen,
+                              self._sampler(sampling), cfg, self.setup.drafter,
+                              self.setup.pool, self.trace).stream()
+
+    def _sampler(self, sampling: SamplingParams | None) -> Sampler:
+        """The current generation's sampler (its draws keyed by position: a resumed
+        generation draws on from where it stopped)."""
+        return Sampler(sampling or self.cfg.sampling, position=len(self.gen.request.resumed))
+
+    def _generation(self, on_token: Callable[[int], None],
+                    request: Request | None) -> Generation:
+        if self.generations:
+            self._clear()
+        self.generations += 1
+        return Generation(request or self.request(), self.setup.tokenizer.is_eog, on_token,
+                          run_ids=self.run_ids)
+
+    def _clear(self) -> None:
+        """Every rank's KV cells, the draft models' and the partitions as at the start."""
+        if self.cfg.draft_ranks:
+            raise RuntimeError("a job with draft ranks of its own runs one generation")
+        self.setup.pipeline.kv([seq_clear()])
+        drafters = self.setup.drafter
+        for drafter in drafters if isinstance(drafters, (list, tuple)) else [drafters]:
+            if drafter is not None:
+                drafter.reset()
+        self.setup.pool = self.cfg.pool()
+
+    def check_ranks(self) -> None:
+        """Raise RankFailed if a worker has reported a failure (while no generation runs)."""
+        transport = self.setup.pipeline.transport
+        if transport is not None:
+            transport.check_errors()
+
+    def shutdown(self) -> list[dict]:
+        """Stop every worker; their statistics (rank order). Their stage spans go into the
+        trace, moved to the head's clock."""
+        stats = self.setup.pipeline.shutdown()
+        for s in stats:
+            spans = s.pop("spans", [])
+            if self.trace is not None:
+                self.trace.rank_spans(s["rank"], spans, self.offsets.get(s["rank"], 0.0))
+        if self.trace is not None:
+            self.trace.close()
+        return stats

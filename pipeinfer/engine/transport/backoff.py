@@ -1,0 +1,75 @@
+"""Polite waiting: poll, then sleep a little longer each time nothing happened.
+
+Blocking MPI calls busy-wait; with more ranks than cores that steals the core a computing rank
+needs. Every wait in pipeinfer polls and backs off instead. The sleeps end early when another
+rank wakes this one (engine/transport/wakeup.py, once the job has connected its wake-ups): a woken
+back-off starts again from short sleeps, as after any activity.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+from . import wakeup
+from .wakeup import Channel
+
+Sleep = Callable[[float], bool]  # sleep at most so long; True if woken early
+
+
+class Backoff:
+    """Sleep that grows while idle (up to `limit` seconds) and resets on activity. `channel`
+    is the wake-up channel the sleeps listen on; `sleep`, if given, sleeps instead (e.g. a
+    link's, which also keeps its own sends moving)."""
+
+    def __init__(self, first: float = 20e-6, limit: float = 250e-6,
+                 channel: Channel = Channel.MAIN, sleep: Sleep | None = None):
+        self.first, self.limit = first, limit
+        self.delay = 0.0
+        self._sleep = sleep or (lambda seconds: wakeup.sleep(seconds, channel))
+
+    def reset(self) -> None:
+        self.delay = 0.0
+
+    def wait(self) -> bool:
+        """One sleep (none right after a reset); True if a wake-up ended it (the back-off is
+        reset then: what woke it may need a few quick looks to arrive)."""
+        if self.delay and self._sleep(self.delay):
+            self.reset()
+            return True
+        self.delay = min(self.limit, max(self.first, self.delay * 2))
+        return False
+
+
+# Long idle waits. The sleep grows with the time it has been idle (a wake-up costs at
+# most IDLE_LATENCY_SHARE of the gap it ends, never more than MAX_SLEEP_S), so a worker that
+# waits between its passes wakes promptly while one idle for long costs next to no CPU.
+IDLE_LATENCY_SHARE = 0.01
+MAX_SLEEP_S = 5e-3
+# A wait that wake-ups end (every message it waits for wakes it): the sleep is then only a
+# safety net, and one that grows fast and long keeps an idle rank's CPU near zero.
+WOKEN_LATENCY_SHARE = 0.1
+WOKEN_MAX_SLEEP_S = 0.1
+
+
+class IdleBackoff(Backoff):
+    """Backoff whose ceiling rises from `limit` to `max_limit` the longer nothing happens."""
+
+    def __init__(self, first: float = 20e-6, limit: float = 250e-6,
+                 max_limit: float = MAX_SLEEP_S, share: float = IDLE_LATENCY_SHARE,
+                 channel: Channel = Channel.MAIN, sleep: Sleep | None = None):
+        super().__init__(first, limit, channel, sleep)
+        self.base_limit, self.max_limit, self.share = limit, max_limit, share
+        self._idle_since: float | None = None
+
+    def reset(self) -> None:
+        super().reset()
+        self._idle_since = None
+
+    def wait(self) -> bool:
+        now = time.monotonic()
+        if self._idle_since is None:
+            self._idle_since = now
+        idle = now - self._idle_since
+        self.limit = min(self.max_limit, max(self.base_limit, idle * self.share))
+        return super().wait()

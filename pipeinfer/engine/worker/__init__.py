@@ -1,0 +1,3 @@
+"""A pipeline rank: core.py (the rules a rank applies to each transaction: compute, skip or
+abort a run, KV operations, statistics) <- loop.py (the MPI side: receive, apply, forward)
+and local.py (the same rules for stages in the head's process, without MPI)."""

@@ -1,0 +1,201 @@
+"""A worker rank: receives the head's transactions in order, has its StageCore apply them
+(engine/worker/core.py: compute, skip or abort a run, KV operations, statistics, spans) and
+forwards them; this module is only the MPI side of it.
+
+Cancellations arrive on a side thread (they travel backwards, independent of the begin
+stream) and go to the core, which may abort the decode the main thread is in.
+
+With wake-ups from both the previous rank and the rank cancellations come from
+(engine/transport/wakeup.py), the watcher waits for cancellations all the time, each thread sleeps until
+a message for it is sent, and an idle worker costs next to no CPU; without them the main loop
+polls for cancellations while idle and the watcher only while a decode runs.
+
+Spans are in the worker's own time.monotonic() clock; they go to the head with the statistics
+at shutdown, where the trace converts them with this rank's clock offset (Link.clock_offsets).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+
+from ..transport import wakeup
+from ..transport.backoff import WOKEN_LATENCY_SHARE, WOKEN_MAX_SLEEP_S, Backoff, IdleBackoff
+from .core import COMPUTED, StageCore
+from ...report.metrics import peak_rss_mb, rss_mb
+from ..transport.mpi import CANCEL_END, WorkerLink
+from ...model.stage import Stage
+from ...schedule.transaction import DecodeFlag, DecodeTx, Tag, TxType, decode_kv_ops
+from ..transport.wakeup import Channel
+
+# The cancel watcher polls (fast) only while a decode it may have to abort is running.
+WATCH_FAST_S = 500e-6
+RSS_EVERY = 64  # record the resident size every this many computed decodes
+
+
+class Worker:
+    def __init__(self, link: WorkerLink, stage: Stage, argmax_only: bool = False):
+        self.link = link
+        self.argmax_only = argmax_only  # greedy sampling: return argmaxes, not logits
+        self.is_last = link.next is None
+        self._stop = threading.Event()
+        self._computing = threading.Event()  # wakes the cancel watcher when a decode starts
+        self.core = StageCore(stage, computing=self._computing)
+        self._cancel_lock = threading.Lock()  # one thread at a time receives cancellations
+        self._cancels_ended = False           # CANCEL_END received (and passed upstream)
+        self._rss_trace_mb: list[float] = []
+        self.woken = woken_by(link.prev, link.cancel_source)
+
+    def _backoff(self, channel: Channel) -> IdleBackoff:
+        return idle_backoff(self.link, channel, self.woken)
+
+    # --- main loop --------------------------------------------------------------------------
+    def run(self) -> dict:
+        watcher = threading.Thread(target=self._watch_cancels, name="cancel-watcher", daemon=True)
+        watcher.start()
+        started, cpu0 = time.monotonic(), time.process_time()
+        handlers = {TxType.DECODE: self._decode, TxType.KV: self._kv, TxType.BUSY: self._busy}
+        backoff = self._backoff(Channel.MAIN)
+        try:
+            while True:
+                header = self.link.poll_begin()
+                if header is None:
+                    if not self.woken:  # else the watcher waits for them
+                        self._poll_cancels()
+                    backoff.wait()
+                    continue
+                backoff.reset()
+                kind = TxType(int(header[0]))
+                if kind == TxType.SHUTDOWN:
+                    if not self.is_last:
+                        self.link.forward(header)
+                    break
+                handler = handlers.get(kind)
+                if handler is None:
+                    raise RuntimeError(f"unexpected transaction type {kind.name}")
+                handler(header)
+        finally:
+            self._stop.set()
+            self._computing.set()
+            wakeup.wake_self(Channel.CANCEL)
+            watcher.join()
+        backoff = self._backoff(Channel.CANCEL)
+        while not self._cancels_ended:  # cancellations still on their way: pass them on
+            if not self._poll_cancels():
+                backoff.wait()
+        stats = {"rank": self.link.rank, **self.core.stats, "rss_trace_mb": self._rss_trace_mb,
+                 "wall_s": time.monotonic() - started,
+                 "cpu_s": time.process_time() - cpu0,  # every thread's, computing or not
+                 "peak_rss_mb": peak_rss_mb(),
+                 "spans": list(self.core.spans)}
+        self.link.send_stats(stats)
+        self.link.flush()
+        return stats
+
+    def _decode(self, header: np.ndarray) -> None:
+        meta = self.link.recv_payload(Tag.DECODE_META, np.int32)
+        tx = DecodeTx.from_wire(header, meta)
+        x = None
+        if not int(header[4]) & DecodeFlag.SKIPPED:
+            x = self.link.recv_payload(Tag.ACTIVATIONS, np.float32).reshape(tx.n_tokens, -1)
+        out, outcome = self.core.decode(tx, x)
+        if outcome == COMPUTED and self.core.stats[COMPUTED] % RSS_EVERY == 0:
+            self._rss_trace_mb.append(round(rss_mb(), 1))
+        if self.is_last:
+            self.link.send_result(tx.run_id, out, self.argmax_only, states=tx.states)
+        elif out is None:
+            self.link.forward(tx.header(skipped=True, meta_len=len(meta)), (meta, Tag.DECODE_META))
+        else:
+            self.link.forward(header, (meta, Tag.DECODE_META), (out.reshape(-1), Tag.ACTIVATIONS))
+
+    def _kv(self, header: np.ndarray) -> None:
+        buf = self.link.recv_payload(Tag.KV_OPS, np.int32)
+        self.core.kv(decode_kv_ops(buf))
+        if not self.is_last:
+            self.link.forward(header, (buf, Tag.KV_OPS))
+
+    def _busy(self, header: np.ndarray) -> None:
+        """A busy probe: this rank's busy seconds appended, on to the next rank or the head."""
+        busy = np.append(self.link.recv_payload(Tag.BUSY, np.float64), self.core.stats["busy_s"])
+        if self.is_last:
+            self.link.send_busy(busy)
+        else:
+            self.link.forward(header, (busy, Tag.BUSY))
+
+    # --- cancellations ----------------------------------------------------------------------
+    def _watch_cancels(self) -> None:
+        """Side thread: receives cancellations while a decode runs (it may have to abort it);
+        with wake-ups also while idle (it sleeps until one is sent). Without them the main
+        loop polls for them while nothing is computed, so an idle worker has one polling
+        thread, not two."""
+        backoff = self._backoff(Channel.CANCEL) if self.woken else Backoff(
+            limit=WATCH_FAST_S, channel=Channel.CANCEL)
+        while not self._stop.is_set():
+            if not self.woken and not self._computing.is_set():
+                self._computing.wait()
+                backoff.reset()
+                continue
+            if self._poll_cancels():
+                backoff.reset()
+            else:
+                backoff.wait()
+
+    def _poll_cancels(self) -> bool:
+        """Receive and apply one waiting cancellation message; False if there was none (or the
+        other thread is receiving one)."""
+        if not self._cancel_lock.acquire(blocking=False):
+            return False
+        try:
+            ids = self.link.poll_cancel()
+            if ids is None:
+                return False
+            self.link.cancel_upstream(ids)
+            if len(ids) == 1 and int(ids[0]) == CANCEL_END:
+                self._cancels_ended = True
+                return True
+            self.core.cancel(ids)
+            return True
+        finally:
+            self._cancel_lock.release()
+
+
+class Idle:
+    """A rank without layers (the auto split left it out of the chain): it waits, politely,
+    for the head's SHUTDOWN and reports its (empty) statistics."""
+
+    def __init__(self, link: WorkerLink):
+        self.link = link  # its `prev` is the head
+
+    def run(self) -> dict:
+        started = time.monotonic()
+        backoff = idle_backoff(self.link, Channel.MAIN, woken_by(self.link.prev))
+        while True:
+            header = self.link.poll_begin()
+            if header is not None and TxType(int(header[0])) == TxType.SHUTDOWN:
+                break
+            if header is not None:
+                raise RuntimeError(f"rank {self.link.rank} holds no layers but got a "
+                                   f"{TxType(int(header[0])).name} transaction")
+            backoff.wait()
+        stats = {"rank": self.link.rank, "busy_s": 0.0, "idle": True,
+                 "wall_s": time.monotonic() - started, "peak_rss_mb": peak_rss_mb()}
+        self.link.send_stats(stats)
+        self.link.flush()
+        return stats
+
+
+def woken_by(*ranks: int) -> bool:
+    """Whether every one of `ranks` wakes this rank when it sends to it."""
+    wakeups = wakeup.current()
+    return wakeups is not None and set(ranks) <= wakeups.wakes_from
+
+
+def idle_backoff(link: WorkerLink, channel: Channel, woken: bool) -> IdleBackoff:
+    """A worker's idle wait on `channel`: its sleeps keep the link's sends moving, and with
+    wake-ups from every rank it waits for they may grow long (a message ends them)."""
+    if not woken:
+        return IdleBackoff(channel=channel, sleep=lambda seconds: link.sleep(seconds, channel))
+    return IdleBackoff(max_limit=WOKEN_MAX_SLEEP_S, share=WOKEN_LATENCY_SHARE, channel=channel,
+                       sleep=lambda seconds: link.sleep(seconds, channel))
