@@ -172,7 +172,7 @@ def test_good_mpmd_launch_works(models, cache_env) -> None:
 
 def test_strategy_names_match_the_registry() -> None:
     """cli/main.py lists the strategies without importing them (fast --help): keep it in sync."""
-    from pipeinfer.cli.main import STRATEGY_NAMES
+    from pipeinfer.cli.options import STRATEGY_NAMES
     from pipeinfer.strategies import STRATEGIES
 
     assert set(STRATEGY_NAMES) == set(STRATEGIES)
