@@ -35,6 +35,7 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
+from pipeinfer import strategies
 from pipeinfer.report.results import (
            BASE,
            METRICS,
@@ -50,8 +51,7 @@ from pipeinfer.report.results import (
        )
 from pipeinfer.report.timeline import Trace, TraceError, draw_timeline, read_trace
 
-COLORS = {"iterative": "#4c72b0", "speculative": "#dd8452", "pipeinfer": "#55a868",
-          "pipespec": "#bcbd22", "specpipe": "#17becf"}
+COLORS = {name: strategies.STRATEGIES[name].color for name in strategies.NAMES}
 PEER_PREFIX = "llama-"   # experiments/bench_peers.py's llama.cpp rows: peers.png
 EXTRA_COLORS = ["#c44e52", "#8172b3", "#937860", "#da8bc3", "#8c8c8c", "#ccb974", "#64b5cd"]
 

@@ -3,7 +3,7 @@ beside it: the MPI rank a process was launched as, and the CPU seconds of each o
 import glob
 import os
 
-from pipeinfer.engine.startup.supervisor import launch_position
+from pipeinfer.job.supervisor import launch_position
 
 TICK = os.sysconf("SC_CLK_TCK")
 

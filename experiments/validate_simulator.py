@@ -29,7 +29,7 @@ sys.path.insert(0, str(HERE.parent))
 
 from pipeinfer.plan import header_only, modelled  # noqa: E402
 from pipeinfer.plan.acceptance import accept_rate  # noqa: E402
-from pipeinfer.plan.inputs import cluster  # noqa: E402
+from pipeinfer.plan.inputs import ClusterSpec, cluster  # noqa: E402
 from pipeinfer.plan.simulate import SimConfig, simulate  # noqa: E402
 
 REFERENCE = HERE / "reference" / "paper-512-k3" / "results.csv"
@@ -63,16 +63,15 @@ def counts(split: str, n_layer: int) -> list[int]:
 
 
 def validate(args) -> list[tuple]:
-    one = cluster(args.model, args.draft, None, None, [1.0], "none",
-                  compact=args.compact_draft)
+    one = cluster(ClusterSpec(args.model, args.draft, cpus=(1.0,), compact=args.compact_draft))
     rate = accept_rate(one.model, one.draft)
     rows = []
     for (setting, strategy, split, n_gen), speeds in sorted(groups(args.csv, args.prompt)
                                                              .items()):
         layers = counts(split, 28)
-        setup = cluster(args.model, args.draft if strategy != "iterative" else None, None,
-                        None, shares(setting, len(layers)), link_of(setting),
-                        compact=args.compact_draft)
+        draft = args.draft if strategy != "iterative" else None
+        setup = cluster(ClusterSpec(args.model, draft, cpus=tuple(shares(setting, len(layers))),
+                                    link=link_of(setting), compact=args.compact_draft))
         cfg = SimConfig(strategy, n_gen, accept_rate=rate)
         pred = simulate(setup.pipeline(), layers, cfg).speed_tps
         measured = statistics.mean(speeds)

@@ -11,8 +11,9 @@ from __future__ import annotations
 import json
 import sys
 
-from pipeinfer.config.job import RunConfig, resolve_draft_source
-from pipeinfer.engine.startup.job import Job
+from pipeinfer.config.drafts import resolve_draft_source
+from pipeinfer.config.job import JobConfig
+from pipeinfer.job.roles import Job
 from pipeinfer.model.sampling import SamplingParams
 from pipeinfer.schedule.options import SpecOptions
 
@@ -21,8 +22,8 @@ def main() -> None:
     model, strategy, draft, plan = sys.argv[1], sys.argv[2], sys.argv[3], json.loads(sys.argv[4])
     draft = None if draft == "-" else draft
     source = resolve_draft_source(strategy, None, draft is not None)
-    cfg = RunConfig(model=model, prompt=None, n_ctx=256, draft=draft, strategy=strategy,
-                    spec=SpecOptions(draft_source=source, draft_thread=True), full_logits=True)
+    cfg = JobConfig(model=model, n_ctx=256, drafts=(draft,) if draft else (),
+                    strategy=strategy, spec=SpecOptions(draft_source=source), full_logits=True)
     job = Job.start(cfg)
     if not job.is_head:
         sys.exit(job.serve())

@@ -8,8 +8,8 @@ import itertools
 
 import pytest
 
-from pipeinfer.config.job import RunConfig
-from pipeinfer.engine.startup.setup import plan
+from pipeinfer.config.job import JobConfig
+from pipeinfer.job.setup import plan
 from pipeinfer.model.balance import balanced_counts, balanced_split, layer_bytes
 from pipeinfer.model.models import ModelError, resolve_model
 from pipeinfer.model.partition import PartitionError, partition
@@ -73,18 +73,18 @@ def qwen() -> str:
     ("iterative", None, 4, [8, 9, 9, 2]),
 ])
 def test_default_split_of_qwen(strategy, draft, size, layers):
-    cfg = RunConfig(model=qwen(), strategy=strategy, draft=draft, prompt="x")
+    cfg = JobConfig(model=qwen(), strategy=strategy, drafts=(draft,) if draft else ())
     ranges, _ = plan(cfg, size)
     assert [r.n_layer for r in ranges] == layers
 
 
 def test_explicit_split_is_kept(tiny_model):
-    cfg = RunConfig(model=str(tiny_model), strategy="iterative", prompt="x",
+    cfg = JobConfig(model=str(tiny_model), strategy="iterative",
                     split=(0.5, 0.25, 0.25))
     assert [r.n_layer for r in plan(cfg, 3)[0]] == [2, 1, 1]
 
 
 def test_too_many_ranks_for_the_default_split(tiny_model):
-    cfg = RunConfig(model=str(tiny_model), strategy="iterative", prompt="x")
+    cfg = JobConfig(model=str(tiny_model), strategy="iterative")
     with pytest.raises(PartitionError, match="5 ranks but the model has only 4 layers"):
         plan(cfg, 5)

@@ -168,11 +168,3 @@ def test_good_mpmd_launch_works(models, cache_env) -> None:
     res = _mpmd(models, models["good"], cache_env)
     assert res.rc == 0 and res.json is not None, res.describe()
     assert res.json["n_ranks"] == 2
-
-
-def test_strategy_names_match_the_registry() -> None:
-    """cli/main.py lists the strategies without importing them (fast --help): keep it in sync."""
-    from pipeinfer.cli.options import STRATEGY_NAMES
-    from pipeinfer.strategies import STRATEGIES
-
-    assert set(STRATEGY_NAMES) == set(STRATEGIES)

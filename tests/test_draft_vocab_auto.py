@@ -1,4 +1,4 @@
-"""--draft-vocab auto, the default (engine/startup/draft_files.py, RunConfig.settled_draft_vocab): real
+"""--draft-vocab auto, the default (engine/files/draft_files.py, JobConfig.settled_draft_vocab): real
 files, real mpiexec.
 
 auto is 32768 for pipeinfer on a pipeline of 4 ranks or more whose draft model has a vocabulary
@@ -19,8 +19,9 @@ import pytest
 
 import mpi_util
 from cached_models import cached_models
-from pipeinfer.config.job import AUTO, RunConfig
-from pipeinfer.engine.startup.draft_files import settle_drafts
+from pipeinfer.config.drafts import AUTO
+from pipeinfer.config.job import JobConfig
+from pipeinfer.engine.files.draft_files import settle_drafts
 from pipeinfer.model.draft_vocab import DRAFT_VOCAB_VERSION
 from pipeinfer.schedule.options import SpecOptions
 from test_draft_vocab import K_QWEN, K_TINY, QWEN_PROMPT, run_json
@@ -40,7 +41,7 @@ def qwen():
     return cached_models("qwen-coder-1.5b", "qwen-coder-0.5b-q4_0")
 
 
-def _settled(cfg: RunConfig, n_ranks: int = 4, **changes) -> int:
+def _settled(cfg: JobConfig, n_ranks: int = 4, **changes) -> int:
     settled, _ = settle_drafts(replace(cfg, **changes), n_ranks)
     return settled.draft_vocab
 
@@ -48,14 +49,14 @@ def _settled(cfg: RunConfig, n_ranks: int = 4, **changes) -> int:
 def test_auto_is_the_full_vocabulary_where_a_reduced_draft_does_not_apply(tiny) -> None:
     """The tiny draft's vocabulary is below 65,536 tokens: 0 for every strategy; without a
     draft model, 0 even for a K given."""
-    cfg = RunConfig(model=str(tiny.target), prompt="x", draft=str(tiny.aligned))
+    cfg = JobConfig(model=str(tiny.target), drafts=(str(tiny.aligned),))
     assert cfg.draft_vocab == AUTO
     for strategy in (*SPECULATING, "pipespec"):
         assert _settled(cfg, strategy=strategy) == 0, strategy
     assert _settled(cfg, strategy="pipeinfer", draft_vocab=K_TINY) == K_TINY
     ngram = SpecOptions(draft_source="ngram")
     assert _settled(cfg, strategy="pipeinfer", spec=ngram, draft_vocab=K_TINY) == 0
-    assert _settled(cfg, strategy="iterative", draft=None) == 0
+    assert _settled(cfg, strategy="iterative", drafts=()) == 0
 
 
 def test_auto_is_32768_for_pipeinfer_on_4_ranks_with_the_qwen_pair(qwen) -> None:
@@ -64,7 +65,7 @@ def test_auto_is_32768_for_pipeinfer_on_4_ranks_with_the_qwen_pair(qwen) -> None
     pipespec (in the head or on a draft rank, whose ranks do not count) and n-gram drafts
     alone; a K given is kept, 0 too; a K given with pipespec is refused."""
     target, draft = qwen
-    cfg = RunConfig(model=str(target), prompt="x", draft=str(draft))
+    cfg = JobConfig(model=str(target), drafts=(str(draft),))
     for n_ranks in (4, 5, 8):
         assert _settled(cfg, n_ranks, strategy="pipeinfer") == K_QWEN, n_ranks
     for n_ranks in (1, 2, 3):

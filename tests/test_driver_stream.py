@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from pipeinfer.engine.drafting.drafter import Drafter
-from pipeinfer.engine.head.generate import driver_for
+from pipeinfer.engine.head.generate import Drafting, driver_for
 from pipeinfer.engine.head.pipeline import Pipeline
 from pipeinfer.model.sampling import Sampler, SamplingParams
 from pipeinfer.schedule.generation import Generation, Request
@@ -27,7 +27,7 @@ def _driver(rig: Rig, strategy: str, n_predict: int = N_PREDICT):
     gen = Generation(Request(rig.tiny.prompt, n_predict, cfg.n_ctx, ignore_eos=True),
                      lambda t: False)
     drafter = Drafter(rig.draft_stage, N_BATCH) if strategy != "iterative" else None
-    return driver_for(strategy, pipe, gen, Sampler(SamplingParams()), cfg, drafter, pool), \
+    return driver_for(strategy, pipe, gen, Sampler(SamplingParams()), cfg, Drafting(drafter), pool), \
         gen, pool, pipe
 
 

@@ -11,6 +11,7 @@ import numpy as np
 
 from pipeinfer.engine.head.embedding_job import CLS, LAST, MEAN, EmbeddingJob, pool, pooling_of
 from pipeinfer.schedule.events import Cancel, ResultArrived
+from pipeinfer.engine.transport.wire import decode_header, decode_tx, encode_meta
 from pipeinfer.schedule.transaction import DecodeTx, RunResult, seq_clear
 
 
@@ -71,8 +72,8 @@ def test_pooling_types_and_normalization():
 
 def test_the_states_flag_crosses_the_wire():
     tx = DecodeTx(7, (0, 1), ((0,), (0,)), (True, True), slot=2, states=True)
-    meta = tx.encode_meta()
-    assert DecodeTx.from_wire(tx.header(meta_len=len(meta)), meta) == tx
+    meta = encode_meta(tx)
+    assert decode_tx(decode_header(tx, meta_len=len(meta)), meta) == tx
     plain = DecodeTx(8, (0,), ((0,),), (True,))
-    assert not DecodeTx.from_wire(plain.header(), plain.encode_meta()).states
+    assert not decode_tx(decode_header(plain), encode_meta(plain)).states
     assert not RunResult(1, None, states=np.zeros((1, 2))).cancelled

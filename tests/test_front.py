@@ -20,67 +20,12 @@ import httpx
 import pytest
 
 import mpi_util
+from support.serving import Server
 
 PROMPTS = ["def quicksort(arr):", "The capital of France is", "import numpy as np\n",
            "Once upon a time,"]
 N_TOKENS = 64
 KILL_AFTER = 12     # chunks every stream has when a rank is killed
-
-
-class Front:
-    """`pipeinfer serve --ranks N ...` (not under mpiexec), output in files; its job's
-    processes are found by the front's channel directory (under `tmp`)."""
-
-    def __init__(self, tmp: Path, ranks: int, *args: str):
-        self.tmp, self.url = tmp, ""
-        self.err_path = tmp / "stderr.txt"
-        cmd = [str(mpi_util.PIPEINFER), "serve", "--ranks", str(ranks), "--port", "0", *args]
-        env = mpi_util.mpi_env({"TMPDIR": str(tmp)})
-        with open(tmp / "stdout.txt", "w") as out, open(self.err_path, "w") as err:
-            self.proc = subprocess.Popen(cmd, stdout=out, stderr=err, env=env,
-                                         start_new_session=True, stdin=subprocess.DEVNULL)
-
-    @property
-    def stderr(self) -> str:
-        return self.err_path.read_text()
-
-    def health(self) -> httpx.Response:
-        return httpx.get(self.url + "/health", timeout=5)
-
-    def wait_ready(self, timeout: float = 150, after_job: int = 0) -> dict:
-        """/health once a job later than `after_job` takes requests."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            assert self.proc.poll() is None, f"the front ended:\n{self.stderr}"
-            if not self.url:
-                said = re.search(r"listening on (http://[^\s;]+)", self.stderr)
-                self.url = said.group(1) if said else ""
-            else:
-                try:
-                    r = self.health()
-                    if r.status_code == 200 and r.json()["job"] > after_job:
-                        return r.json()
-                except httpx.TransportError:
-                    pass
-            time.sleep(0.2)
-        raise AssertionError(f"not ready in {timeout} s:\n{self.stderr}")
-
-    def job_processes(self) -> list[int]:
-        """Pids of processes of its jobs (launcher, supervisors, ranks) still alive."""
-        out = subprocess.run(["ps", "-ww", "-eo", "pid=,args="], capture_output=True,
-                             text=True).stdout
-        mark = str(self.tmp / "pipeinfer-front-")
-        return [int(line.split()[0]) for line in out.splitlines() if mark in line]
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            mpi_util._kill_group(self.proc.pid)
-        for pid in self.job_processes():
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        self.proc.wait(10)
 
 
 def complete(url: str, prompt: str, **fields) -> str:
@@ -122,7 +67,7 @@ class Stream(threading.Thread):
 
 @pytest.fixture(scope="module")
 def front(smollm2, tmp_path_factory):
-    srv = Front(tmp_path_factory.mktemp("front"), 3, "-m", str(smollm2), "--parallel", "4",
+    srv = Server(tmp_path_factory.mktemp("front"), 3, "-m", str(smollm2), "--parallel", "4",
                 "--no-cache-prompt", "--max-restarts", "50")   # (its tests kill it often)
     try:
         srv.wait_ready()
@@ -253,7 +198,7 @@ def test_metrics_count_restarts_and_resumed_requests(front):
 
 
 def test_sigterm_ends_the_front_and_every_rank(smollm2, tmp_path):
-    srv = Front(tmp_path, 2, "-m", str(smollm2))
+    srv = Server(tmp_path, 2, "-m", str(smollm2))
     try:
         srv.wait_ready()
         assert srv.job_processes()
@@ -277,7 +222,7 @@ def test_sigterm_ends_the_front_and_every_rank(smollm2, tmp_path):
 
 
 def test_the_front_loads_neither_mpi_nor_llama_cpp() -> None:
-    code = ("import sys, pipeinfer.cli.front, pipeinfer.front.main; "
+    code = ("import sys, pipeinfer.front.main, pipeinfer.front.in_job; "
             "print(sorted(m for m in sys.modules if m.split('.')[0] in "
             "('mpi4py', 'llama_cpp')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
@@ -316,7 +261,7 @@ def test_a_host_lost_is_left_out_and_answers_stay_exact(smollm2, tmp_path, undis
         pytest.skip(NO_NETNS)
     state = tmp_path / "hosts"
     (state / "down").mkdir(parents=True)
-    srv = Front(tmp_path, 4, "-m", str(smollm2), "--parallel", "4", "--no-cache-prompt",
+    srv = Server(tmp_path, 4, "-m", str(smollm2), "--parallel", "4", "--no-cache-prompt",
                 "--hosts", "node0,node1,node2,node3", "--mpiexec", _cluster_launcher(state))
     try:
         before = srv.wait_ready(240)
@@ -346,7 +291,7 @@ def _cluster_front(smollm2, tmp_path: Path, *args: str, env: dict | None = None)
         pytest.skip(NO_NETNS)
     state = tmp_path / "hosts"
     (state / "down").mkdir(parents=True)
-    srv = Front(tmp_path, 4, "-m", str(smollm2), "--hosts", "node0,node1,node2,node3",
+    srv = Server(tmp_path, 4, "-m", str(smollm2), "--hosts", "node0,node1,node2,node3",
                 "--mpiexec", _cluster_launcher(state), *args)
     return srv, state
 
@@ -411,7 +356,7 @@ def test_a_host_whose_rank_keeps_dying_is_left_out(smollm2, tmp_path):
 
 
 def test_requests_wait_through_a_recovery_and_beyond_the_queue_get_503(smollm2, tmp_path):
-    srv = Front(tmp_path, 2, "-m", str(smollm2), "--parallel", "1", "--queue", "1")
+    srv = Server(tmp_path, 2, "-m", str(smollm2), "--parallel", "1", "--queue", "1")
     try:
         health = srv.wait_ready()
         os.kill(next(r["pid"] for r in health["ranks"] if r["rank"] == 0), signal.SIGKILL)
@@ -482,7 +427,7 @@ def _rss_kb(pid: int) -> int:
 def test_soak_every_request_completes_exactly_while_ranks_die(smollm2, tmp_path):
     import random
     rng = random.Random(32)
-    srv = Front(tmp_path, 3, "-m", str(smollm2), "--parallel", "4", "--no-cache-prompt",
+    srv = Server(tmp_path, 3, "-m", str(smollm2), "--parallel", "4", "--no-cache-prompt",
                 "--max-restarts", "1000")
     try:
         srv.wait_ready()
@@ -535,7 +480,7 @@ def _is_rank(pid: int) -> bool:
 def test_speculating_lanes_resume_exactly(smollm2, tmp_path, undisturbed):
     """pipeinfer with a draft model (lanes verify drafts in their own runs while others are
     under way): resumed after a worker is killed, every answer equals the undisturbed one."""
-    srv = Front(tmp_path, 3, "-m", str(smollm2), "-md", str(smollm2), "--strategy",
+    srv = Server(tmp_path, 3, "-m", str(smollm2), "-md", str(smollm2), "--strategy",
                 "pipeinfer", "--parallel", "4", "--no-cache-prompt")
     try:
         srv.wait_ready()

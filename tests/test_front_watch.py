@@ -19,7 +19,8 @@ import httpx
 import pytest
 
 from pipeinfer.front.watchdog import Watchdog, stopped_ranks
-from test_front import KILL_AFTER, PROMPTS, Front, Stream, _kill_mid_stream, complete
+from support.serving import Server
+from test_front import KILL_AFTER, PROMPTS, Stream, _kill_mid_stream, complete
 
 STALL_S = 5.0
 RELAUNCH_S = 40.0   # a relaunch of SmolLM2 on 3 ranks from the stage caches, loaded machine
@@ -28,7 +29,7 @@ RELAUNCH_S = 40.0   # a relaunch of SmolLM2 on 3 ranks from the stage caches, lo
 @pytest.fixture(scope="module")
 def watched(smollm2, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("watched")
-    srv = Front(tmp, 3, "-m", str(smollm2), "--parallel", "4", "--no-cache-prompt",
+    srv = Server(tmp, 3, "-m", str(smollm2), "--parallel", "4", "--no-cache-prompt",
                 "--max-restarts", "50", "--stall-timeout", str(STALL_S),
                 "--trace", str(tmp / "trace.jsonl"))
     srv.trace = tmp / "trace.jsonl"
@@ -44,7 +45,7 @@ def reference(watched):
     return {p: complete(watched.url, p) for p in PROMPTS}
 
 
-def _records(front: Front, after: float = 0.0) -> list[dict]:
+def _records(front: Server, after: float = 0.0) -> list[dict]:
     lines = front.trace.read_text().splitlines()
     return [r for r in map(json.loads, lines) if r["t"] >= after]
 
@@ -176,7 +177,7 @@ def test_a_slow_prompt_keeps_beating(smollm2, tmp_path, strategy):
     draft model takes the prompt in (pipeinfer)."""
     stall = 1.5
     draft = ["-md", str(smollm2)] if strategy == "pipeinfer" else []
-    srv = Front(tmp_path, 3, "-m", str(smollm2), *draft, "--strategy", strategy, "-c", "4096",
+    srv = Server(tmp_path, 3, "-m", str(smollm2), *draft, "--strategy", strategy, "-c", "4096",
                 "-b", "32", "--parallel", "1", "--stall-timeout", str(stall))
     try:
         first = srv.wait_ready()

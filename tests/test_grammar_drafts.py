@@ -10,7 +10,7 @@ import pytest
 from pipeinfer.engine.drafting.drafter import DraftParams
 from pipeinfer.engine.drafting.grammar_drafts import GrammarDrafter, GrammarTrack, Probe
 from pipeinfer.engine.drafting.ngram_drafts import NgramDrafts
-from pipeinfer.report.metrics import Counters
+from pipeinfer.schedule.counters import Counters
 from pipeinfer.model.grammar import json_grammar
 from pipeinfer.schedule.actions import DraftJob
 

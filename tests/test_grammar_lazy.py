@@ -11,7 +11,7 @@ import pytest
 
 from pipeinfer.engine.drafting.drafter import DraftParams
 from pipeinfer.engine.drafting.grammar_drafts import GrammarDrafter, Probe
-from pipeinfer.report.metrics import Counters
+from pipeinfer.schedule.counters import Counters
 from pipeinfer.model.grammar import GrammarError
 from pipeinfer.model.tokenizer import Tokenizer
 from pipeinfer.serve import tool_formats

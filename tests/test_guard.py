@@ -80,7 +80,7 @@ def tiny(request, tmp_path_factory):
 
 
 def go(tiny, strategy, plans, guard_accept):
-    spec = SpecOptions(p_accept=0.0, p_recovery=0.0, p_decay=0.0, guard_accept=guard_accept)
+    spec = SpecOptions(draft_thread=False, p_accept=0.0, p_recovery=0.0, p_decay=0.0, guard_accept=guard_accept)
     out = run_inprocess(tiny, strategy, ScriptedDraft(tiny.full, tiny.n_vocab, plans),
                         spec=spec, n_predict=N,
                         transport=lambda stages: SteppedTransport(stages, lag=1))

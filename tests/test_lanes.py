@@ -81,13 +81,13 @@ def test_a_request_starting_while_others_run_takes_the_busy_strategy():
 def test_the_adaptive_pipeinfer_is_every_generation_s_alone_or_not():
     """--busy-strategy auto under pipeinfer: one scheduler that switches by itself
     (schedule/adaptive.py), so the first request, started alone, gets it too."""
-    from pipeinfer.schedule.options import ADAPTIVE
+    from pipeinfer.strategies import ADAPTIVE
 
-    cfg = SimpleNamespace(strategy="pipeinfer", busy_strategy=ADAPTIVE)
-    assert Lanes.strategy_now(SimpleNamespace(cfg=cfg, active=[])) == ADAPTIVE
+    cfg = SimpleNamespace(strategy="pipeinfer", busy_strategy=ADAPTIVE.name)
+    assert Lanes.strategy_now(SimpleNamespace(cfg=cfg, active=[])) == ADAPTIVE.name
     lanes = lanes_with(2)
     lanes.cfg = cfg
-    assert Lanes.strategy_now(lanes) == ADAPTIVE
+    assert Lanes.strategy_now(lanes) == ADAPTIVE.name
 
 
 def test_a_generation_is_shared_while_another_is_unfinished():

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 import mpi_util
-from pipeinfer.config.job import RunConfig, resolve_draft_source
+from pipeinfer.config.drafts import resolve_draft_source
+from pipeinfer.config.job import JobConfig
 from pipeinfer.engine.drafting.ngram_drafts import NgramDrafts
 from pipeinfer.schedule import actions as A
 from pipeinfer.schedule.actions import DraftJob
@@ -133,7 +134,7 @@ TARGET = list(PROMPT) + PATTERN * 3 + list(range(60, 75)) + PATTERN * 10
 
 
 def make(cls, source="ngram", n_predict=60, **opts):
-    spec = SpecOptions(draft_source=source, **opts)
+    spec = SpecOptions(draft_thread=False, draft_source=source, **opts)
     gen = Generation(Request(PROMPT, n_predict, 512), lambda t: False)
     pool = PartitionPool(spec.partitions, spec.n_parallel)
     return cls(gen, None, Limits(64, 512, 2048, 3), spec, pool)
@@ -223,8 +224,8 @@ def test_default_sources():
     ("specpipe", "ngram", None, None),
 ])
 def test_library_config_checks(strategy, source, draft, fragment):
-    cfg = RunConfig("m.gguf", "p", strategy=strategy, draft=draft,
-                    spec=SpecOptions(draft_source=source))
+    cfg = JobConfig("m.gguf", (draft,) if draft else (), strategy,
+                    spec=SpecOptions(draft_thread=False, draft_source=source))
     if fragment is None:
         cfg.check_drafts()
         assert cfg.uses_draft_model == (strategy != "iterative" and source != "ngram")

@@ -13,7 +13,8 @@ import random
 import numpy as np
 import pytest
 
-from pipeinfer.config.job import RunConfig, resolve_draft_source
+from pipeinfer.config.drafts import resolve_draft_source
+from pipeinfer.config.job import JobConfig
 from pipeinfer.engine.drafting.ngram_tree_drafts import NO_MATCH, NgramTreeDrafts, TokenMirror
 from pipeinfer.schedule import actions as A
 from pipeinfer.schedule.events import ResultArrived, Start, Tick
@@ -337,10 +338,10 @@ def test_specpipe_defaults_to_ngrams_pipespec_does_not():
     assert resolve_draft_source("specpipe", None, has_draft=False) == "ngram"
     assert resolve_draft_source("specpipe", None, has_draft=True) == "both"
     assert resolve_draft_source("pipespec", None, has_draft=True) == "model"
-    RunConfig("m.gguf", "p", strategy="specpipe",
+    JobConfig("m.gguf", strategy="specpipe",
               spec=SpecOptions(draft_source="ngram")).check_drafts()
     with pytest.raises(ValueError, match="pipespec needs a draft model's probabilities"):
-        RunConfig("m.gguf", "p", strategy="pipespec", draft="d.gguf",
+        JobConfig("m.gguf", ("d.gguf",), "pipespec",
                   spec=SpecOptions(draft_source="both")).check_drafts()
 
 

@@ -20,7 +20,7 @@ from pipeinfer.engine.drafting.hierarchy_remote import DraftRank, RemoteHierarch
 from pipeinfer.model.partition import StageRange
 from pipeinfer.model.slicing import model_info, open_model, write_stage
 from pipeinfer.model.stage import Stage, StageConfig
-from pipeinfer.strategies import SpecOptions
+from pipeinfer.schedule.options import SpecOptions
 from pipeinfer.engine.worker.local import LocalTransport
 from test_speculation_unit import (N_BATCH, N_CTX, N_PREDICT, PROMPT, Rig, SteppedTransport,
                                    check_consistent, make_tiny_set)

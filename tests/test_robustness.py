@@ -15,7 +15,6 @@ import re
 import signal
 import socket
 import subprocess
-import textwrap
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -25,6 +24,7 @@ import gguf
 import pytest
 
 from mpi_util import Launch, launch, mpi_command, mpmd_command, run_args
+from support import fault_env
 
 PROMPT = "def robust():"
 FAIL_LIMIT_S = 10.0   # a failing job must be over within this
@@ -294,7 +294,7 @@ class LongJob:
 
     def ready_pids(self, timeout: float = 60.0) -> dict[int, int]:
         """rank -> pid of the process running it, from the head's `ready:` line (under the
-        launcher, each is the child of the rank's supervisor: pipeinfer.engine.startup.supervisor)."""
+        launcher, each is the child of the rank's supervisor: pipeinfer.job.supervisor)."""
         deadline = time.monotonic() + timeout
         while True:
             ready = re.search(r"^pipeinfer\[0\]: ready: (.*)$", self.output()[1], re.M)
@@ -444,13 +444,13 @@ def test_supervisor_can_be_turned_off(long_job) -> None:
      True),
 ])
 def test_supervisor_wanted(argv, env, wanted) -> None:
-    from pipeinfer.engine.startup import supervisor
+    from pipeinfer.job import supervisor
 
     assert supervisor.wanted(argv, env) is wanted
 
 
 def test_killed_message() -> None:
-    from pipeinfer.engine.startup.supervisor import killed_message
+    from pipeinfer.job.supervisor import killed_message
 
     assert killed_message(2, "node3", 4242, signal.SIGKILL) == (
         "pipeinfer: error: rank 2 (node3, pid 4242) was killed by signal 9 (SIGKILL; out of "
@@ -492,50 +492,8 @@ def test_sigint_during_startup(long_job, delay) -> None:
 
 # --- failures inside pipeinfer (fault injection) -----------------------------------------------
 
-FAULTS = '''
-"""Test-only fault injection, loaded by `site` on PYTHONPATH: PIPEINFER_TEST_FAULT=kind:rank:n"""
-import os
-
-spec = os.environ.get("PIPEINFER_TEST_FAULT")
-if spec:
-    kind, rank, n = spec.split(":")
-    if os.environ.get("PMI_RANK", "0") == rank:
-        from pipeinfer.model import stage
-        from pipeinfer.engine import mpi_transport
-
-        calls = [0]
-        if kind == "decode":
-            original = stage.Stage.decode
-
-            def decode(self, *args, **kwargs):
-                calls[0] += 1
-                if calls[0] > int(n):
-                    raise RuntimeError("injected fault in decode")
-                return original(self, *args, **kwargs)
-
-            stage.Stage.decode = decode
-        elif kind == "load":
-            def load(self, *args, **kwargs):
-                raise RuntimeError("injected fault in stage load")
-
-            stage.Stage.__init__ = load
-        elif kind == "stats":
-            def send_stats(self, stats):
-                raise RuntimeError("injected fault in shutdown")
-
-            mpi_transport.WorkerLink.send_stats = send_stats
-'''
-
-
-@pytest.fixture(scope="module")
-def fault_path(tmp_path_factory) -> str:
-    root = tmp_path_factory.mktemp("faults")
-    (root / "sitecustomize.py").write_text(textwrap.dedent(FAULTS))
-    return os.pathsep.join(p for p in (str(root), os.environ.get("PYTHONPATH")) if p)
-
-
-def _faulty(tiny_model, fault_path, cache_env, fault: str, *extra: str):
-    env = {**cache_env, "PYTHONPATH": fault_path, "PIPEINFER_TEST_FAULT": fault}
+def _faulty(tiny_model, cache_env, fault: str, *extra: str):
+    env = {**cache_env, **fault_env(PIPEINFER_TEST_FAULT=fault)}
     return job(3, tiny_model, PROMPT, "--ignore-eos", *extra, n_predict=200, env=env)
 
 
@@ -550,14 +508,14 @@ def _faulty(tiny_model, fault_path, cache_env, fault: str, *extra: str):
     ("load:0:0", ["pipeinfer: error: internal error: RuntimeError: injected fault in stage load"]),
     ("stats:2:0", [f"rank 2 ({HOST}): internal error: RuntimeError: injected fault in shutdown"]),
 ], ids=["head-decode", "rank1-decode", "last-decode", "rank1-load", "head-load", "shutdown"])
-def test_internal_error(tiny_model, fault_path, cache_env, fault, fragments) -> None:
-    res, elapsed = _faulty(tiny_model, fault_path, cache_env, fault)
+def test_internal_error(tiny_model, cache_env, fault, fragments) -> None:
+    res, elapsed = _faulty(tiny_model, cache_env, fault)
     assert_fails(res, elapsed, *fragments, case=f"fault {fault}")
 
 
 @pytest.mark.parametrize("fault", ["decode:0:40", "decode:2:40", "load:1:0"])
-def test_verbose_shows_tracebacks(tiny_model, fault_path, cache_env, fault) -> None:
-    res, elapsed = _faulty(tiny_model, fault_path, cache_env, fault, "-v")
+def test_verbose_shows_tracebacks(tiny_model, cache_env, fault) -> None:
+    res, elapsed = _faulty(tiny_model, cache_env, fault, "-v")
     assert res.rc != 0 and not res.timed_out and elapsed < FAIL_LIMIT_S, res.describe()
     assert "Traceback (most recent call last)" in res.stderr, res.describe()
     assert 'sitecustomize.py", line' in res.stderr  # the traceback reaches the fault

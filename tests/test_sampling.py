@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 import mpi_util
 from pipeinfer.model.sampling import Sampler, SamplingParams
 from pipeinfer.model.stage import Stage, StageConfig
-from pipeinfer.strategies import SpecOptions
+from pipeinfer.schedule.options import SpecOptions
 from test_speculation_unit import (N_BATCH, N_CTX, PROMPT, Rig, ScriptedDraft,
                                    SteppedTransport, draft_plans, make_tiny_set)
 
@@ -192,7 +192,7 @@ def _sampling(seed: int, base: SamplingParams = TEMP) -> SamplingParams:
 @pytest.fixture(scope="module")
 def rigs(tiny):
     """In-process pipelines (head slice + 2 workers) with each draft, loaded once."""
-    spec = SpecOptions(n_parallel=2, p_split=0.1)
+    spec = SpecOptions(draft_thread=False, n_parallel=2, p_split=0.1)
     opened = {name: Rig(tiny, getattr(tiny, name), spec=spec) for name in ("aligned", "unrelated")}
     yield opened
     for rig in opened.values():
@@ -246,7 +246,7 @@ def test_seeded_cli_reproducible_and_matches_iterative(tiny):
 @pytest.fixture(scope="module")
 def scripted_rig(tiny):
     """A pipeline for scripted drafts, wide enough for 3 branches x 8 partitions."""
-    rig = Rig(tiny, None, spec=SpecOptions(n_parallel=3, partitions=8))
+    rig = Rig(tiny, None, spec=SpecOptions(draft_thread=False, n_parallel=3, partitions=8))
     yield rig
     rig.close()
 
@@ -267,7 +267,7 @@ def test_sampling_property_matches_iterative(tiny, scripted_rig, strategy, seed,
     timing: the sampled tokens are those of `iterative` with the same seed."""
     sampling = SamplingParams(temp, 40, 0.95, seed)
     want = scripted_rig.run("iterative", sampling=sampling, n_predict=20).gen.tokens
-    spec = SpecOptions(draft=draft_max, n_parallel=n_parallel, max_runs=max_runs,
+    spec = SpecOptions(draft_thread=False, draft=draft_max, n_parallel=n_parallel, max_runs=max_runs,
                        partitions=partitions, p_accept=0.0, p_recovery=0.0, p_decay=0.0)
     draft = ScriptedDraft(tiny.prompt + tuple(want), tiny.n_vocab, plans)
     out = scripted_rig.run(strategy, sampling=sampling, n_predict=20, draft=draft, spec=spec,

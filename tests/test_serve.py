@@ -1,11 +1,11 @@
-"""`pipeinfer serve` for real: a 3-rank job under mpiexec (SmolLM2, itself as the draft,
-pipeinfer's strategy, the head drafting only, --parallel 4), started once for the module,
-asked over HTTP with the `openai` client and httpx. Every greedy answer equals single-node
-llama.cpp's for its prompt (tokens up to the first end-of-generation token, with the weight
-layout the run uses: repacked for pipeinfer), request after request, four at once, also
-after a client left mid-stream.
-Then every error case, and SIGTERM ending every rank; a worker killed outright ends the job
-(a second, tiny server) without a hang."""
+"""`pipeinfer serve` for real, as users run it: the front launching a 3-rank job (SmolLM2,
+itself as the draft, pipeinfer's strategy, the head drafting only, --parallel 4), started
+once for the module, asked over HTTP with the `openai` client and httpx. Every greedy answer
+equals single-node llama.cpp's for its prompt (tokens up to the first end-of-generation
+token, with the weight layout the run uses: repacked for pipeinfer), request after request,
+four at once, also after a client left mid-stream. Then every error case, and SIGTERM ending
+every process. A job launched by mpiexec, serving from its rank 0, is
+tests/test_serve_in_job.py."""
 
 from __future__ import annotations
 
@@ -21,86 +21,13 @@ from pathlib import Path
 import httpx
 import pytest
 
-import mpi_util
+from support.serving import AUTH, KEY, Server, openai_client, serving  # noqa: F401
 from test_chat_template import llama_chat_tokens
 from test_pipeline_mpi import llama_greedy
 
 pytestmark = pytest.mark.smollm2
 
-KEY = "test-key"
 N_CTX = 512
-AUTH = {"Authorization": f"Bearer {KEY}"}
-
-
-class Server:
-    """`mpiexec -n N pipeinfer serve ...` in a session of its own, output in files."""
-
-    def __init__(self, tmp: Path, n: int, *args: str, launcher: list[str] | None = None):
-        """`launcher`: a command that launches the ranks itself (experiments/cluster.py ...
-        --), instead of `mpiexec -n n`."""
-        self.url = ""   # once the server has said where it listens (--port 0: a free port)
-        self.err_path = tmp / "stderr.txt"
-        serve = [str(mpi_util.PIPEINFER), "serve", "--port", "0", *args]
-        cmd = launcher + serve if launcher else mpi_util.mpi_command(n, serve)
-        with open(tmp / "stdout.txt", "w") as out, open(self.err_path, "w") as err:
-            self.proc = subprocess.Popen(cmd, stdout=out, stderr=err, env=mpi_util.mpi_env(),
-                                         start_new_session=True, stdin=subprocess.DEVNULL)
-        self.early: list[int] = []   # /health statuses before it was ready
-
-    @property
-    def stderr(self) -> str:
-        return self.err_path.read_text()
-
-    def wait_ready(self, timeout: float = 150) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            assert self.proc.poll() is None, f"the server ended:\n{self.stderr}"
-            if not self.url:
-                said = re.search(r"listening on (http://\S+)", self.stderr)
-                self.url = said.group(1) if said else ""
-                time.sleep(0.1)
-                continue
-            try:
-                r = httpx.get(self.url + "/health", timeout=2)
-                if r.status_code == 200:
-                    return
-                self.early.append(r.status_code)
-            except httpx.TransportError:
-                pass
-            time.sleep(0.2)
-        raise AssertionError(f"not ready in {timeout} s:\n{self.stderr}")
-
-    def processes(self) -> list[str]:
-        """Processes still in the launch's session (mpiexec, proxies, supervisors, ranks)."""
-        out = subprocess.run(["ps", "-eo", "pid=,sid=,args="], capture_output=True,
-                             text=True).stdout
-        sid = str(self.proc.pid)
-        return [line for line in out.splitlines() if line.split()[1:2] == [sid]]
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            mpi_util._kill_group(self.proc.pid)
-        for line in self.processes():
-            try:
-                os.kill(int(line.split()[0]), signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        self.proc.wait(10)
-
-
-def serving(srv: Server, timeout: float = 150):
-    """A module fixture's server: ready, then killed when the module is done."""
-    try:
-        srv.wait_ready(timeout)
-        yield srv
-    finally:
-        srv.kill()
-
-
-def openai_client(srv: Server, timeout: float = 120):
-    from openai import OpenAI
-
-    return OpenAI(base_url=srv.url + "/v1", api_key=KEY, max_retries=0, timeout=timeout)
 
 
 def open_tokenizer(model):
@@ -137,7 +64,8 @@ def chat_tokens(tokenizer, messages) -> list[int]:
 
 def test_health_models_and_loading(server):
     assert all(code == 503 for code in server.early)
-    assert httpx.get(server.url + "/health").json() == {"status": "ok"}
+    health = httpx.get(server.url + "/health").json()
+    assert health["status"] == "ok" and [r["rank"] for r in health["ranks"]] == [0, 1, 2]
     models = httpx.get(server.url + "/v1/models", headers=AUTH).json()
     assert [m["id"] for m in models["data"]] == ["smollm2"]
 
@@ -353,54 +281,12 @@ def test_sigterm_ends_every_rank(server):
     try:
         server.proc.wait(30)
     except subprocess.TimeoutExpired:
-        pytest.fail(f"mpiexec still runs 30 s after SIGTERM:\n{server.stderr}")
+        pytest.fail(f"the front still runs 30 s after SIGTERM:\n{server.stderr}")
     deadline = time.monotonic() + 5
     while server.processes() and time.monotonic() < deadline:
         time.sleep(0.1)
     assert server.processes() == []
     assert "Traceback" not in server.stderr, server.stderr
-
-
-def test_a_killed_worker_ends_the_job(smollm2, tmp_path):
-    """A worker SIGKILLed while two requests are under way: the launcher ends the job; the
-    head first answers both with 503 saying why (the streamed one as its last event), and
-    its supervisor names the rank; nothing is left running."""
-    srv = Server(tmp_path, 3, "-m", str(smollm2), "-c", str(N_CTX))   # --parallel: 4
-    answers = {}
-    try:
-        srv.wait_ready(60)
-        ready = next(line for line in srv.stderr.splitlines() if "ready: rank 0" in line)
-        pid = int(ready.split("rank 2 pid ")[1].split()[0])
-        body = {"prompt": "Count: one, two,", "max_tokens": 400, "temperature": 0}
-
-        def whole() -> None:
-            answers["whole"] = httpx.post(srv.url + "/v1/completions", json=body, timeout=60)
-
-        asking = threading.Thread(target=whole)
-        asking.start()
-        with httpx.stream("POST", srv.url + "/v1/completions", json={**body, "stream": True},
-                          timeout=60) as r:
-            lines = []
-            for line in r.iter_lines():
-                lines += [line] if line else []
-                if len(lines) == 4 and line:
-                    os.kill(pid, signal.SIGKILL)
-            last = json.loads(lines[-1].removeprefix("data: "))
-        asking.join(60)
-        srv.proc.wait(30)
-        assert "(2 under way)" in srv.stderr   # both were generating (the default --parallel)
-        deadline = time.monotonic() + 5
-        while srv.processes() and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert srv.processes() == []
-        assert "rank 2" in srv.stderr and "SIGKILL" in srv.stderr, srv.stderr
-        assert last["error"]["code"] == 503 and "launcher" in last["error"]["message"], last
-        whole = answers["whole"]
-        assert whole.status_code == 503 and "another rank" in whole.json()["error"]["message"]
-        with pytest.raises(httpx.TransportError):
-            httpx.get(srv.url + "/health", timeout=2)
-    finally:
-        srv.kill()
 
 
 def test_serve_with_the_auto_split_is_exact(smollm2, tokenizer, tmp_path):

@@ -1,12 +1,14 @@
-"""`pipeinfer serve` without models: the request checks (api.py), stop strings, and the app
-and the head's request loop over real HTTP with a scripted head (no MPI, no llama.cpp), for
-what a real job cannot show on demand: a rank failing mid-request (503 naming it, every
-waiting request too, the server refusing the rest), a full queue, a client leaving early.
-The real server under mpiexec is tests/test_serve.py."""
+"""`pipeinfer serve` without models: the request checks (api/requests.py), stop strings, and
+the whole serving path of a job launched by someone else (the front's app and request table
+on a thread, the pipe to the job's end, the intake and the head's request loop) over real
+HTTP, with scripted lanes in place of the model (no MPI, no llama.cpp), for what a real job
+cannot show on demand: a rank failing mid-request (503 naming it, every waiting request too,
+the server refusing the rest), a full queue, a client leaving early."""
 
 from __future__ import annotations
 
 import json
+import multiprocessing
 import threading
 import time
 from types import SimpleNamespace
@@ -15,16 +17,17 @@ import httpx
 import pytest
 
 from pipeinfer.engine.transport.mpi import RankFailed
-from pipeinfer.report.metrics import Counters
+from pipeinfer.schedule.counters import Counters
 from pipeinfer.model.sampling import SamplingParams
 from pipeinfer.schedule.generation import Request
 from pipeinfer.api import requests as api
 from pipeinfer.api.requests import ApiError
-from pipeinfer.serve.app import Service, build_app, ready
-from pipeinfer.serve.bridge import Bridge, State
-from pipeinfer.serve.http_thread import HttpThread
+from pipeinfer.front.in_job import InJobFront
+from pipeinfer.config.job import JobConfig
+from pipeinfer.config.serving import ServeConfig
+from pipeinfer.serve.intake import open_intake
+from pipeinfer.serve.link import FrontLink
 from pipeinfer.serve.loop import serve_requests
-from pipeinfer.serve.metrics import ServeMetrics
 from pipeinfer.serve.stop_text import StopText
 from pipeinfer.api.tool_calls import ToolChoice
 
@@ -283,35 +286,40 @@ class FakeLanes:
 
 @pytest.fixture
 def server():
-    """Start the app on a free port with FakeLanes; yields (base url, service, errors)."""
+    """The front on a free port and the job's end of its pipe, the head's loop on a thread
+    with `lanes`; yields (base url, the front, the bridge, the loop's errors)."""
     started = []
 
     def start(lanes, queue=4, api_key=None, cors=("*",)):
         head = FakeHead()
-        service = Service(Bridge(queue), ServeMetrics(), "fake", 64, DEFAULTS, api_key,
-                          lanes.slots)
-        http = HttpThread(build_app(service, cors), "127.0.0.1", 0)
-        ready(service, head)
-        errors = []
+        front_end, job_end = multiprocessing.Pipe()
+        served = ServeConfig("fake", "127.0.0.1", 0, queue, api_key, cors, lanes.slots,
+                             defaults=DEFAULTS)
+        front = InJobFront(served, front_end)
+        link = FrontLink(job_end)
+        bridge, stats = open_intake(link, served, JobConfig("fake", n_ctx=64, slots=lanes.slots),
+                                    head)
+        link.ready([(0, "here", 1)], lanes.slots, 64)
+        errors, stop = [], threading.Event()
 
         def loop():
             try:
-                serve_requests(head, service.bridge, service.metrics, lambda: not stop.is_set(),
-                               lanes)
+                serve_requests(head, bridge, stats, lambda: not stop.is_set(), lanes)
             except Exception as err:  # noqa: BLE001
                 errors.append(err)
 
-        stop = threading.Event()
         thread = threading.Thread(target=loop, daemon=True)
         thread.start()
-        started.append((http, stop, thread))
-        return f"http://127.0.0.1:{http.port}", service, errors
+        started.append((front, link, stop, thread))
+        return f"http://127.0.0.1:{front.port}", SimpleNamespace(front=front, bridge=bridge), \
+            errors
 
     yield start
-    for http, stop, thread in started:
+    for front, link, stop, thread in started:
         stop.set()
         thread.join(5)
-        http.stop()
+        front.stop()
+        link.close()
 
 
 def test_answers_stream_and_stop(server):
@@ -405,7 +413,11 @@ def test_a_rank_failing_answers_503_naming_it(server):
     assert status == 200 and error["code"] == 503 and "rank 2 (node2)" in error["message"]
     status, body = results["waiting"]
     assert status == 503 and "rank 2 (node2): llama_decode failed" in body["error"]["message"]
-    assert service.bridge.state is State.FAILED and isinstance(errors[0], RankFailed)
+    deadline = time.monotonic() + 5
+    while not errors and time.monotonic() < deadline:   # (the loop's thread ends after it)
+        time.sleep(0.02)
+    assert service.bridge.failure and isinstance(errors[0], RankFailed)
+    assert service.front.keeper.state == "failed"
     r = httpx.get(url + "/health")
     assert r.status_code == 503 and "rank 2" in r.json()["error"]["message"]
 
@@ -504,10 +516,10 @@ def test_parallel_defaults_to_four_where_requests_can_share_the_pipeline():
 
 
 def test_busy_strategy_resolution():
-    from pipeinfer.schedule.options import ADAPTIVE
+    from pipeinfer.strategies import ADAPTIVE
     from pipeinfer.cli.serve import _busy
 
-    assert _busy("auto", "pipeinfer", 4) == ADAPTIVE   # drafts ride in own runs when shared
+    assert _busy("auto", "pipeinfer", 4) == ADAPTIVE.name   # drafts ride in own runs when shared
     assert _busy("speculative", "pipeinfer", 4) == "speculative"
     assert _busy("auto", "iterative", 4) is None            # nothing to draft: as --strategy
     assert _busy("auto", "pipeinfer", 1) is None            # one at a time: never busy

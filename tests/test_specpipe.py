@@ -21,7 +21,7 @@ from pipeinfer.engine.drafting.drafter import Drafter
 from pipeinfer.engine.head.pipeline import Pipeline
 from pipeinfer.model.sampling import SamplingParams
 from pipeinfer.model.stage import Stage, StageConfig
-from pipeinfer.strategies import SpecOptions
+from pipeinfer.schedule.options import SpecOptions
 from pipeinfer.schedule.specpipe_tree import BeamTree
 from pipeinfer.schedule.transaction import DecodeTx
 from pipeinfer.engine.worker.local import LocalTransport

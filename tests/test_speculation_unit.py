@@ -38,14 +38,17 @@ from pipeinfer.engine.head.pipeline import Pipeline
 from pipeinfer.model.partition import StageRange
 from pipeinfer.schedule.partition_pool import PartitionPool
 from pipeinfer.schedule.runs import Node, Run, RunState, tree_from_branches
-from pipeinfer.config.job import RunConfig
+from pipeinfer.config.job import JobConfig
+from pipeinfer.config.run import RequestConfig
 from pipeinfer.model.sampling import Sampler, SamplingParams
 from pipeinfer.model.slicing import model_info, open_model, write_stage
 from pipeinfer.model.stage import Stage, StageAborted, StageConfig
-from pipeinfer.strategies import STRATEGIES, SpecOptions
+from pipeinfer.engine.head.generate import Drafting, driver_for
+from pipeinfer.schedule.options import SpecOptions
 from pipeinfer.model.tokenizer import Tokenizer
 from pipeinfer.schedule.transaction import DecodeTx, KvOp, RunResult
-from pipeinfer.engine.worker.local import LocalTransport, apply_kv
+from pipeinfer.engine.worker.core import apply_kv
+from pipeinfer.engine.worker.local import LocalTransport
 
 PROMPT = "the number of people in the world"
 N_PREDICT = 32
@@ -329,7 +332,7 @@ class Rig:
     """Target stages (head slice + worker slices) and a draft, loaded once; `run` clears
     every KV cache and performs one generation. Use as a context manager."""
 
-    def __init__(self, tiny: TinySet, draft=None, *, spec: SpecOptions = SpecOptions(),
+    def __init__(self, tiny: TinySet, draft=None, *, spec: SpecOptions = SpecOptions(draft_thread=False),
                  head_layers: int = 1, n_workers: int = 2):
         self.tiny, self.spec, self.head_layers = tiny, spec, head_layers
         self.cfg = self._config("pipeinfer", N_PREDICT, SamplingParams())
@@ -365,11 +368,11 @@ class Rig:
         return stage
 
     def _config(self, strategy: str, n_predict: int, sampling: SamplingParams,
-                n_ctx: int = N_CTX) -> RunConfig:
-        return RunConfig(model=str(self.tiny.target), prompt=PROMPT, n_predict=n_predict,
-                         n_ctx=n_ctx, n_batch=N_BATCH, draft=str(self.tiny.aligned),
-                         strategy=strategy, sampling=sampling, spec=self.spec,
-                         repack=False)   # (runs up to 7 tokens: the plain layout's exact size)
+                n_ctx: int = N_CTX) -> JobConfig:
+        return JobConfig(model=str(self.tiny.target), drafts=(str(self.tiny.aligned),),
+                         strategy=strategy, n_ctx=n_ctx, n_batch=N_BATCH, spec=self.spec,
+                         repack=False,
+                         request=RequestConfig(PROMPT, n_predict=n_predict, sampling=sampling))   # (runs up to 7 tokens: the plain layout's exact size)
 
     def close(self) -> None:
         for stage in self.stages:
@@ -403,13 +406,13 @@ class Rig:
                             else self.draft)
         gen = Generation(Request(prompt, n_predict, cfg.n_ctx, ignore_eos=eog is None),
                          eog or (lambda t: False))
-        STRATEGIES[strategy](pipe, gen, Sampler(sampling), cfg, drafter, pool)
+        driver_for(strategy, pipe, gen, Sampler(sampling), cfg, Drafting(drafter), pool).run()
         stats = pipe.shutdown()
         seq0 = [s.seq_pos_max(0) for s in ([self.head] if self.head else []) + self.workers]
         return Outcome(gen, pool, stats, tr, seq0)
 
 
-def run_inprocess(tiny: TinySet, strategy: str, draft, *, spec: SpecOptions = SpecOptions(),
+def run_inprocess(tiny: TinySet, strategy: str, draft, *, spec: SpecOptions = SpecOptions(draft_thread=False),
                   head_layers: int = 1, n_workers: int = 2, **kw) -> Outcome:
     """One generation with `strategy` on freshly loaded stages. `draft` is a GGUF path (a
     real Drafter is built) or an object with the Drafter interface."""
@@ -463,7 +466,7 @@ def test_local_transport_exact(tiny, strategy, draft, delay):
 def test_stepped_pipeline_exact(tiny, strategy, draft, head_layers, lag, abort):
     """Results arrive while the head speculates: `lag` idle polls per pipeline tick. (The
     abort variants also return argmaxes only, as greedy workers do.)"""
-    spec = SpecOptions(n_parallel=2, p_split=0.1)
+    spec = SpecOptions(draft_thread=False, n_parallel=2, p_split=0.1)
     out = run_inprocess(tiny, strategy, getattr(tiny, draft), spec=spec,
                         head_layers=head_layers,
                         transport=lambda stages: SteppedTransport(stages, lag=lag, abort=abort,
@@ -524,7 +527,7 @@ def test_draft_thread_speculates(tiny):
 
 @pytest.mark.parametrize("continuous,cancel", [(False, True), (True, False), (False, False)])
 def test_pipeinfer_ablations_exact(tiny, continuous, cancel):
-    spec = SpecOptions(continuous=continuous, cancel=cancel)
+    spec = SpecOptions(draft_thread=False, continuous=continuous, cancel=cancel)
     for draft in (tiny.aligned, tiny.unrelated):
         out = run_inprocess(tiny, "pipeinfer", draft, spec=spec,
                             transport=lambda stages: SteppedTransport(stages, lag=2))
@@ -538,7 +541,7 @@ def test_pipeinfer_ablations_exact(tiny, continuous, cancel):
 
 def test_pipeinfer_saves_work_in_process(tiny):
     """Cancelling invalidated runs skips stage computations that --no-cancel performs."""
-    spec = SpecOptions(p_accept=0.0, p_recovery=0.0, p_decay=0.0, max_runs=4)
+    spec = SpecOptions(draft_thread=False, p_accept=0.0, p_recovery=0.0, p_decay=0.0, max_runs=4)
     runs = {}
     for cancel in (True, False):
         runs[cancel] = run_inprocess(
@@ -590,7 +593,7 @@ def test_prompt_longer_than_batch(tiny, strategy):
 def test_stops_at_context_limit(tiny, strategy):
     n_ctx = len(tiny.prompt) + 13
     out = run_inprocess(tiny, strategy, tiny.aligned, n_ctx=n_ctx, n_predict=100,
-                        spec=SpecOptions(p_accept=0.0, n_parallel=2, p_split=0.0,
+                        spec=SpecOptions(draft_thread=False, p_accept=0.0, n_parallel=2, p_split=0.0,
                                          kv_size=4 * N_CTX),
                         transport=lambda stages: SteppedTransport(stages, lag=2))
     assert out.gen.stop_reason == "context"
@@ -602,7 +605,7 @@ def test_stops_at_context_limit(tiny, strategy):
 def test_stops_cleanly_when_kv_cache_is_full(tiny, strategy):
     """Cells of rejected drafts are not reused: a small cache fills up, and generation stops
     early with a reason, its tokens still a prefix of the reference."""
-    spec = SpecOptions(kv_size=len(tiny.prompt) + 40, p_accept=0.0, n_parallel=2,
+    spec = SpecOptions(draft_thread=False, kv_size=len(tiny.prompt) + 40, p_accept=0.0, n_parallel=2,
                        p_split=0.0)
     # a slow pipeline (lag 6), so that pipeinfer completes its drafts
     out = run_inprocess(tiny, strategy, tiny.unrelated, spec=spec, n_predict=100,
@@ -615,7 +618,7 @@ def test_stops_cleanly_when_kv_cache_is_full(tiny, strategy):
 
 @pytest.mark.parametrize("strategy", SPEC_STRATEGIES)
 def test_stops_cleanly_when_kv_cache_is_full_single_branch(tiny, strategy):
-    spec = SpecOptions(kv_size=len(tiny.prompt) + 40, p_accept=0.0)
+    spec = SpecOptions(draft_thread=False, kv_size=len(tiny.prompt) + 40, p_accept=0.0)
     out = run_inprocess(tiny, strategy, tiny.unrelated, spec=spec, n_predict=100,
                         transport=lambda stages: SteppedTransport(stages, lag=2))
     tokens = out.gen.tokens
@@ -756,7 +759,7 @@ def _prop_settings(**kw):
 def test_scheduler_property_exact(tiny, strategy, plans, schedule, lag, abort, head_layers,
                                   n_parallel, draft_max, max_runs, partitions, continuous,
                                   cancel, argmax):
-    spec = SpecOptions(draft=draft_max, n_parallel=n_parallel, max_runs=max_runs,
+    spec = SpecOptions(draft_thread=False, draft=draft_max, n_parallel=n_parallel, max_runs=max_runs,
                        partitions=partitions, continuous=continuous, cancel=cancel,
                        p_accept=0.0, p_recovery=0.0, p_decay=0.0)
     drafter = ScriptedDraft(tiny.full, tiny.n_vocab, plans)
@@ -818,7 +821,7 @@ USELESS = [DraftPlan(False, BranchPlan(5, 0, 3), ())]       # always wrong from 
 @pytest.mark.parametrize("lag", [2, 3, 5])   # slow enough for a micro-batch to be drafted
 def test_counters_perfect_and_useless_drafts(tiny, lag):
     # (the guard off: useless drafts would pause speculation; tests/test_guard.py)
-    spec = SpecOptions(p_accept=0.0, p_recovery=0.0, p_decay=0.0, guard_accept=0.0)
+    spec = SpecOptions(draft_thread=False, p_accept=0.0, p_recovery=0.0, p_decay=0.0, guard_accept=0.0)
     n = 40
 
     def go(strategy, plans):

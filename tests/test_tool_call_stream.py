@@ -16,7 +16,7 @@ from openai.types.chat import ChatCompletionChunk
 
 from pipeinfer.model.sampling import SamplingParams
 from pipeinfer.api.requests import parse_chat
-from pipeinfer.serve.bridge import Done, Piece
+from pipeinfer.api.events import Done, Piece
 from pipeinfer.api.hermes_calls import HermesStream, parse_hermes
 from pipeinfer.api.json_scan import JsonScan
 from pipeinfer.api.responses import Reply

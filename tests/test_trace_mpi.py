@@ -1,9 +1,9 @@
 """What the head's trace gets from other ranks (issue 18 item 6): each rank's clock offset
-(Link.clock_offsets, under a real `mpiexec -n 3`) and the stage spans a worker sends with its
+(clock_sync.clock_offsets, under a real `mpiexec -n 3`) and the stage spans a worker sends with its
 statistics (a real Worker under `mpiexec -n 2`; LocalTransport's in-process stages).
 
 Ranks on one host share the monotonic clock, so the true offset is 0; a rank whose clock the
-test script shifts (pipeinfer.engine.transport.mpi.mpi_now patched on rank 2) must come out
+test script shifts (pipeinfer.engine.transport.clock_sync.mpi_now patched on rank 2) must come out
 shifted by that much.
 """
 
@@ -25,14 +25,15 @@ TIMEOUT = 120.0
 
 SCRIPT = """
 import json, pathlib, sys
-from pipeinfer.engine import mpi_transport as mt
+from pipeinfer.engine.transport import clock_sync
+from pipeinfer.engine.transport.mpi import Link
 
 skew, out_dir = float(sys.argv[1]), pathlib.Path(sys.argv[2])
-link = mt.Link()
+link = Link()
 if link.rank == 2 and skew:
-    real = mt.mpi_now
-    mt.mpi_now = lambda: real() + skew
-offsets = link.clock_offsets()
+    real = clock_sync.mpi_now
+    clock_sync.mpi_now = lambda: real() + skew
+offsets = clock_sync.clock_offsets(link)
 result = None if offsets is None else {str(k): v for k, v in offsets.items()}
 # a file per rank: the launcher may splice lines that ranks print at the same time
 (out_dir / f"rank{link.rank}.json").write_text(json.dumps(result))
@@ -64,10 +65,11 @@ def test_clock_offsets(tmp_path, skew):
 WORKER_SCRIPT = """
 import json, pathlib, sys, time
 import numpy as np
-from pipeinfer.engine.mpi_transport import HeadTransport, WorkerLink, world
+from pipeinfer.engine.transport.mpi import HeadTransport, WorkerLink, world
 from pipeinfer.model.stage import StageAborted
-from pipeinfer.schedule.transaction import DecodeTx, Tag
-from pipeinfer.engine.worker import Worker
+from pipeinfer.engine.transport.wire import Tag, decode_header, encode_meta
+from pipeinfer.schedule.transaction import DecodeTx
+from pipeinfer.engine.worker.loop import Worker
 
 N_VOCAB = 4
 
@@ -91,8 +93,8 @@ if world()[0] == 0:
     t_first = time.monotonic()
     link.send_decode(tx(0, 2, False), np.zeros((2, 8), dtype=np.float32))
     skipped = tx(1, 1, True)
-    meta = skipped.encode_meta()
-    link.isend(skipped.header(skipped=True, meta_len=len(meta)), 1, Tag.BEGIN)
+    meta = encode_meta(skipped)
+    link.isend(decode_header(skipped, skipped=True, meta_len=len(meta)), 1, Tag.BEGIN)
     link.isend(meta, 1, Tag.DECODE_META)
     link.send_decode(tx(2, 3, True), np.zeros((3, 8), dtype=np.float32))
     results = []

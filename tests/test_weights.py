@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from mpi_util import PYTHON, launch, mpi_env, run_args, run_pipeinfer
+from support import fault_env
 from test_cluster import CLUSTER, needs_cgroups
 from test_pipeline_mpi import llama_greedy
 
@@ -98,7 +99,7 @@ def test_smollm2_without_model_on_workers_is_exact(tmp_path: Path, smollm2: Path
 def test_corrupt_chunk_is_sent_again(tmp_path: Path, tiny8: Path):
     """The first transfer arrives with a flipped byte: discarded, sent once more, exact."""
     disks = tmp_path / "disks"
-    result = private(disks, tiny8, env={"PIPEINFER_TEST_CORRUPT_CHUNK": "0:1"})
+    result = private(disks, tiny8, env=fault_env(TEST_CORRUPT_CHUNK="0:1"))
     out = ok(result)
     assert "arrived corrupt" in result.stderr
     sizes = [sum(f.stat().st_size for f in node_files(disks, r)) for r in (1, 2)]
@@ -110,7 +111,7 @@ def test_corrupt_chunk_is_sent_again(tmp_path: Path, tiny8: Path):
 def test_corrupt_twice_fails_cleanly(tmp_path: Path, tiny8: Path):
     disks = tmp_path / "disks"
     result = private(disks, tiny8, nodes=2, split="0.5,0.5", timeout=60,
-                     env={"PIPEINFER_TEST_CORRUPT_CHUNK": "0:2"})
+                     env=fault_env(TEST_CORRUPT_CHUNK="0:2"))
     assert result.rc != 0 and not result.timed_out, result.describe()
     assert "rank 1 (" in result.stderr and "corrupt twice" in result.stderr, result.describe()
     assert "Traceback" not in result.stderr
@@ -158,7 +159,7 @@ def test_interrupted_transfer_leaves_nothing_trusted(tmp_path: Path, tiny8: Path
     cmd = [str(PYTHON), str(CLUSTER), "--nodes", "2", "--cpu", "1", "--disks", "private",
            "--disk-root", str(disks), "--", *run_args(model, PROMPT, "--layer-split", "0.5,0.5",
                                                      n_predict=N)]
-    env = mpi_env({"PIPEINFER_WEIGHTS_CHUNK": "4096", "PIPEINFER_TEST_CHUNK_DELAY": "0.05"})
+    env = mpi_env(fault_env(PIPEINFER_WEIGHTS_CHUNK="4096", TEST_CHUNK_DELAY="0.05"))
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             start_new_session=True)
     try:
@@ -294,8 +295,7 @@ def test_rank0_read_error_mid_transfer_ends_cleanly(tmp_path: Path, tiny8: Path)
     disks = tmp_path / "disks"
     t0 = time.monotonic()
     result = private(disks, tiny8, nodes=2, split="0.5,0.5", timeout=60,
-                     env={"PIPEINFER_WEIGHTS_CHUNK": "4096",
-                          "PIPEINFER_TEST_READ_FAIL_CHUNK": "3"})
+                     env=fault_env(PIPEINFER_WEIGHTS_CHUNK="4096", TEST_READ_FAIL_CHUNK="3"))
     assert result.rc != 0 and not result.timed_out, result.describe()
     assert "cannot read" in result.stderr and "Traceback" not in result.stderr, \
         result.describe()

@@ -20,8 +20,9 @@ from pipeinfer.engine.worker.core import StageCore
 from pipeinfer.model.partition import partition
 from pipeinfer.model.slicing import split_model
 from pipeinfer.model.stage import Stage, StageAborted, StageConfig
-from pipeinfer.schedule.transaction import (DecodeTx, decode_kv_ops, encode_kv_ops, seq_compact,
-                                            seq_cp, seq_keep, seq_rm)
+from pipeinfer.engine.transport.wire import (decode_header, decode_kv_ops, decode_tx,
+                                             encode_kv_ops, encode_meta)
+from pipeinfer.schedule.transaction import DecodeTx, seq_compact, seq_cp, seq_keep, seq_rm
 from pipeinfer.engine.worker.local import LocalTransport
 
 CFG = StageConfig(n_ctx=512, n_batch=256, n_seq_max=4, n_threads=1)
@@ -219,8 +220,8 @@ def test_the_slot_travels_with_decodes_and_kv_ops():
     """A run's slot (the stage context it decodes in: serve --parallel) and every KV
     operation's slot survive the wire encoding."""
     run = DecodeTx(7, (3, 4), ((0,), (1, 2)), (False, True), speculative=True, slot=3)
-    meta = run.encode_meta()
-    assert DecodeTx.from_wire(run.header(meta_len=len(meta)), meta) == run
+    meta = encode_meta(run)
+    assert decode_tx(decode_header(run, meta_len=len(meta)), meta) == run
     ops = [replace(seq_cp(1, 0, 2, 5), slot=2), seq_rm(4), replace(seq_rm(-1), slot=1)]
     assert decode_kv_ops(encode_kv_ops(ops)) == ops
     assert repr(ops[0]) == "cp(1->0, [2,5))@2" and repr(ops[1]) == "rm(4, [-1,-1))"

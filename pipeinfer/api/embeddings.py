@@ -4,8 +4,8 @@ endian float32, what the `openai` SDK asks for by default); each input's vector 
 the last stage's final hidden states, pooled (the model's pooling type, else the mean) and
 L2-normalized on the head (engine/head/embedding_job.py). `usage` counts the inputs' tokens.
 
-Parsing and the answer are pure Python (the front imports them); the ticket needs the
-tokenizer, in the job's process.
+Parsing and the answer are here (the front's); the ticket needs the tokenizer, so the job
+makes it (serve/prepare.py).
 """
 
 from __future__ import annotations
@@ -16,10 +16,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..engine.head.embedding_job import pooling_of
 from .requests import ApiError, texts_or_tokens
-from ..serve.bridge import Embedded, Ticket
-from .text import check_tokens
+from .events import Embedded
 
 MAX_INPUTS = 2048        # inputs of one request, as OpenAI allows
 FORMATS = ("float", "base64")
@@ -53,30 +51,6 @@ def parse(body: dict) -> EmbedAsk:
         raise ApiError(400, "'model' must be a string", param="model")
     return EmbedAsk(tuple(one if isinstance(one, str) else tuple(one) for one in inputs),
                     model, fmt)
-
-
-def model_pooling(tokenizer) -> str:
-    """The pooling of the served model (its GGUF's `{arch}.pooling_type`, else mean)."""
-    arch = tokenizer.metadata("general.architecture")
-    return pooling_of(tokenizer.metadata(f"{arch}.pooling_type") if arch else None)
-
-
-def ticket(ask: EmbedAsk, tokenizer, n_ctx: int, sink) -> Ticket:
-    """The request's one ticket for the head: each input tokenized as llama-server does
-    (special tokens added and parsed), none longer than the context."""
-    inputs = []
-    for one in ask.inputs:
-        if isinstance(one, tuple):
-            check_tokens(one, tokenizer.n_vocab, "input")
-            tokens = list(one)
-        else:
-            tokens = tokenizer.tokenize(one)
-        if len(tokens) > n_ctx:
-            raise ApiError(400, f"an input has {len(tokens)} tokens, more than the context's "
-                                f"{n_ctx}", "exceed_context_size_error", param="input")
-        inputs.append(tuple(tokens))
-    return Ticket(list(inputs[0]), 0, None, (), sink, inputs=tuple(inputs),
-                  pooling=model_pooling(tokenizer))
 
 
 def response(ask: EmbedAsk, model: str, answer: Embedded) -> dict:

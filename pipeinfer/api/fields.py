@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from ..model.sampling import SamplingParams
 from .errors import ApiError
@@ -152,11 +152,21 @@ def refuse_unsupported(body: dict, chat: bool) -> None:
                            param="best_of")
 
 
-def constraint(body: dict) -> tuple[str | None, str]:
-    """(GBNF the answer must follow or None, the field it came from): `response_format`
-    {"type": "json_object"} (any JSON object; llama-server's "schema" in it too) or
-    {"type": "json_schema", "json_schema": {"schema": ...}}, llama-server's `json_schema`
-    and `grammar` fields. Unknown types and malformed values are a 400 naming the field."""
+@dataclass(frozen=True)
+class Constraint:
+    """What an answer keeps to, and the field it came from (named in errors): a GBNF grammar
+    as given, or JSON: any object (`schema` None) or values of a JSON schema. The job turns
+    JSON into GBNF (serve/prepare.py), where llama.cpp's converter is."""
+    param: str
+    gbnf: str | None = None
+    schema: dict | None = None
+
+
+def constraint(body: dict) -> Constraint | None:
+    """What the answer must follow, if anything: `response_format` {"type": "json_object"}
+    (any JSON object; llama-server's "schema" in it too) or {"type": "json_schema",
+    "json_schema": {"schema": ...}}, llama-server's `json_schema` and `grammar` fields.
+    Unknown types and malformed values are a 400 naming the field."""
     fmt, grammar, schema = body.get("response_format"), body.get("grammar"), \
         body.get("json_schema")
     given = [n for n, v in (("response_format", fmt), ("grammar", grammar),
@@ -166,39 +176,33 @@ def constraint(body: dict) -> tuple[str | None, str]:
     if len(given) > 1:
         raise ApiError(400, f"give one of {', '.join(given)}, not several", param=given[1])
     if not given:
-        return None, ""
+        return None
     if given[0] == "grammar":
         if not isinstance(grammar, str):
             raise ApiError(400, "'grammar' must be a string (GBNF)", param="grammar")
-        return grammar, "grammar"
+        return Constraint("grammar", gbnf=grammar)
     if given[0] == "json_schema":
-        return _schema_grammar(schema, "json_schema"), "json_schema"
-    return _format_grammar(fmt), "response_format"
+        return _schema(schema, "json_schema")
+    return _format(fmt)
 
 
-def _format_grammar(fmt) -> str:
+def _format(fmt) -> Constraint:
     kind = fmt.get("type") if isinstance(fmt, dict) else None
     if kind == "json_object":
-        return _schema_grammar(fmt.get("schema"), "response_format", optional=True)
+        return _schema(fmt.get("schema"), "response_format", optional=True)
     if kind == "json_schema":
         spec = fmt.get("json_schema")
         if not (isinstance(spec, dict) and isinstance(spec.get("schema"), dict)):
             raise ApiError(400, "'response_format.json_schema' must be an object with a "
                                 "'schema'", param="response_format")
-        return _schema_grammar(spec["schema"], "response_format")
+        return _schema(spec["schema"], "response_format")
     raise ApiError(400, f"'response_format.type' must be 'text', 'json_object' or "
                         f"'json_schema', not {json.dumps(kind)}", param="response_format")
 
 
-def _schema_grammar(schema, param: str, optional: bool = False) -> str:
-    # (imported here: it loads llama.cpp, which the front process outside MPI must not)
-    from ..model.grammar import GrammarError, json_grammar
-
+def _schema(schema, param: str, optional: bool = False) -> Constraint:
     if schema is None and optional:
-        return json_grammar()
+        return Constraint(param)
     if not isinstance(schema, dict):
         raise ApiError(400, f"'{param}': the JSON schema must be an object", param=param)
-    try:
-        return json_grammar(schema)
-    except GrammarError as err:
-        raise ApiError(400, f"'{param}': {err}", param=param) from None
+    return Constraint(param, schema=schema)

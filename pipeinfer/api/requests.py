@@ -16,7 +16,7 @@ from typing import Any
 from ..model.sampling import SamplingParams
 from . import fields, tool_calls
 from .errors import ERROR_TYPES, ApiError  # noqa: F401 (the API's errors, from here too)
-from .fields import boolean as _boolean, integer as _integer
+from .fields import Constraint, boolean as _boolean, integer as _integer
 from .tool_calls import NATIVE, ToolChoice
 
 MAX_BODY = 1 << 20      # bytes of a request body (413 beyond)
@@ -45,8 +45,7 @@ class Ask:
     tools: tuple[dict, ...] = ()   # rendered by the template; its answers' calls parsed
     tool_choice: ToolChoice = ToolChoice()
     tool_format: str = NATIVE      # the model's (prepare.with_tools decides: tool_formats.py)
-    grammar: str | None = None     # GBNF the answer keeps to (json / schema / grammar)
-    grammar_param: str = ""        # the field it came from (named in errors)
+    constraint: Constraint | None = None   # what the answer keeps to (json / schema / grammar)
     grammar_triggers: tuple[str, ...] = ()   # lazy: the tokens' texts it waits for
 
     @property
@@ -122,9 +121,9 @@ def parse_chat(body: dict, defaults: SamplingParams, cache_prompt: bool = True) 
                        param="chat_template_kwargs")
     ask = _ask(dict(body, max_tokens=max_tokens), defaults, cache_prompt, chat=True,
                messages=pairs)
-    if tools and ask.grammar is not None:
-        raise ApiError(400, f"'{ask.grammar_param}' and 'tools' together are not supported",
-                       param=ask.grammar_param)
+    if tools and ask.constraint is not None:
+        param = ask.constraint.param
+        raise ApiError(400, f"'{param}' and 'tools' together are not supported", param=param)
     return replace(ask, template_kwargs=kwargs or {}, tools=tools, tool_choice=tool_choice)
 
 
@@ -187,12 +186,10 @@ def _ask(body: dict, defaults: SamplingParams, cache_prompt: bool, chat: bool,
     model = body.get("model")
     if model is not None and not isinstance(model, str):
         raise ApiError(400, "'model' must be a string", param="model")
-    grammar, grammar_param = fields.constraint(body)
     return Ask(chat, prompts, messages, max_tokens, fields.sampling(body, defaults),
                _stops(body), stream, include_usage, model, fields.logprobs(body, chat),
                _boolean(body, "ignore_eos", False), n=n,
-               cache_prompt=_boolean(body, "cache_prompt", cache_prompt), grammar=grammar,
-               grammar_param=grammar_param)
+               cache_prompt=_boolean(body, "cache_prompt", cache_prompt), constraint=fields.constraint(body))
 
 
 def _stops(body: dict) -> tuple[str, ...]:

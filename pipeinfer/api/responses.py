@@ -8,7 +8,7 @@ import secrets
 import time
 
 from .requests import Ask
-from ..serve.bridge import Done, Piece
+from .events import Done, Piece
 from .logprobs import CompletionLogprobs, TokenLogprob, chat_content
 from . import tool_calls
 

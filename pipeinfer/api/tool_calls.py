@@ -1,4 +1,4 @@
-"""Tool calls (issue 33, item 3): the request's `tools` and `tool_choice`, and the answer's
+"""Tool calls: the request's `tools` and `tool_choice`, and the answer's
 calls parsed into OpenAI's `tool_calls` (finish_reason "tool_calls"), whole or streamed.
 Pure Python: the front imports it.
 

@@ -10,10 +10,10 @@ option groups and help texts they share."""
 def main() -> None:
     """The console script. First of all, before MPI starts: a rank of a job under a launcher
     forks a supervisor (the child goes on as the rank; the parent names it if a signal kills
-    it), and takes Ctrl-C from then on (engine/startup/supervisor.py)."""
+    it), and takes Ctrl-C from then on (job/supervisor.py)."""
     import signal
 
-    from ..engine.startup import supervisor
+    from ..job import supervisor
 
     supervisor.supervise()
     if supervisor.launcher_rank() is not None:

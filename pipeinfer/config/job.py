@@ -1,53 +1,26 @@
-"""The configuration of one `pipeinfer run` job, as every rank sees it."""
+"""The configuration of a job, as every rank sees it: built once from the command line (or by
+a library caller), checked once (`check`), then handed to every layer."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..schedule.partition_pool import PartitionPool
-from ..model.sampling import SamplingParams
+from .. import strategies
 from ..schedule.options import (DRAFT_SOURCES, EXACT_RUN_PLAIN, EXACT_RUN_REPACKED,
                                 NGRAM_LIMIT, SpecOptions)
+from ..schedule.partition_pool import PartitionPool
+from ..strategies import TREE, Strategy
+from .drafts import AUTO, draft_source_refusal, draft_vocab_for
+from .run import OutputConfig, RequestConfig
 
-NEEDS_DRAFT = frozenset({"speculative", "pipeinfer", "pipespec", "specpipe"})
-# strategies that can draft from the text itself (n-gram lookup; specpipe ranks a tree's
-# candidates by how often each followed); pipespec needs a draft model's probabilities
-NGRAM_STRATEGIES = frozenset({"speculative", "pipeinfer", "specpipe"})
-MULTI_DRAFT = frozenset({"pipespec"})  # strategies that take several -md (smallest first)
-WIDE_RUNS = frozenset({"specpipe", "pipespec"})  # their target runs are several tokens wide
-STRATEGY_NAMES = ("iterative", "speculative", "pipeinfer", "pipespec", "specpipe")
-# --draft-vocab auto: K = AUTO_DRAFT_VOCAB for pipeinfer on a pipeline of at least
-# AUTO_DRAFT_VOCAB_RANKS ranks with a draft whose vocabulary has at least AUTO_DRAFT_VOCAB_MIN
-# tokens (Qwen2.5's 151,936; not SmolLM2's 49,152), else the full vocabulary. Measured with the
-# Qwen pair, interleaved K=3 (README, issue 34): 8 x 0.25 core 1.18x, 4 x 0.5 core 1.04x, but
-# 2 x 1.0 core 0.95x: where the head's drafting does not set the pace, the lower acceptance
-# (0.73 -> 0.65) costs more than the cheaper draft step gains.
-AUTO = "auto"
-AUTO_DRAFT_VOCAB = 32768
-AUTO_DRAFT_VOCAB_MIN = 65536
-AUTO_DRAFT_VOCAB_RANKS = 4
-
-
-def draft_vocab_for(draft_vocab: int | str, strategy: str, n_vocab: int,
-                    n_pipeline: int) -> int:
-    """The K a head drafting for `strategy` over a `n_pipeline`-rank pipeline uses, its draft
-    having `n_vocab` tokens: AUTO's rule, else `draft_vocab` as given (0: all)."""
-    if draft_vocab != AUTO:
-        return draft_vocab
-    pays = (strategy == "pipeinfer" and n_vocab >= AUTO_DRAFT_VOCAB_MIN
-            and n_pipeline >= AUTO_DRAFT_VOCAB_RANKS)
-    return AUTO_DRAFT_VOCAB if pays else 0
+MAX_SEQUENCES = 254   # llama.cpp's 256, less sequence 0 and the graveyard
 
 
 @dataclass(frozen=True)
-class RunConfig:
+class JobConfig:
     model: str
-    prompt: str | None          # None: no prompt of the job's own (serve: each request's)
-    n_predict: int = 128
-    n_ctx: int = 2048
-    n_batch: int = 512
-    draft: str | tuple[str, ...] | None = None   # several (smallest first) for pipespec
-    strategy: str = "iterative"
+    drafts: tuple[str, ...] = ()   # draft models (-md), smallest first (pipespec: several)
+    strategy: str = strategies.DEFAULT
     split: tuple[float, ...] | str | None = None  # the target's fractions, one per pipeline
                                                   # rank, or "auto" (plan/auto.py)
     profile: str | None = None               # --layer-split auto: the calibration profile
@@ -55,32 +28,33 @@ class RunConfig:
                                              # auto split leaves them out of the chain)
     draft_ranks: int = 0                     # pipespec: ranks of their own for the drafts
     threads: tuple[int, ...] = (1,)
-    sampling: SamplingParams = SamplingParams()
+    n_ctx: int = 2048
+    n_batch: int = 512
     spec: SpecOptions = SpecOptions()
-    ignore_eos: bool = False
-    chat: bool = False
-    csv: str | None = None
-    json: bool = False
-    verbose: int = 0
-    label: str = ""
     repack: bool | None = None  # target stages' weight repacking; None: by strategy (below)
-    exact: bool = True      # runs cut to the size llama.cpp computes like one token (README)
-    trace: str | None = None
+    exact: bool = True      # runs cut to the size llama.cpp computes like one token
+    compact_draft: bool = True  # load draft models as their Q4_0 copies (model/draft_cache.py)
+    draft_vocab: int | str = AUTO  # the draft's output head over its K likeliest tokens
+                                   # (model/draft_vocab.py); 0: the full vocabulary; AUTO:
+                                   # the K of settled_draft_vocab, which rank 0 puts here
+                                   # before anything loads (engine/files/draft_files.py)
     full_logits: bool = False  # the last rank returns logits even under greedy sampling
                                # (serve: each request chooses its sampling)
     slots: int = 1          # llama.cpp contexts per stage: generations at once (serve)
     busy_strategy: str | None = None  # serve: the strategy of a generation started while
                                       # others are under way (None: `strategy`)
-    compact_draft: bool = True  # load draft models as their Q4_0 copies (model/draft_cache.py)
-    draft_vocab: int | str = AUTO  # the draft's output head over its K likeliest tokens
-                                   # (model/draft_vocab.py); 0: the full vocabulary; AUTO:
-                                   # the K of settled_draft_vocab, which rank 0 puts here
-                                   # before anything loads (engine/startup/draft_files.py)
+    request: RequestConfig = RequestConfig()   # run: the job's own generation
+    output: OutputConfig = OutputConfig()
+
+    @property
+    def plan(self) -> Strategy:
+        """The strategy's entry (pipeinfer/strategies/)."""
+        return strategies.get(self.strategy)
 
     @property
     def argmax_only(self) -> bool:
         """Whether the last rank returns each row's argmax instead of its logits."""
-        return self.sampling.greedy and not self.full_logits
+        return self.request.sampling.greedy and not self.full_logits
 
     @property
     def repack_target(self) -> bool:
@@ -89,7 +63,7 @@ class RunConfig:
         pipespec's verifications), which the plain layout keeps exact up to 7 tokens."""
         if self.repack is not None:
             return self.repack
-        return self.strategy not in WIDE_RUNS
+        return not self.plan.wide_runs
 
     @property
     def max_run(self) -> int:
@@ -97,13 +71,6 @@ class RunConfig:
         if not self.exact:
             return self.n_batch
         return EXACT_RUN_REPACKED if self.repack_target else EXACT_RUN_PLAIN
-
-    @property
-    def drafts(self) -> tuple[str, ...]:
-        """The draft models given (-md may be repeated), smallest first."""
-        if not self.draft:
-            return ()
-        return (self.draft,) if isinstance(self.draft, str) else tuple(self.draft)
 
     def n_pipeline(self, size: int) -> int:
         """The target pipeline's ranks (0..n-1); the draft ranks follow them."""
@@ -114,7 +81,7 @@ class RunConfig:
 
     @property
     def speculates(self) -> bool:
-        return self.strategy in NEEDS_DRAFT
+        return self.plan.speculates
 
     @property
     def uses_draft_model(self) -> bool:
@@ -126,7 +93,7 @@ class RunConfig:
         """Whether a reduced-vocabulary draft can apply: the head drafts with one draft model
         of its own (pipespec's hierarchy checks its draft models against each other by token
         id, and a draft rank loads its model itself)."""
-        return (self.uses_draft_model and self.strategy not in MULTI_DRAFT
+        return (self.uses_draft_model and not self.plan.several_drafts
                 and not self.draft_ranks)
 
     def settled_draft_vocab(self, n_vocab: int, n_ranks: int) -> int:
@@ -137,6 +104,26 @@ class RunConfig:
             return 0
         return draft_vocab_for(self.draft_vocab, self.strategy, n_vocab,
                                self.n_pipeline(n_ranks))
+
+    def check(self) -> None:
+        """ValueError saying what is wrong, if anything, with these settings together (what
+        needs the model file or the job's size is checked when the job starts)."""
+        spec, plan = self.spec, strategies.get(self.strategy)
+        if spec.partitions * spec.n_parallel > MAX_SEQUENCES:
+            raise ValueError(f"--partitions x --n-parallel must be at most {MAX_SEQUENCES} "
+                             "(llama.cpp's sequence limit)")
+        if plan.drafts == TREE and spec.tree_width > self.n_batch:
+            raise ValueError(f"--tree-width ({spec.tree_width}) must be at most the batch "
+                             f"size (-b {self.n_batch}): a tree level is evaluated in one batch")
+        if self.profile is not None and self.split != "auto":
+            raise ValueError("--profile is read by --layer-split auto only; add it, or drop "
+                             "--profile")
+        for strategy in filter(None, (self.strategy, self.busy_strategy)):
+            if self.slots > 1 and not strategies.get(strategy).lanes:
+                raise ValueError(f"--parallel {self.slots}: strategy {strategy} generates one "
+                                 "request at a time (use --parallel 1, or one of "
+                                 f"{', '.join(strategies.names(lanes=True))})")
+        self.check_drafts()
 
     def check_drafts(self) -> None:
         """ValueError if the draft source cannot work with this strategy and -md."""
@@ -149,10 +136,10 @@ class RunConfig:
                              f"{low} and {high}")
         if low > high:
             raise ValueError(f"--ngram-min ({low}) is larger than --ngram-max ({high})")
-        if spec.draft_source != "model" and strategy not in NGRAM_STRATEGIES:
+        if spec.draft_source != "model" and not self.plan.ngram:
             raise ValueError(draft_source_refusal(strategy, spec.draft_source))
-        if self.uses_draft_model and not self.draft:
-            if strategy in NGRAM_STRATEGIES:
+        if self.uses_draft_model and not self.drafts:
+            if self.plan.ngram:
                 raise ValueError(f"--draft-source {spec.draft_source} needs a draft model "
                                  "(-md); without one use --draft-source ngram")
             raise ValueError(f"strategy {strategy} needs a draft model (-md)")
@@ -169,12 +156,12 @@ class RunConfig:
                              f"(got {self.draft_vocab!r})")
         if not self.draft_vocab or not self.uses_draft_model:
             return
-        if self.strategy in MULTI_DRAFT or self.draft_ranks:
+        if self.plan.several_drafts or self.draft_ranks:
             raise ValueError(f"--draft-vocab: strategy {self.strategy} checks its draft "
                              "models against each other over the full vocabulary; give 0")
 
     def pool(self) -> PartitionPool | None:
-        if self.strategy == "specpipe":  # one partition: the tree's beam slots
+        if self.plan.drafts == TREE:  # one partition: the tree's beam slots
             return PartitionPool(1, self.spec.tree_width)
         return PartitionPool(self.spec.partitions, self.spec.n_parallel) if self.speculates \
             else None
@@ -186,25 +173,3 @@ class RunConfig:
         if not self.speculates:
             return self.n_ctx
         return self.spec.kv_size or 4 * self.n_ctx
-
-
-def resolve_draft_source(strategy: str, given: str | None, has_draft: bool) -> str:
-    """--draft-source as given (ValueError for a strategy that drafts nothing), or its
-    default: for the strategies that can use n-grams, both them and the model with -md, the
-    n-grams alone without; the model for the others."""
-    if given is not None:
-        if strategy not in NEEDS_DRAFT:
-            raise ValueError(draft_source_refusal(strategy, given))
-        return given
-    if strategy not in NGRAM_STRATEGIES:
-        return "model"
-    return "both" if has_draft else "ngram"
-
-
-def draft_source_refusal(strategy: str, source: str) -> str:
-    """Why `strategy` cannot take drafts from `source` (not "model")."""
-    if strategy not in NEEDS_DRAFT:
-        return f"--draft-source {source}: strategy {strategy} drafts nothing"
-    return (f"--draft-source {source}: strategy {strategy} needs a draft model's "
-            "probabilities, which n-gram drafts do not have; use speculative, pipeinfer or "
-            "specpipe")

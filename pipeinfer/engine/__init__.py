@@ -1,7 +1,8 @@
-"""The MPI job around the pure scheduler core (pipeinfer/schedule/), by concern:
+"""The machinery of a running job around the pure scheduler core (pipeinfer/schedule/), by
+concern; a job (pipeinfer/job/) puts it together on each rank:
 
-startup/ (every rank: plan the split, obtain and load its part, agree that all are ready) ->
-head/ (rank 0: the pipeline as the scheduler sees it, the driver loop, lanes of several
-generations) <-> drafting/ (where draft jobs run: the draft model, n-grams, grammars, model
-hierarchies) ; transport/ (MPI messages, wake-ups, file transfer) carries the head's runs to
-worker/ (ranks 1..N-1: apply each transaction to their slice of layers)."""
+files/ (each rank's weights and the draft models, before anything loads) ; head/ (rank 0:
+the pipeline as the scheduler sees it, the driver loop, lanes of several generations) <->
+drafting/ (where draft jobs run: the draft model, n-grams, grammars, model hierarchies) ;
+transport/ (MPI messages and their wire format, wake-ups, file transfer) carries the head's
+runs to worker/ (ranks 1..N-1: apply each transaction to their slice of layers)."""

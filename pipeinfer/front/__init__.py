@@ -1,10 +1,10 @@
-"""The front of `pipeinfer serve --ranks N`: a process outside MPI that owns the HTTP server
-and every request's state, starts the MPI job itself and, when the job ends unexpectedly,
-starts it again (without the hosts that no longer answer) and resumes every request where
-it stopped, token for token (issue 32). It imports neither MPI nor llama.cpp: what needs the
-model (tokenizer, chat template, grammars, the lanes) stays in the job, whose head talks to
-the front over a channel (serve/front_link.py is the job's end).
+"""The front of `pipeinfer serve`: the HTTP server and every request's state, outside the
+MPI job's code and its imports (no MPI, no llama.cpp: what needs the model stays in the job,
+whose head talks to the front over a channel; serve/link.py is the job's end).
 
-main.py (start, signals, uvicorn) -> app.py (the HTTP handlers) -> table.py (the requests and
-their tokens) <- channel.py (the socket to the job's head) <- supervisor.py (launch, watch,
-relaunch) -> launcher.py (the mpiexec command, the hosts and their probes); report/metrics.py."""
+main.py (the port, uvicorn and the job's keeper on a thread) -> app.py (the HTTP handlers,
+on http.py's routes) -> table.py (the requests and their tokens) <- the job's keeper: either
+supervisor.py (`serve --ranks N`: launch the job through launcher.py on the hosts of
+hosts.py, take its messages through channel.py, watch it with watchdog.py, relaunch it and
+resume the requests) or in_job.py (the job this process is rank 0 of, no failover);
+metrics.py (/metrics), trace.py (--trace)."""

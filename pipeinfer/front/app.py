@@ -1,41 +1,49 @@
-"""The front's HTTP API: the same routes and answers as the job's own server (serve/app.py,
-through front/http.py), with each request's state kept here so that it survives the
-job. A completion is parsed by the job (which has the tokenizer and the grammars); its answer
-is built here from the job's events, whichever job sends them."""
+"""The HTTP handlers of `pipeinfer serve`, the only ones: OpenAI-style completions and chat
+completions (streamed as server-sent events or whole), embeddings, models, tokenize /
+detokenize, health and metrics. Routes, the API key and CORS are http.py's.
+
+Each request's state is kept here (table.py), so that it survives the job: a completion is
+parsed by the job (which has the tokenizer and the grammars), and its answer is built here
+from the job's events, whichever job sends them. The job is reached through its keeper: the
+supervisor of a job the front launched, or the job this process is rank 0 of (in_job.py);
+both have a `state` (loading, ok, recovering, waiting, failed, stopping) and its `reason`,
+the job's `info` once it is ready, and `send` to it."""
 
 from __future__ import annotations
 
 import secrets
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from ..api import requests as api
-from . import http as http_common
-from ..api.requests import ApiError
-from .http import QueueChoices, read_body
+from ..api.embeddings import parse as parse_embeddings
+from ..api.errors import ApiError
 from ..api.responses import Reply
-from .metrics import FrontMetrics
-from .supervisor import Supervisor
+from . import http
+from .metrics import ServiceMetrics
 from .table import Table
 
 SEED_BITS = 32
+KEPT_WAITING = ("loading", "recovering")   # states in which a request waits in the table
 
 
 @dataclass
 class Front:
-    supervisor: Supervisor
+    jobs: Any          # the job's keeper (supervisor.Supervisor or in_job.InJob)
     table: Table
-    metrics: FrontMetrics
+    metrics: ServiceMetrics
     model_name: str
     api_key: str | None = None
     created: int = field(default_factory=lambda: int(time.time()))
 
     def unavailable(self) -> ApiError | None:
-        """The 503 (with Retry-After while recovering) while no job takes requests."""
-        state, reason = self.supervisor.state, self.supervisor.reason
+        """The 503 (with Retry-After while loading or recovering) while no job takes
+        requests."""
+        state, reason = self.jobs.state, self.jobs.reason
         if state == "failed":
             return ApiError(503, f"the server has failed: {reason}")
         if state == "stopping":
@@ -46,19 +54,15 @@ class Front:
         return None
 
     def check_up(self) -> None:
-        """Raise unavailable() if any (a completion arriving during a recovery waits in the
-        table instead: see _complete)."""
         if (error := self.unavailable()) is not None:
             raise error
 
 
 def build_app(front: Front, cors_origins: tuple[str, ...] = ("*",)):
     handlers = {"completions": _completions, "chat": _chat, "embeddings": _embeddings,
-                "models": _models,
-                "one_model": _one_model, "health": _health, "metrics": _metrics,
-                "tokenize": _tokenize, "detokenize": _detokenize}
-    return http_common.build(front, handlers, front.api_key,
-                             http_common.metric_counter(front.metrics), cors_origins)
+                "models": _models, "one_model": _one_model, "health": _health,
+                "metrics": _metrics, "tokenize": _tokenize, "detokenize": _detokenize}
+    return http.build(front, handlers, front.api_key, front.metrics.count, cors_origins)
 
 
 async def _completions(front: Front, request: Request) -> Response:
@@ -70,44 +74,41 @@ async def _chat(front: Front, request: Request) -> Response:
 
 
 async def _complete(front: Front, request: Request, kind: str) -> Response:
-    body = api.parse_body(await read_body(request))
-    if front.supervisor.state in ("failed", "stopping", "waiting"):
-        front.check_up()   # (a recovery's requests wait in the table instead)
+    body = api.parse_body(await http.read_body(request))
+    if front.jobs.state not in KEPT_WAITING:
+        front.check_up()
     if body.get("seed") is None:   # sampled answers resume exactly only with a seed
         body["seed"] = secrets.randbits(SEED_BITS)
-    pending = front.table.add(kind, body, front.supervisor.send, front.supervisor.up)
-    choices = QueueChoices(request, lambda: front.table.cancel(pending.rid,
-                                                               front.supervisor.send))
-    try:
-        ask = await pending.accepted   # refused: ApiError (400, 404, ...)
-    except BaseException:
-        front.table.requests.pop(pending.rid, None)
-        raise
-    choices.events = pending.events   # (filled by whichever job sends them)
-    reply = Reply(ask, front.model_name, pending.rid)
+    choices, ask = await _taken(front, request, kind, body)
+    reply = Reply(ask, front.model_name, choices.rid)
     if ask.stream:
-        return StreamingResponse(http_common.events(choices, reply),
-                                 media_type="text/event-stream",
+        return StreamingResponse(http.events(choices, reply), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache"})
-    return await http_common.whole(choices, reply)
+    return await http.whole(choices, reply)
 
 
 async def _embeddings(front: Front, request: Request) -> Response:
     """Taken as a completion is, by the job that is up; sent again to the next job if that
     one ends first."""
-    body = api.parse_body(await read_body(request))
-    if front.supervisor.state in ("failed", "stopping", "waiting"):
-        front.check_up()   # (a recovery's requests wait in the table instead)
-    pending = front.table.add("embeddings", body, front.supervisor.send, front.supervisor.up)
-    choices = QueueChoices(request, lambda: front.table.cancel(pending.rid,
-                                                               front.supervisor.send))
+    body = api.parse_body(await http.read_body(request))
+    parse_embeddings(body)   # (a bad one is refused here, before it waits for a job)
+    if front.jobs.state not in KEPT_WAITING:
+        front.check_up()
+    choices, ask = await _taken(front, request, "embeddings", body)
+    return await http.embedded(choices, ask, front.model_name)
+
+
+async def _taken(front: Front, request: Request, kind: str, body: dict):
+    """The request in the table and sent to the job: its choices' events and the job's
+    checked Ask, once the job accepted it (refused: ApiError, 400, 404, ...)."""
+    pending = front.table.add(kind, body, front.jobs.send, front.jobs.up)
     try:
         ask = await pending.accepted
     except BaseException:
         front.table.requests.pop(pending.rid, None)
         raise
-    choices.events = pending.events
-    return await http_common.embedded(choices, ask, front.model_name)
+    return http.QueueChoices(request, pending.rid, pending.events, lambda: front.table.cancel(
+        pending.rid, front.jobs.send)), ask
 
 
 async def _models(front: Front, request: Request) -> Response:
@@ -120,30 +121,29 @@ async def _one_model(front: Front, request: Request) -> Response:
 
 
 def _model(front: Front) -> dict:
-    n_ctx = (front.supervisor.job.info.get("n_ctx") if front.supervisor.job else None)
     return {"id": front.model_name, "object": "model", "created": front.created,
-            "owned_by": "pipeinfer", "meta": {"n_ctx": n_ctx}}
+            "owned_by": "pipeinfer", "meta": {"n_ctx": front.jobs.info.get("n_ctx")}}
 
 
 async def _health(front: Front, request: Request) -> Response:
-    state, job = front.supervisor.state, front.supervisor.job
-    if state == "ok":   # (and which job, its ranks: for operators and tests)
-        ranks = [{"rank": r, "host": h, "pid": p} for r, h, p in job.info.get("statuses", [])]
-        return JSONResponse({"status": "ok", "job": job.number, "ranks": ranks})
+    jobs = front.jobs
+    if jobs.state == "ok":   # (and which job, its ranks: for operators and tests)
+        ranks = [{"rank": r, "host": h, "pid": p} for r, h, p in jobs.info.get("statuses", [])]
+        return JSONResponse({"status": "ok", "job": jobs.number, "ranks": ranks})
     error = front.unavailable()
-    return JSONResponse(dict(error.body(), status=state), status_code=503,
+    return JSONResponse(dict(error.body(), status=jobs.state), status_code=503,
                         headers=error.headers or None)
 
 
 async def _metrics(front: Front, request: Request) -> Response:
-    own = front.metrics.render()
-    job = b""
-    if front.supervisor.up >= 0:
+    job = None
+    if front.jobs.up >= 0:   # (the job's totals now: the head answers at once)
         try:
-            job = await front.table.call("metrics", {}, front.supervisor.send)
+            job = (front.jobs.number,
+                   await front.table.call("metrics", {}, front.jobs.send))
         except ApiError:
-            job = b""
-    return Response(own + job, media_type="text/plain; version=0.0.4; charset=utf-8")
+            job = None
+    return Response(front.metrics.render(job), media_type=front.metrics.content_type)
 
 
 async def _tokenize(front: Front, request: Request) -> Response:
@@ -155,6 +155,6 @@ async def _detokenize(front: Front, request: Request) -> Response:
 
 
 async def _call(front: Front, request: Request, name: str) -> Response:
-    body = api.parse_body(await read_body(request))
+    body = api.parse_body(await http.read_body(request))
     front.check_up()
-    return JSONResponse(await front.table.call(name, body, front.supervisor.send))
+    return JSONResponse(await front.table.call(name, body, front.jobs.send))

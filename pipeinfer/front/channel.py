@@ -21,7 +21,7 @@ from typing import Callable
 
 log = logging.getLogger(__name__)
 
-KEY_ENV = "PIPEINFER_FRONT_KEY"     # as serve/front_link.py reads it
+KEY_ENV = "PIPEINFER_FRONT_KEY"     # as serve/link.py reads it
 JOB_ENV = "PIPEINFER_FRONT_JOB"     # which launch a job is
 
 

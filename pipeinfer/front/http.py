@@ -1,12 +1,9 @@
-"""What both HTTP servers share: the one in the job (`mpiexec -n N pipeinfer serve`, app.py)
-and the front outside MPI (`pipeinfer serve --ranks N`, front/app.py). Pure Python and
-Starlette: the front imports it and must not load MPI or llama.cpp.
-
-The routes with and without /v1, the API key check, error objects for every failure, the
-request body's size limit, and a request's answer from its events: whole, or as server-sent
-events. The events come from a `Choices` (each server has its own: the bridge's queue in the
-job, the channel in the front): `next()` gives (choice, event) or None once the client has
-gone, `cancel()` ends its generations."""
+"""The HTTP plumbing under the handlers of app.py (Starlette; nothing of MPI or llama.cpp):
+the routes with and without /v1, the API key check, CORS, error objects for every failure,
+the request body's size limit, and a request's answer from its events: whole, or as
+server-sent events. The events come from a request's `QueueChoices` (the table puts them on
+its queue, whichever job sends them): `next()` gives (choice, event) or None once the client
+has gone, `cancel()` ends its generations."""
 
 from __future__ import annotations
 
@@ -15,7 +12,7 @@ import hmac
 import json
 import logging
 import time
-from typing import Awaitable, Callable, Protocol
+from typing import Awaitable, Callable
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -26,8 +23,8 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from ..api import embeddings, requests as api
-from ..api.requests import ApiError
-from ..serve.bridge import Done, Embedded, Failed, Piece
+from ..api.errors import ApiError
+from ..api.events import Done, Embedded, Failed, Piece
 from ..api.responses import Reply
 
 log = logging.getLogger(__name__)
@@ -120,29 +117,14 @@ async def read_body(request: Request) -> bytes:
     return b"".join(chunks)
 
 
-class Choices(Protocol):
-    async def next(self) -> tuple[int, object] | None: ...
-    def cancel(self) -> None: ...
-
-
 class QueueChoices:
-    """A request's choices whose events come on an asyncio queue (put from any thread
-    through sink()), and its client; `on_cancel` ends its generations."""
+    """A request's choices, whose events come on `events` (the table puts them there), and
+    its client; `on_cancel` ends its generations."""
 
-    def __init__(self, request: Request, on_cancel: Callable[[], object]):
-        self.request, self.on_cancel = request, on_cancel
-        self.events: asyncio.Queue = asyncio.Queue()
-        self.loop = asyncio.get_running_loop()
+    def __init__(self, request: Request, rid: int, events: asyncio.Queue,
+                 on_cancel: Callable[[], object]):
+        self.request, self.rid, self.events, self.on_cancel = request, rid, events, on_cancel
         self.seen = time.monotonic()   # the client last seen connected
-
-    def sink(self) -> Callable[[int, object], None]:
-        """(choice, event) -> the queue, from any thread."""
-        def put(index: int, event) -> None:
-            try:
-                self.loop.call_soon_threadsafe(self.events.put_nowait, (index, event))
-            except RuntimeError:  # the event loop is closed: nobody is listening any more
-                pass
-        return put
 
     def cancel(self) -> None:
         self.on_cancel()
@@ -169,7 +151,7 @@ def _pieces(event) -> list:
     return [event]
 
 
-async def whole(choices: Choices, reply: Reply) -> Response:
+async def whole(choices: QueueChoices, reply: Reply) -> Response:
     try:
         while (got := await choices.next()) is not None:
             index, event = got
@@ -187,7 +169,7 @@ async def whole(choices: Choices, reply: Reply) -> Response:
         choices.cancel()
 
 
-async def events(choices: Choices, reply: Reply, opened: bool = False):
+async def events(choices: QueueChoices, reply: Reply, opened: bool = False):
     """Server-sent events: the chunks (after the opening ones unless `opened`), each
     choice's finish chunk, the usage chunk if asked, then [DONE]; an error object if a
     generation failed. Leaving early (client gone) cancels the generations."""
@@ -206,7 +188,7 @@ async def events(choices: Choices, reply: Reply, opened: bool = False):
         choices.cancel()
 
 
-async def embedded(choices: Choices, ask, model: str) -> Response:
+async def embedded(choices: QueueChoices, ask, model: str) -> Response:
     """The answer of an embedding request (embeddings.py) from its one event."""
     try:
         got = await choices.next()
@@ -237,9 +219,3 @@ def _event_chunks(reply: Reply, index: int, event) -> list[str]:
 
 def sse(obj: dict) -> str:
     return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
-
-
-def metric_counter(metrics) -> Callable[[str, int], None]:
-    """`count` for build(): the server's requests counter, by endpoint and status."""
-    return lambda name, status: metrics.requests.labels(endpoint=name,
-                                                        status=str(status)).inc()

@@ -1,22 +1,26 @@
-"""`pipeinfer serve --ranks N`: the front's process. The port is taken first (a port in use is
-an error before anything starts); uvicorn and the supervisor share one event loop on a thread
-of their own, and the main thread waits for SIGINT or SIGTERM, then ends every request with
-503, the job in order (every rank gone within 30 s) and the HTTP server."""
+"""The front's process (or thread): the port is taken first (a port in use is an error
+before anything starts); uvicorn and the job's keeper (supervisor.py for a job the front
+launches, in_job.py for the job this process is rank 0 of) share one event loop on a thread
+of their own. For `pipeinfer serve --ranks N` the main thread waits for SIGINT or SIGTERM,
+then ends every request with 503, the job in order (every rank gone within 30 s) and the
+HTTP server."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 import signal
+import socket
 import threading
 from dataclasses import dataclass
+from typing import Callable
 
 import uvicorn
 
-from ..serve.http_thread import listen_socket
+from ..config.serving import ServeConfig
 from .app import Front, build_app
 from .launcher import Host, Launcher
-from .metrics import FrontMetrics
+from .metrics import ServiceMetrics
 from .supervisor import Supervisor
 from .table import Table
 from .trace import FrontTrace
@@ -24,43 +28,44 @@ from .trace import FrontTrace
 log = logging.getLogger(__name__)
 
 SHUTDOWN_S = 28.0   # the job's orderly stop and the HTTP server's, together
+STOP_WAIT_S = 3.0   # for the thread to close its connections and end
 
 
 @dataclass(frozen=True)
-class FrontOptions:
+class LaunchOptions:
+    """The job the front launches and keeps running (`serve --ranks N`)."""
     ranks: int
     hosts: tuple[Host, ...] | None
     mpiexec: str | None
     max_restarts: int
     job_args: tuple[str, ...]
-    host: str
-    port: int
-    queue: int
-    api_key: str | None
-    model_name: str
-    cors_origins: tuple[str, ...]
-    slots: int
     stall_timeout: float = 60.0
     trace: str | None = None
 
 
-class _Thread:
-    """uvicorn and the supervisor on one event loop, on a thread of their own."""
+# A job's keeper: made on the event loop from the request table and the metrics.
+Keeper = Callable[[Table, ServiceMetrics], object]
 
-    def __init__(self, options: FrontOptions):
-        self.options, self.sock = options, listen_socket(options.host, options.port)
+
+class FrontThread:
+    """uvicorn and the job's keeper on one event loop, on a thread of their own."""
+
+    def __init__(self, options: ServeConfig, keeper: Keeper, what: str):
+        self.options, self.keeper_of, self.what = options, keeper, what
+        self.sock = listen_socket(options.host, options.port)
         self.port = self.sock.getsockname()[1]
         self.loop: asyncio.AbstractEventLoop | None = None
         self.started, self.error, self.failed = threading.Event(), None, False
         self.server: uvicorn.Server | None = None
-        self.supervisor: Supervisor | None = None
+        self.keeper = None
         self.thread = threading.Thread(target=self._run, name="front", daemon=True)
         self.thread.start()
+        self.started.wait()
 
     def _run(self) -> None:
         try:
             asyncio.run(self._main())
-        except BaseException as err:  # noqa: BLE001 (reported by main)
+        except BaseException as err:  # noqa: BLE001 (reported by whoever waits for it)
             self.error = err
         finally:
             self.started.set()
@@ -68,53 +73,85 @@ class _Thread:
     async def _main(self) -> None:
         o = self.options
         self.loop = asyncio.get_running_loop()
-        metrics = FrontMetrics()
-        table = Table(o.queue + o.slots)   # (resumed requests: the supervisor counts)
-        launcher = Launcher(o.mpiexec, o.ranks, list(o.hosts) if o.hosts else None,
-                            list(o.job_args))
-        self.supervisor = Supervisor(launcher, table, metrics, o.max_restarts,
-                                     stall_s=o.stall_timeout, trace=FrontTrace(o.trace))
-        self.supervisor.on_fatal = self._fatal
-        front = Front(self.supervisor, table, metrics, o.model_name, o.api_key)
+        metrics = ServiceMetrics()
+        table = Table(o.queue + o.parallel, metrics)   # (resumed requests: the keeper counts)
+        self.keeper = self.keeper_of(table, metrics)
+        self.keeper.on_fatal = self._fatal
+        front = Front(self.keeper, table, metrics, o.model_name, o.api_key)
         config = uvicorn.Config(build_app(front, o.cors_origins), log_config=None,
                                 log_level="warning", access_log=False, lifespan="off",
                                 timeout_graceful_shutdown=1)
         self.server = uvicorn.Server(config)
-        supervising = asyncio.ensure_future(self.supervisor.run())
+        keeping = asyncio.ensure_future(self.keeper.run())
         self.started.set()
-        log.info("listening on http://%s:%d (starting the job: %d ranks)", o.host, self.port,
-                 o.ranks)
+        log.info("listening on http://%s:%d (%s)", o.host, self.port, self.what)
         await self.server.serve(sockets=[self.sock])
-        supervising.cancel()
+        keeping.cancel()
 
     def _fatal(self) -> None:
         self.failed = True
         self.server.should_exit = True
 
-    async def shutdown(self) -> None:
-        self.supervisor.table.fail_all(503, "the server is shutting down")
+    def alive(self) -> bool:
+        return self.thread.is_alive()
+
+    async def _shutdown(self) -> None:
+        self.keeper.table.fail_all(503, "the server is shutting down")
         await asyncio.sleep(0.3)   # for the handlers to send it
-        await self.supervisor.stop()
+        await self.keeper.stop()
         self.server.should_exit = True
 
+    def stop(self, timeout: float = SHUTDOWN_S) -> None:
+        """Every request ends 503, the job's keeper stops it, then the HTTP server."""
+        if self.thread.is_alive() and self.loop is not None:
+            done = asyncio.run_coroutine_threadsafe(self._shutdown(), self.loop)
+            try:
+                done.result(timeout)
+            except Exception as err:  # noqa: BLE001 (leaving anyway)
+                log.error("while stopping: %r", err)
+            self.thread.join(STOP_WAIT_S)
+        self.sock.close()
 
-def main(options: FrontOptions) -> int:
+
+def main(options: ServeConfig, launch: LaunchOptions) -> int:
+    """`pipeinfer serve --ranks N`: the front's process, until SIGINT or SIGTERM (130) or it
+    gives up on a job that cannot start (1)."""
     stop = threading.Event()
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, lambda *_: stop.set())
-    front = _Thread(options)
-    front.started.wait()
+
+    def supervisor(table: Table, metrics: ServiceMetrics) -> Supervisor:
+        launcher = Launcher(launch.mpiexec, launch.ranks,
+                            list(launch.hosts) if launch.hosts else None,
+                            list(launch.job_args))
+        return Supervisor(launcher, table, metrics, launch.max_restarts,
+                          stall_s=launch.stall_timeout, trace=FrontTrace(launch.trace))
+
+    front = FrontThread(options, supervisor, f"starting the job: {launch.ranks} ranks")
     while not stop.is_set() and front.thread.is_alive():
         stop.wait(0.5)
     if front.error is not None:
         log.error("the front failed: %r", front.error)
-    if front.thread.is_alive() and front.loop is not None:
+    if front.thread.is_alive():
         log.warning("stopping: ending the job and the server")
-        done = asyncio.run_coroutine_threadsafe(front.shutdown(), front.loop)
-        try:
-            done.result(SHUTDOWN_S)
-        except Exception as err:  # noqa: BLE001 (leaving anyway)
-            log.error("while stopping: %r", err)
-        front.thread.join(3.0)
-    front.sock.close()
+    front.stop()
     return 130 if stop.is_set() else (1 if front.error or front.failed else 0)
+
+
+def listen_socket(host: str, port: int) -> socket.socket:
+    """A listening socket on host:port (ValueError saying why not)."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as err:
+        raise ValueError(f"cannot listen on {host}:{port}: {err.strerror}") from None
+    family, kind, proto, _, address = infos[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+        sock.listen(128)
+    except OSError as err:
+        sock.close()
+        raise ValueError(f"cannot listen on {host}:{port}: {err.strerror}") from None
+    sock.set_inheritable(False)
+    return sock

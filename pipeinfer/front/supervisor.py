@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from .channel import Channel
 from .hosts import HostSet
 from .launcher import Launcher, kill_group
-from .metrics import FrontMetrics
+from .metrics import ServiceMetrics
 from .table import Pending, Table
 from .trace import FrontTrace
 from .watchdog import DEFAULT_STALL_S, Watchdog, stopped_ranks
@@ -60,7 +60,7 @@ class Job:
 
 
 class Supervisor:
-    def __init__(self, launcher: Launcher, table: Table, metrics: FrontMetrics,
+    def __init__(self, launcher: Launcher, table: Table, metrics: ServiceMetrics,
                  max_restarts: int, tcp_host: str | None = None,
                  stall_s: float = DEFAULT_STALL_S, trace: FrontTrace | None = None):
         self.launcher, self.table, self.metrics = launcher, table, metrics
@@ -100,6 +100,8 @@ class Supervisor:
             job.head_pid = message[1] if message[3] == socket.gethostname() else None
         elif message[0] == "beat":
             pass   # (its pipeline worked: progress, nothing for the table)
+        elif message[0] == "stats":
+            self.metrics.job_stats(job.number, message[1])
         else:
             self.table.receive(message)
 
@@ -135,6 +137,16 @@ class Supervisor:
         job = self.job
         return job is not None and job.ready is not None and \
             self.channel.send(job.number, message)
+
+    @property
+    def number(self) -> int:
+        """The number of the latest job launched (0 before the first)."""
+        return self.job.number if self.job is not None else 0
+
+    @property
+    def info(self) -> dict:
+        """What the latest job said of itself once ready: its ranks, slots and context."""
+        return self.job.info if self.job is not None else {}
 
     @property
     def up(self) -> int:

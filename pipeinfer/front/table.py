@@ -15,8 +15,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from ..api.requests import ApiError
-from ..serve.bridge import Done, Embedded, Failed, Piece
+from ..api.errors import ApiError
+from ..api.events import Done, Embedded, Failed, Piece
 
 Send = Callable[[tuple], bool]   # to the job that is up; False when none is
 
@@ -35,6 +35,7 @@ class Pending:
     arrived: float = field(default_factory=time.monotonic)
     resumed: int = 0            # times it was sent again to a new job
     job: int = -1               # the job it was last sent to
+    last_token: dict[int, float] = field(default_factory=dict)   # choice -> when
 
     @property
     def finished(self) -> bool:
@@ -42,9 +43,9 @@ class Pending:
 
 
 class Table:
-    def __init__(self, limit: int,
+    def __init__(self, limit: int, metrics=None,
                  on_resumed: Callable[["Pending"], None] = lambda request: None):
-        self.limit = limit
+        self.limit, self.metrics = limit, metrics   # (front/metrics.ServiceMetrics)
         self.requests: dict[int, Pending] = {}   # in arrival order
         self.calls: dict[int, asyncio.Future] = {}
         self._ids = itertools.count(1)
@@ -152,8 +153,21 @@ class Table:
     def _event(self, request: Pending, index: int, event) -> None:
         if isinstance(event, Piece) and event.token is not None:
             request.tokens.setdefault(index, []).append(event.token)
+            self._latency(request, index)
         elif isinstance(event, (Done, Embedded, Failed)):
             request.done.add(index)
             if request.finished or isinstance(event, Failed):
                 self.requests.pop(request.rid, None)
         request.events.put_nowait((index, event))
+
+    def _latency(self, request: Pending, index: int) -> None:
+        """A choice's token arrived: its time to first token, or the gap since its last."""
+        if self.metrics is None:
+            return
+        now = time.monotonic()
+        last = request.last_token.get(index)
+        if last is None:
+            self.metrics.ttft.observe(now - request.arrived)
+        else:
+            self.metrics.itl.observe(now - last)
+        request.last_token[index] = now

@@ -2,7 +2,7 @@
 partition where TCP does not reset) ends nothing by itself: no launcher exit, no channel
 closed, no rank-failure line. The watchdog tells it apart from a slow one by the job's own
 messages: while requests are under way, the job's head sends a token, an end or a beat
-(serve/front_link.py: the pipeline returned results) at least every few seconds, however
+(serve/link.py: the pipeline returned results) at least every few seconds, however
 slow its ranks are, as long as each of its runs comes back (a call, /metrics or /tokenize, is
 answered at once by the head). Quiet for --stall-timeout seconds with requests or calls under
 way: the job is taken as failed, killed and started again, its requests

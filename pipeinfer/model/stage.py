@@ -24,7 +24,13 @@ from .. import _native
 from .llama_lib import LlamaError
 
 DECODE_OK, DECODE_NO_SLOT, DECODE_ABORTED = 0, 1, 2
-MMAP_VAR = "PIPEINFER_MMAP"  # "1": map weight files as before (comparisons of memory use)
+MMAP_VAR = "PIPEINFER_MMAP"  # "1": map weight files instead of reading them (to compare memory use)
+
+
+# Rows of logits one decode of the target's last stage or a draft model may ask for: runs are a
+# few tokens and a prompt chunk asks for its last row only (a smaller compute buffer: 39 MB of
+# logits for Qwen2.5's vocabulary instead of 300).
+MAX_OUTPUTS = 64
 
 
 @dataclass(frozen=True)
@@ -33,7 +39,7 @@ class StageConfig:
     n_batch: int = 512        # largest batch one decode accepts (also n_ubatch: one graph)
     n_seq_max: int = 64       # sequence ids 0..n_seq_max-1 (kv_unified: no memory cost)
     n_threads: int = 1
-    repack: bool = True       # llama.cpp's weight repacking (extra buffer types); see README
+X
     n_slots: int = 1          # llama.cpp contexts (each n_ctx cells): requests generated at once
     mmap: bool = False        # map the file instead of reading it (see Stage._load)
     max_outputs: int = 0      # rows of logits one decode may ask for (0: n_batch); see _Context

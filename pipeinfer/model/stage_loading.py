@@ -1,7 +1,7 @@
 """A stage that loads on a thread of its own while the job starts, for the head's draft model:
 nothing needs the draft before the first draft job, and a served job relaunched after a
-failure rebuilds its requests' KV cells first (no draft work meanwhile), so loading it (2 s on
-half a core for Qwen2.5-Coder 0.5B, weights repacked) need not hold up the start. The first use
+failure rebuilds its requests' KV cells first (no draft work meanwhile), so loading it
+(seconds on a small node, weights repacked) need not hold up the start. The first use
 of the stage, or of one of its slots, waits for the load; a load that failed raises its error
 there."""
 

@@ -143,35 +143,53 @@ class _Dims:
         return self.n_embd // self.n_head
 
 
-def write_tiny_llama(
-    path: str | os.PathLike[str], *, n_layer: int = 4, n_embd: int = 64, n_head: int = 4,
-    n_head_kv: int = 2, n_ff: int = 128, n_ctx_train: int = 2048, seed: int = 0,
-    weight_scale: float = 1.0, output_scale: float = 4.0,
-    tensor_type: gguf.GGMLQuantizationType = gguf.GGMLQuantizationType.F32,
-    n_merges: int = DEFAULT_N_MERGES, name: str = "pipeinfer-tiny-llama",
-) -> Path:
-    """Write a random-weight llama GGUF model to ``path`` and return it as a Path.
+@dataclass(frozen=True)
+class TinyLlama:
+    """A random-weight llama model's settings: its dimensions, weight seed and scales, the
+    block type of its matrices, the size of its byte-level BPE vocabulary and its name.
 
     Linear weights are N(0, (weight_scale / sqrt(fan_in))^2); token embeddings are
     N(0, 1) so rms-norm inputs are O(1); the (untied) output projection gets
     ``output_scale`` times the base scale so that greedy logits are peaked yet still
-    depend on context. Norm weights are 1.
-    """
-    if tensor_type not in _FILE_TYPES:
-        raise ValueError(f"unsupported tensor_type {tensor_type!r}")
-    if n_embd % n_head or n_head % n_head_kv:
-        raise ValueError("n_embd must be divisible by n_head, n_head by n_head_kv")
-    path = Path(path)
-    tokens, merges, types = build_tokenizer(n_merges)
-    dims = _Dims(n_layer, n_embd, n_head, n_head_kv, n_ff, n_ctx_train, len(tokens))
-    tensors = _random_tensors(np.random.default_rng(seed), dims, weight_scale, output_scale)
-    w = gguf.GGUFWriter(path, ARCH_NAME)
-    _add_model_keys(w, name, tensor_type, dims)
-    _add_tokenizer_keys(w, tokens, merges, types)
-    for tname, data in tensors:
-        _add_weight(w, tname, data, tensor_type)
-    _finish(w)
-    return path
+    depend on context. Norm weights are 1."""
+    n_layer: int = 4
+    n_embd: int = 64
+    n_head: int = 4
+    n_head_kv: int = 2
+    n_ff: int = 128
+    n_ctx_train: int = 2048
+    seed: int = 0
+    weight_scale: float = 1.0
+    output_scale: float = 4.0
+    tensor_type: gguf.GGMLQuantizationType = gguf.GGMLQuantizationType.F32
+    n_merges: int = DEFAULT_N_MERGES
+    name: str = "pipeinfer-tiny-llama"
+
+    def write(self, path: str | os.PathLike[str]) -> Path:
+        """The model as a GGUF file at `path`."""
+        if self.tensor_type not in _FILE_TYPES:
+            raise ValueError(f"unsupported tensor_type {self.tensor_type!r}")
+        if self.n_embd % self.n_head or self.n_head % self.n_head_kv:
+            raise ValueError("n_embd must be divisible by n_head, n_head by n_head_kv")
+        path = Path(path)
+        tokens, merges, types = build_tokenizer(self.n_merges)
+        dims = _Dims(self.n_layer, self.n_embd, self.n_head, self.n_head_kv, self.n_ff,
+                     self.n_ctx_train, len(tokens))
+        tensors = _random_tensors(np.random.default_rng(self.seed), dims, self.weight_scale,
+                                  self.output_scale)
+        w = gguf.GGUFWriter(path, ARCH_NAME)
+        _add_model_keys(w, self.name, self.tensor_type, dims)
+        _add_tokenizer_keys(w, tokens, merges, types)
+        for tname, data in tensors:
+            _add_weight(w, tname, data, self.tensor_type)
+        _finish(w)
+        return path
+
+
+def write_tiny_llama(path: str | os.PathLike[str], **settings) -> Path:
+    """Write a random-weight llama GGUF model to ``path`` (TinyLlama's `settings`) and return
+    it as a Path."""
+    return TinyLlama(**settings).write(path)
 
 
 def _random_tensors(rng: np.random.Generator, d: _Dims, weight_scale: float,

@@ -7,7 +7,8 @@ from __future__ import annotations
 import shlex
 from dataclasses import dataclass
 
-from ..config.job import AUTO, draft_vocab_for
+from .. import strategies
+from ..config.drafts import AUTO, draft_vocab_for
 from ..model.gguf_header import read_header
 from ..model.slicing import model_info
 from .inputs import Setup
@@ -51,7 +52,7 @@ def command_line(setup: Setup, split: Split, strategy: str, run_args: list[str])
     if setup.hosts:
         cmd += ["-hosts", ",".join(setup.hosts[r] for r in kept)]
     cmd += ["pipeinfer", "run", "-m", str(setup.model)]
-    if setup.draft is not None and strategy != "iterative":
+    if setup.draft is not None and strategies.get(strategy).speculates:
         cmd += ["-md", str(setup.draft_named or setup.draft)]
         if not setup.compact:
             cmd += ["--no-compact-draft"]

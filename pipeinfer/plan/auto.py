@@ -7,8 +7,9 @@ import logging
 from pathlib import Path
 from typing import Sequence
 
+from .. import strategies
 from ..engine.transport.mpi import Link, hostname
-from ..engine.startup.draft_files import draft_file as job_draft_file
+from ..engine.files.draft_files import draft_file as job_draft_file
 from ..model.models import ModelError, resolve_model
 from ..model.slicing import model_info, read_model
 from . import calibrate as cal
@@ -85,9 +86,9 @@ def pipeline_for(profile: Profile, model: Path, strategy: str, draft: Path | Non
 
 
 def auto_split(link: Link, cfg, drafts: Sequence = ()) -> tuple[float, ...]:
-    """The solver's split for `cfg` (a RunConfig) on this job's ranks; logged on rank 0 with
+    """The solver's split for `cfg` (a JobConfig) on this job's ranks; logged on rank 0 with
     what the nodes left out would give. `drafts`: on rank 0 the job's draft files, settled
-    with `cfg` (engine/startup/draft_files.py), the first of which the profile times."""
+    with `cfg` (engine/files/draft_files.py), the first of which the profile times."""
     model = target_file(link, cfg.model)
     draft = head_draft(link, cfg, drafts) if cfg.uses_draft_model else None
     threads = [cfg.threads_for(r) for r in range(link.size)]
@@ -123,7 +124,7 @@ def head_draft(link: Link, cfg, drafts: Sequence) -> Path:
 
 
 def draft_file(link: Link, name: str, compact: bool) -> Path:
-    """The draft file `run` will load (its compact copy by default, engine/startup/draft_files.py),
+    """The draft file `run` will load (its compact copy by default, engine/files/draft_files.py),
     so the profile times the draft the head will run; made once on rank 0, the path shared
     (an unusable draft raises ModelError on every rank)."""
     return Path(cal.from_rank0(link, lambda: str(job_draft_file(name, compact).path),
@@ -131,7 +132,7 @@ def draft_file(link: Link, name: str, compact: bool) -> Path:
 
 
 def _report(split: Split, profile: Profile) -> None:
-    kind = "sum of stage times" if split.strategy in ("iterative", "speculative") \
+    kind = "sum of stage times" if strategies.get(split.strategy).bound == "sum" \
         else "slowest stage"
     log.info("--layer-split auto: %s (layers %s; predicted %s %.1f ms per %d-token step)",
              split.layer_split, ",".join(map(str, split.counts)), kind, split.bound_ms,

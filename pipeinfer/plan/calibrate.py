@@ -21,7 +21,7 @@ import numpy as np
 from ..engine.transport.mpi import Link, hostname
 from ..model.models import ModelError
 from ..model.stage_cache import content_digest, stage_file
-from ..schedule.transaction import Tag
+from ..engine.transport.wire import Tag
 from . import cgroups, measure
 from .profile import ModelId, NodeFigures, Profile
 
@@ -56,9 +56,9 @@ def from_rank0(link: Link, make: Callable[[], T],
 def calibration_slices(link: Link, model: Path, n_layer: int,
                        given: str | None = None) -> measure.Slices:
     """Collective: the calibration slices of rank 0's `model` as this rank's files, cut on
-    rank 0 and sent to the ranks that lack them (engine/startup/weights.py: only rank 0 needs the
+    rank 0 and sent to the ranks that lack them (engine/files/weights.py: only rank 0 needs the
     model file); `given` is the model this rank was given, a copy it may cut from."""
-    from ..engine.startup.weights import Manifest, obtain, slice_need
+    from ..engine.files.weights import Manifest, obtain, slice_need
 
     def plan():
         ranges = measure.calibration_ranges(model, n_layer)

@@ -20,25 +20,19 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass, field
 
-from ..schedule.options import DRAFT_THREAD_STRATEGIES
+from .. import strategies
 
 # 3 is measured, not interpolated: it is the size of every speculative run under --exact with
-# repacked weights, and llama.cpp's repacked kernels run it slower per token than 2 or 4 (one
-# core here: a layer 6.35 ms at 2 tokens, 7.75 at 3, 5.59 at 4; interpolated 5.97)
+# repacked weights, and llama.cpp's repacked kernels (which take 4 rows at a time) run it
+# slower per token than 2 or 4
 STEP_SIZES = (1, 2, 3, 4, 8)
 
 # While the head's draft thread drafts, the head's own loop (polling the pipeline's results and
 # the drafter, the scheduler's ticks) takes a share of the head's CPU: cores used by the loop,
-# by the cores the head may use (a cgroup quota), measured as per-thread CPU time from /proc
-# during pipeinfer runs of Qwen 1.5B + 0.5B (experiments/reference/validate-2026-11-25b/):
-# 2 x 1 core 0.07-0.08, 4 x 0.5 core 0.05, 8 x 0.25 core 0.03-0.05. Between: interpolated.
+# by the cores the head may use (a cgroup quota), from the per-thread CPU time of the head's
+# threads in pipeinfer runs of the Qwen pair at 2, 4 and 8 nodes (the simulator's validation
+# in the documentation's results). Between: interpolated.
 HEAD_LOOP_CORES = {0.25: 0.035, 0.5: 0.05, 1.0: 0.075}
-
-# Per strategy: what bounds it, and the tokens of a typical run after the prompt (pipeinfer's
-# and speculative's runs are cut to 3 tokens under --exact with repacked weights; specpipe's
-# tree levels and pipespec's verifications are --draft/--tree-width wide, 4 by default).
-SHAPES = {"iterative": ("sum", 1), "speculative": ("sum", 3), "pipeinfer": ("max", 3),
-          "pipespec": ("max", 4), "specpipe": ("max", 4)}
 
 
 class CostError(ValueError):
@@ -152,21 +146,26 @@ class Pipeline:
 
 
 def draft_tokens(strategy: str, with_draft_model: bool) -> int:
-    """Tokens the head's draft model drafts per run: a pipelined run's micro-batch, a
-    synchronous tree's depth (its root is the pending token), none without a draft model."""
-    if not with_draft_model or strategy == "iterative":
-        return 0
-    shape, step = strategy_shape(strategy)
-    return step if shape == "max" else step - 1
+    """Tokens the head's draft model drafts per run of `strategy` (Strategy.draft_tokens)."""
+    return _strategy(strategy).draft_tokens(with_draft_model)
 
 
 def drafts_on_thread(strategy: str | None) -> bool:
     """Whether the strategy drafts on a thread beside the head's loop (engine/head/generate.py)."""
-    return strategy in DRAFT_THREAD_STRATEGIES
+    return strategy is not None and _strategy(strategy).draft_thread
 
 
 def strategy_shape(strategy: str) -> tuple[str, int]:
+    """What bounds `strategy` ("sum" of stage times or their "max") and the tokens of a
+    typical run after the prompt (pipeinfer's and speculative's are cut to 3 under --exact
+    with repacked weights; specpipe's tree levels and pipespec's verifications are
+    --draft/--tree-width wide, 4 by default)."""
+    plan = _strategy(strategy)
+    return plan.bound, plan.run_tokens
+
+
+def _strategy(name: str) -> strategies.Strategy:
     try:
-        return SHAPES[strategy]
-    except KeyError:
-        raise CostError(f"unknown strategy {strategy!r}; known: {', '.join(SHAPES)}") from None
+        return strategies.get(name)
+    except ValueError as err:
+        raise CostError(str(err)) from None

@@ -7,8 +7,9 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from .. import strategies
 from ..model.balance import balanced_split
-from ..config.job import AUTO, draft_vocab_for
+from ..config.drafts import AUTO, draft_vocab_for
 from ..model.draft_cache import compact_draft
 from ..model.draft_vocab import reduced_draft
 from ..model.gguf_header import HeaderError, read_header
@@ -55,14 +56,30 @@ def resolve(name: str, what: str) -> Path:
         raise CostError(f"{what} {name}: {err}") from None
 
 
-def cluster(model: str, draft: str | None, profile: str | None, n_nodes: int | None,
-            cpus: list[float] | None, link: str, reference: str | None = None,
-            kv_cells: int = 8192, hosts: list[str] | None = None,
-            memory: list[float] | None = None, compact: bool = True) -> Setup:
-    """The nodes from `profile`, else `cpus` (one share of a core per node; `n_nodes` x one
-    share), with `link`; the model's shape from its GGUF header. Modelled nodes: `hosts` name
-    them (a hostfile's), `memory` is each one's free MB (else not limited). `compact`: the
-    draft as `run` loads it by default (its compact copy), else the file as it is."""
+@dataclass(frozen=True)
+class ClusterSpec:
+    """The models and the nodes `plan` and `simulate` cost, as the command line gives them:
+    the nodes of a calibration `profile`, or modelled ones, each a `cpus` share of one of
+    this machine's cores, joined by `link`, named by `hosts` (a hostfile's) and limited to
+    `memory` free MB each (else not limited). `reference`: a model with weights whose cost per
+    byte scales a header-only `model`. `compact`: the draft as `run` loads it by default (its
+    compact copy), else the file as it is."""
+    model: str
+    draft: str | None = None
+    profile: str | None = None
+    n_nodes: int | None = None        # with a profile: how many of its nodes
+    cpus: tuple[float, ...] | None = None
+    link: str = "none"
+    reference: str | None = None
+    hosts: tuple[str, ...] | None = None
+    memory: tuple[float, ...] | None = None
+    compact: bool = True
+
+
+def cluster(spec: ClusterSpec, kv_cells: int = 8192) -> Setup:
+    """The nodes and the model's shape (from its GGUF header) of `spec`."""
+    model, draft, profile = spec.model, spec.draft, spec.profile
+    compact, hosts, memory = spec.compact, spec.hosts, spec.memory
     target = resolve(model, "model (-m)")
     named = resolve(draft, "draft model (-md)") if draft else None
     draft_path = _draft(named, compact) if named else None
@@ -72,14 +89,15 @@ def cluster(model: str, draft: str | None, profile: str | None, n_nodes: int | N
     except (SliceError, HeaderError) as err:
         raise CostError(str(err)) from None
     if profile is not None:
-        return replace(_from_profile(profile, target, draft_path, shape, n_nodes),
+        return replace(_from_profile(profile, target, draft_path, shape, spec.n_nodes),
                        draft_named=named, compact=compact)
-    if cpus is None:
+    if spec.cpus is None:
         raise CostError("give --profile, or the nodes: --nodes N --cpu F, or --cpus F0,F1,..")
     layer, output = (modelled.local_layers(target) if modelled.has_weights(target) else
-                     modelled.scaled_layers(target, _reference(reference)))
+                     modelled.scaled_layers(target, _reference(spec.reference)))
     draft_ms = modelled.local_draft_ms(draft_path) if draft_path else 0.0
-    nodes = modelled.nodes(cpus, layer, output, draft_ms, modelled.parse_link(link))
+    nodes = modelled.nodes(list(spec.cpus), layer, output, draft_ms,
+                           modelled.parse_link(spec.link))
     if hosts is not None:
         nodes = tuple(replace(n, name=f"{h}:{r}") for r, (n, h) in enumerate(zip(nodes, hosts)))
     if memory is not None:
@@ -96,7 +114,8 @@ def for_strategy(setup: Setup, strategy: str, draft_vocab: int | str = AUTO) -> 
     reduced-vocabulary copy where `run`'s --draft-vocab (`draft_vocab`) settles on a K
     (config/job.py), its time per token the timed draft's scaled by what this machine
     measures for the two files, else `setup` itself."""
-    if setup.draft is None or strategy == "iterative" or not modelled.has_weights(setup.draft):
+    if (setup.draft is None or not strategies.get(strategy).speculates
+            or not modelled.has_weights(setup.draft)):
         return setup
     header = read_header(setup.draft)
     k = draft_vocab_for(draft_vocab, strategy, model_info(header, setup.draft).n_vocab,
@@ -158,7 +177,8 @@ def counts_for(setup: Setup, strategy: str, split: str | None) -> list[int]:
             return list(solve(setup.pipeline(strategy), strategy, may_drop=False).counts)
         if split is None:
             header = read_header(setup.model)
-            head_layers = n == 1 or strategy == "iterative" or setup.draft is None
+            head_layers = (n == 1 or not strategies.get(strategy).speculates
+                           or setup.draft is None)
             if (n if head_layers else n - 1) > n_layer:
                 raise CostError(f"{n} nodes but the model has only {n_layer} layers: every "
                                 "node after the head needs at least one")

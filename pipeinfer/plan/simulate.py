@@ -30,19 +30,16 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .. import strategies
 from ..engine.transport.backoff import IDLE_LATENCY_SHARE, MAX_SLEEP_S, IdleBackoff
 from ..schedule import actions as A
 from ..schedule.events import DraftReady, ResultArrived, Start, Tick
 from ..schedule.generation import Generation, Request
-from ..schedule.iterative import Iterative
 from ..schedule.options import EXACT_RUN_REPACKED, Limits, SpecOptions
 from ..schedule.partition_pool import PartitionPool
-from ..schedule.pipeinfer import PipeInfer
-from ..schedule.speculative import Speculative
 from ..schedule.transaction import RunResult
 from .cost import CostError, Pipeline, drafts_on_thread
 
-SCHEDULERS = {"iterative": Iterative, "speculative": Speculative, "pipeinfer": PipeInfer}
 WRONG = 10 ** 6           # draft tokens from here on are never the target's
 FIRST_TOKEN = 1000        # the target's token at position p is FIRST_TOKEN + p
 MAX_TICKS = 16            # ticks per event at most (the driver ticks while idle)
@@ -92,9 +89,9 @@ class SimResult:
 
 def check(pipe: Pipeline, counts: list[int], cfg: SimConfig) -> None:
     """SimulationError for settings that cannot give a result."""
-    if cfg.strategy not in SCHEDULERS:
-        raise SimulationError(f"simulate supports {', '.join(SCHEDULERS)}, not "
-                              f"{cfg.strategy!r}")
+    known = strategies.names(simulated=True)
+    if cfg.strategy not in known:
+        raise SimulationError(f"simulate supports {', '.join(known)}, not {cfg.strategy!r}")
     if len(counts) != len(pipe.nodes):
         raise SimulationError(f"the split has {len(counts)} shares for {len(pipe.nodes)} nodes")
     if sum(counts) != pipe.model.n_layer or any(c < 0 for c in counts):
@@ -104,7 +101,7 @@ def check(pipe: Pipeline, counts: list[int], cfg: SimConfig) -> None:
         raise SimulationError("-n must be at least 2 (speed counts the tokens after the first)")
     if not 0 <= cfg.accept_rate <= 1:
         raise SimulationError(f"--accept-rate {cfg.accept_rate} is not between 0 and 1")
-    if cfg.strategy != "iterative" and pipe.nodes[0].draft_ms <= 0:
+    if strategies.get(cfg.strategy).speculates and pipe.nodes[0].draft_ms <= 0:
         raise SimulationError(f"strategy {cfg.strategy} needs the draft model's time per token "
                               "on the head (a profile measured with -md, or -md)")
     for rank, node in enumerate(pipe.nodes):
@@ -147,11 +144,11 @@ class Simulation:
     def _scheduler(self):
         cfg, spec = self.cfg, self.cfg.spec
         n_stages = len(self.chain) + (1 if self.counts[0] else 0)
-        speculates = cfg.strategy != "iterative"
+        speculates = strategies.get(cfg.strategy).speculates
         kv = (spec.kv_size or 4 * cfg.n_ctx) if speculates else cfg.n_ctx
         limits = Limits(512, cfg.n_ctx, kv, n_stages, cfg.max_run)
         pool = PartitionPool(spec.partitions, spec.n_parallel) if speculates else None
-        return SCHEDULERS[cfg.strategy](self.gen, None, limits, spec, pool)
+        return strategies.get(cfg.strategy).scheduler_class()(self.gen, None, limits, spec, pool)
 
     # --- the event loop --------------------------------------------------------------------
     def run(self) -> SimResult:

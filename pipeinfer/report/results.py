@@ -16,8 +16,10 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from .. import strategies
+
 # Strategies in the main charts (other variants, e.g. "pipeinfer-nocancel", are ablations).
-BASE = ("iterative", "speculative", "pipeinfer", "pipespec", "specpipe")
+BASE = strategies.NAMES
 REQUIRED = ("strategy", "speed_tps", "ttft_s", "itl_s")
 ALL_PROMPTS = "(all)"  # the summary's prompt column for the lines over every prompt
 
@@ -191,7 +193,7 @@ def _cell(stats: dict, key: tuple, scale: float = 1.0, digits: int = 2) -> str:
 def _ratio(stats: dict, key: tuple) -> str:
     """The group's mean over iterative's for the same pair, prompt and setting."""
     panel, setting, _ = key
-    own, base = stats.get(key), stats.get((panel, setting, "iterative"))
+    own, base = stats.get(key), stats.get((panel, setting, strategies.ITERATIVE.name))
     if own is None or base is None or base[0] <= 0:
         return "-"
     return f"{own[0] / base[0]:.2f}"

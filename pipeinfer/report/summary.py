@@ -67,7 +67,7 @@ def result_json(cfg, gen, setup, ranges, stats, wall: float) -> dict:
         "partitions_free": setup.pool.all_free if setup.pool else None,
         "stage_computations": {k: sum(s.get(k, 0) for s in stats)
                                for k in ("computed", "skipped", "aborted")},
-        "label": cfg.label,
+        "label": cfg.output.label,
         **getattr(gen, "extras", {}),  # strategy-specific (pipespec: per-stage rates)
     }
 

@@ -7,15 +7,14 @@ separate speculative runs could only start while a stage idles (PipelineShare) a
 did; its tokens then came one per run. A run rooted at the pending token with drafted
 tokens behind it (up to the exact run size, options.py: 3 tokens in all with repacked
 weights) yields the accepted ones with no run of their own, and a stage evaluates 3 tokens
-in one run for well under three 1-token runs (measured: 4 x 0.5 core, Qwen 1.5B, 4 clients,
-2.6 tokens a run). The switch is at run boundaries, both ways:
+in one run for well under three 1-token runs. The switch is at run boundaries, both ways:
 - shared, when the pending token needs a run and nothing of this generation is in flight
   (no run, no draft job): a draft job rooted at the accepted tokens; its answer becomes one
   run of the pending token and the drafted tree (nothing drafted: the token alone). While it
   drafts, results of cancelled runs change nothing and start nothing.
 - shared, with PipeInfer's runs still in flight (it just stopped being alone): no new
   PipeInfer draft goes out and a finished one is dropped; the pending token gets a run of its
-  own as before, until the runs in flight are back.
+  own, as PipeInfer gives it, until the runs in flight are back.
 - alone again: PipeInfer's schedule continues from the run in flight.
 Exact either way: the runs, partitions and verification are the core's (speculation.py).
 """

@@ -6,7 +6,7 @@ import itertools
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
-from ..report.metrics import Counters, Timeline
+from .counters import Counters, Timeline
 
 CANONICAL_SEQ = 0  # sequence 0 holds the accepted tokens on every stage
 

@@ -1,7 +1,7 @@
 """The never-slower guard: speculation stops while it does not pay, and probes again later.
 
 Speculative runs share the stages with the run that decodes the next token, so drafts that are
-mostly rejected cost more than they bring (with an unrelated draft pipeinfer ran at 0.88x of
+mostly rejected cost more than they bring (an unrelated draft makes pipeinfer slower than
 plain decoding). The guard watches what every speculative run brought when it left the run
 table: its guessed tokens, and how many of them were accepted (none when it was cancelled or
 rejected). A run that continued another run's rejected guess is not shown to it (core.py): it

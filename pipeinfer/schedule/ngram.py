@@ -25,7 +25,7 @@ __all__ = ["NGRAM_LIMIT", "NGRAM_MAX", "NGRAM_MIN", "check_sizes", "ngram_candid
 
 def check_sizes(n_min: int, n_max: int) -> None:
     """ValueError unless 1 <= n_min <= n_max (the command line says it to users first:
-    RunConfig.check_drafts)."""
+    JobConfig.check_drafts)."""
     if not 1 <= n_min <= n_max:
         raise ValueError(f"n-gram sizes must satisfy 1 <= n_min <= n_max, got {n_min}, {n_max}")
 

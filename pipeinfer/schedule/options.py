@@ -13,16 +13,6 @@ NGRAM_MIN, NGRAM_MAX = 2, 4
 NGRAM_LIMIT = 16
 DRAFT_SOURCES = ("model", "ngram", "both")
 
-# Strategies whose generations may share the pipeline (serve --parallel; engine/head/lanes.py):
-# pipespec's draft hierarchy keeps one generation's state per level.
-LANE_STRATEGIES = ("iterative", "speculative", "pipeinfer", "specpipe")
-# The lanes' pipeinfer that verifies its drafts in its own runs while others are under way
-# (adaptive.py; serve --busy-strategy auto under --strategy pipeinfer).
-ADAPTIVE = "pipeinfer-adaptive"
-# Strategies whose draft model runs on a thread beside the head's loop (engine/head/generate.py;
-# --no-draft-thread keeps it inline); the simulator charges that thread for the loop's CPU.
-DRAFT_THREAD_STRATEGIES = ("pipeinfer",)
-
 # Most tokens of a run after the prompt when the output must be exact. A speculative tree is
 # verified as one batch, and llama.cpp gives every token of a batch the logits one-token
 # decoding gives it, bit for bit, only up to a size (experiments/batch_exactness.py prints the
@@ -47,7 +37,7 @@ class SpecOptions:
     kv_size: int = 0           # KV cells per stage; 0: 4x the context
     tree_width: int = 4        # specpipe: nodes per tree level (beam slots)
     tree_k: int = 2            # specpipe: draft candidates per bottom node
-    draft_thread: bool = False  # pipeinfer: the draft model on a thread of its own (CLI: on)
+    draft_thread: bool = True  # pipeinfer: the draft model on a thread of its own
     p_floor: float = FLOOR     # the cutoff never decays below min(this, p_accept)
     draft_source: str = "model"  # model, ngram (prompt lookup) or both (n-grams first)
     guard_accept: float = THRESHOLD  # speculation pauses under this acceptance (0: never)

@@ -2,9 +2,8 @@
 model's, by what each has been bringing.
 
 An n-gram draft costs nothing on the head, but where the output does not repeat earlier text
-its matches guess badly (on a coding prompt with the matched 0.5B draft: 28 % of n-gram tokens
-accepted against the model's 92 %, and pipeinfer at 1.12x plain decoding instead of 1.49x),
-and every job it answers is one the model does not. So the acceptance of each source is
+its matches guess badly (on new code, far fewer of its tokens are accepted than of the
+model's), and every job it answers is one the model does not. So the acceptance of each source is
 followed (an exponential average over its drafted tokens, as speculative runs leave the
 pipeline), and lookups are tried while the n-gram drafts are accepted at least about as often
 as the model's (`MARGIN` below it). Otherwise the model drafts, and one job in `PROBE` still

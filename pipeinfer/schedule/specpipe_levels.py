@@ -82,7 +82,7 @@ def new_tree(tree: BeamTree, kv: BeamSlots, spec, slots: tuple[int, ...], max_ru
     p = len(accepted) - 1
     root = tree.reset(accepted[p], p)
     ops = kv.new_root(c0, root, tuple(accepted))
-    spec.chain(accepted, c0, p + 1, (CANONICAL_SEQ, slots[0]), max_run, ops, (root,))
+    spec.chain(accepted, range(c0, p + 1), (CANONICAL_SEQ, slots[0]), max_run, ops, (root,))
     spec.c0 = p + 1
     tree.nodes[root].draft_done = True
 

@@ -104,20 +104,21 @@ class Speculation:
         sequence 0 keeps (request.cached) is not evaluated again."""
         request = self.gen.request
         tokens, n_prompt = request.prompt + request.resumed, len(request.prompt)
-        self.chain(tokens, request.cached, n_prompt, (CANONICAL_SEQ,), n_batch,
+        self.chain(tokens, range(request.cached, n_prompt), (CANONICAL_SEQ,), n_batch,
                    count_cells=False, final=not request.resumed)
         # Tokens generated before a restart: in runs of at most the exact run size, which
         # compute as one-token decoding did (options.py), so every cell is as it was.
-        self.chain(tokens, n_prompt, len(tokens), (CANONICAL_SEQ,), self.max_run,
+        self.chain(tokens, range(n_prompt, len(tokens)), (CANONICAL_SEQ,), self.max_run,
                    count_cells=False)
 
-    def chain(self, tokens, start: int, end: int, seqs: tuple[int, ...], n_batch: int,
-              ops: list = (), tree_ids: tuple[int, ...] = (), count_cells: bool = True,
+    def chain(self, tokens, span: range, seqs: tuple[int, ...], n_batch: int, ops: list = (),
+              tree_ids: tuple[int, ...] = (), count_cells: bool = True,
               final: bool = True) -> None:
-        """Runs of tokens[start:end] at their positions in sequences `seqs`, in chunks of at
-        most n_batch (after KV ops `ops`); only the last chunk's last row is output (its
-        tree node: `tree_ids`), unless not `final` (more follow)."""
-        for first in range(start, end, n_batch):
+        """Runs of the tokens at positions `span` in sequences `seqs`, in chunks of at most
+        n_batch (after KV ops `ops`); only the last chunk's last row is output (its tree
+        node: `tree_ids`), unless not `final` (more follow)."""
+        end = span.stop
+        for first in range(span.start, end, n_batch):
             chunk = tokens[first:min(first + n_batch, end)]
             last = final and first + len(chunk) == end
             run = Run(self.gen.next_run_id(), first, tuple(tokens[:first]),

@@ -1,9 +1,8 @@
-"""`pipeinfer serve`: an OpenAI-compatible HTTP server on rank 0 of one MPI job.
+"""The job's side of `pipeinfer serve`, on rank 0 (the HTTP side is pipeinfer/front/):
 
-command.py (the options) -> service.py (one rank's part) -> http_thread.py (uvicorn on a
-thread) + app.py (the ASGI app; api.py checks requests, fields.py their sampling, logprobs
-and unsupported fields, errors.py the error object, text_api.py /tokenize and /detokenize,
-responses.py builds answers, logprobs.py their logprobs) -> bridge.py (requests into the
-head's loop, events back) -> loop.py (the head generating them up to --parallel at once on
-the main thread, the only one touching MPI; stop_text.py cuts at stop strings), report/metrics.py
-(Prometheus)."""
+service.py (one rank's part: the channel to the front, the job, the endings) -> link.py (the
+channel) -> intake.py (the front's messages: requests parsed and checked with the model;
+prepare.py renders and tokenizes them into tickets, tool_formats.py the model's tool-call
+format) -> bridge.py (tickets into the head's loop) -> loop.py (the head generating them, up
+to --parallel at once on the main thread, the only one touching MPI; stop_text.py cuts at
+stop strings) -> events back through the link; stats.py (what the job counts for /metrics)."""

@@ -17,13 +17,14 @@ from collections import deque
 from typing import Callable
 
 from ..engine.transport.backoff import IdleBackoff
-from ..engine.startup.job import Head, describe
+from ..job.roles import Head, describe
 from ..engine.head.lanes import Lane, Lanes
 from ..model.tokenizer import TextStream
 from ..schedule.generation import Generation
-from .bridge import Bridge, Done, Embedded, Piece, State, Ticket
+from ..api.events import Done, Embedded, Piece
+from .bridge import Bridge, Ticket
 from ..api.logprobs import TokenLogprob, measure
-from .metrics import ServeMetrics
+from .stats import JobStats
 from .stop_text import StopText
 
 log = logging.getLogger(__name__)
@@ -34,13 +35,13 @@ FINISH_REASONS = {"eos": "stop", "cancelled": "stop"}   # the rest: "length"
 
 
 class Completion:
-    """One request's way from accepted tokens to its handler: text, stop strings, metrics."""
+    """One request's way from accepted tokens to its handler: text, stop strings, counts."""
 
-    def __init__(self, ticket: Ticket, tokenizer, metrics: ServeMetrics):
-        self.ticket, self.metrics, self.tokenizer = ticket, metrics, tokenizer
+    def __init__(self, ticket: Ticket, tokenizer, stats: JobStats):
+        self.ticket, self.stats, self.tokenizer = ticket, stats, tokenizer
         self.text = TextStream(tokenizer, ticket.preserve)
         self.stops = StopText(ticket.stop)
-        self.n_tokens, self.last = 0, None
+        self.n_tokens = 0
         self.measured: deque[TokenLogprob] = deque()   # sampled, not yet accepted
 
     @property
@@ -65,12 +66,7 @@ class Completion:
         entry = self._logprobs(token)
         if self.wants_end:
             return  # (tokens accepted with the one that completed a stop string)
-        now = time.perf_counter()
-        if self.last is None:
-            self.metrics.ttft.observe(now - self.ticket.arrived)
-        else:
-            self.metrics.itl.observe(now - self.last)
-        self.n_tokens, self.last = self.n_tokens + 1, now
+        self.n_tokens += 1
         piece = self.stops.push(self.text.push(token))
         if piece or entry or not self.stops.stopped:
             self.ticket.send(Piece(piece, 1, entry, token))
@@ -101,9 +97,9 @@ class Completion:
         if ticket.constraint is not None:
             ticket.constraint.close()
         cached = gen.request.cached
-        self.metrics.generation(len(ticket.prompt), self.n_tokens, gen.counters, cached)
+        self.stats.generation(len(ticket.prompt), self.n_tokens, gen.counters, cached)
         if ticket.cancelled.is_set():
-            self.metrics.cancelled.inc()
+            self.stats.cancelled += 1
             log.info("request %d cancelled by its client after %d tokens", ticket.number,
                      self.n_tokens)
             return
@@ -118,8 +114,8 @@ class Completion:
 class EmbeddingAnswer:
     """One embedding request's way back: its vectors once its runs are back."""
 
-    def __init__(self, ticket: Ticket, metrics: ServeMetrics):
-        self.ticket, self.metrics = ticket, metrics
+    def __init__(self, ticket: Ticket, stats: JobStats):
+        self.ticket, self.stats = ticket, stats
 
     @property
     def wants_end(self) -> bool:
@@ -128,7 +124,7 @@ class EmbeddingAnswer:
     def finish(self, job) -> None:
         """The job (engine/head/embedding_job.py) is done: its vectors to the handler."""
         if job.cancelled or self.wants_end:
-            self.metrics.cancelled.inc()
+            self.stats.cancelled += 1
             return
         n_tokens = sum(len(tokens) for tokens in self.ticket.inputs)
         self.ticket.send(Embedded(tuple(job.vectors()), n_tokens))
@@ -138,10 +134,10 @@ class BusyProbe:
     """The workers' busy seconds for /metrics: a probe through the pipeline every
     BUSY_EVERY_S (one out at a time; it passes each rank after the work sent before it)."""
 
-    def __init__(self, head: Head, metrics: ServeMetrics):
+    def __init__(self, head: Head, stats: JobStats):
         transport = getattr(head.setup.pipeline, "transport", None)
         self.transport = transport if hasattr(transport, "send_busy_probe") else None
-        self.metrics, self.out, self.sent = metrics, False, 0.0
+        self.stats, self.out, self.sent = stats, False, 0.0
 
     def tick(self) -> None:
         if self.transport is None:
@@ -155,7 +151,7 @@ class BusyProbe:
         if busy is not None:
             self.out = False
             for rank, seconds in enumerate(busy, start=1):
-                self.metrics.stage_busy(rank, float(seconds))
+                self.stats.busy_s[rank] = float(seconds)
 
     def drain(self, limit_s: float = 2.0) -> None:
         """Take the answer of a probe still out (MPI must not end with it unreceived)."""
@@ -165,24 +161,24 @@ class BusyProbe:
             time.sleep(0.005)
 
 
-def serve_requests(head: Head, bridge: Bridge, metrics: ServeMetrics,
+def serve_requests(head: Head, bridge: Bridge, stats: JobStats,
                    keep_going: Callable[[], bool], lanes: Lanes | None = None) -> None:
     """Generate the bridge's requests while `keep_going()`, in `lanes` (default: the head's
-    slots). When a generation fails (a rank failed: RankFailed names it), every request
-    under way or waiting is answered 503 with the reason, new ones are refused, and the error
-    goes to the caller, which ends the job."""
+    slots). When a generation fails (a rank failed: RankFailed names it), the front is told
+    why (bridge.fail: it resumes the requests on a new job, or answers them with the reason),
+    new requests are refused, and the error goes to the caller, which ends the job."""
     lanes = lanes if lanes is not None else Lanes(head)
-    backoff, probe = IdleBackoff(), BusyProbe(head, metrics)
+    backoff, probe = IdleBackoff(), BusyProbe(head, stats)
     try:
         while keep_going():
             probe.tick()
-            _admit(lanes, head, bridge, metrics)
+            _admit(lanes, head, bridge, stats)
             if not lanes.active:
                 ticket = bridge.take(IDLE_WAIT_S)
                 if ticket is None:
                     head.check_ranks()  # a worker's failure is reported even while idle
                 else:
-                    _start(lanes, head, bridge, metrics, ticket)
+                    _start(lanes, head, bridge, stats, ticket)
                 continue
             busy = lanes.turn()
             for lane in lanes.active:
@@ -194,32 +190,32 @@ def serve_requests(head: Head, bridge: Bridge, metrics: ServeMetrics,
                 backoff.reset()
             else:
                 backoff.wait()
-    except Exception as err:  # every request under way and waiting gets 503 with why
-        bridge.fail(State.FAILED, describe(err))
+    except Exception as err:  # the front is told why, once
+        bridge.fail(describe(err))
         raise
     finally:
         probe.drain()
 
 
-def _admit(lanes: Lanes, head: Head, bridge: Bridge, metrics: ServeMetrics) -> None:
+def _admit(lanes: Lanes, head: Head, bridge: Bridge, stats: JobStats) -> None:
     """Waiting requests into the free slots."""
     while lanes.n_free:
         ticket = bridge.take(0)
         if ticket is None:
             return
-        _start(lanes, head, bridge, metrics, ticket)
+        _start(lanes, head, bridge, stats, ticket)
 
 
-def _start(lanes: Lanes, head: Head, bridge: Bridge, metrics: ServeMetrics,
+def _start(lanes: Lanes, head: Head, bridge: Bridge, stats: JobStats,
            ticket: Ticket) -> None:
     bridge.running.add(ticket)  # until it is done: a failure answers it too
     if ticket.inputs:
         lane = lanes.start_embedding([list(t) for t in ticket.inputs],
-                                     EmbeddingAnswer(ticket, metrics), ticket.pooling)
+                                     EmbeddingAnswer(ticket, stats), ticket.pooling)
         log.info("request %d: embeddings of %d input(s), %d tokens, slot %d", ticket.number,
                  len(ticket.inputs), sum(len(t) for t in ticket.inputs), lane.slot)
         return
-    completion = Completion(ticket, head.tokenizer, metrics)
+    completion = Completion(ticket, head.tokenizer, stats)
     if ticket.resumed:
         completion.replay(ticket.resumed)
         if (ended := completion.ended_before(head.tokenizer.is_eog)):

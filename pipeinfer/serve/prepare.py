@@ -1,8 +1,8 @@
 """A checked request (api.Ask) into its tickets for the head: its tool format decided with
 the model's template (tool_formats.py), its prompts rendered and tokenized, one ticket per
-choice, each with a fresh state of its grammar. Runs in the job's
-process (it needs the tokenizer): on the HTTP thread of the job's own server, or on the
-thread that takes the front's requests (front_link.py)."""
+choice, each with a fresh state of its grammar; an embedding request into its one ticket.
+Runs in the job's process (it needs the tokenizer), on the thread that takes the front's
+messages (intake.py)."""
 
 from __future__ import annotations
 
@@ -10,13 +10,16 @@ from dataclasses import replace
 from typing import Callable, Sequence
 
 from ..model.chat_template import ChatTemplateError
-from ..model.grammar import GrammarError
+from ..model.grammar import GrammarError, json_grammar
 from ..model.llama_lib import LlamaError
 from ..api import requests as api, text as text_api
-from . import tool_formats
+from ..api.embeddings import EmbedAsk
+from ..api.fields import Constraint
 from ..api.requests import ApiError, Ask
-from .bridge import Ticket
 from ..api.tool_calls import CLOSE, NATIVE, OPEN
+from ..engine.head.embedding_job import pooling_of
+from . import tool_formats
+from .bridge import Ticket
 
 Sink = Callable[[int, object], None]   # (choice, event) back to the request's handler
 
@@ -67,7 +70,7 @@ def with_tools(ask: Ask, tokenizer) -> Ask:
         gbnf = tool_formats.grammar(ask.tools, ask.tool_choice, fmt)
     except GrammarError as err:
         raise ApiError(400, f"'tools': {err}", param="tools") from None
-    return replace(ask, tool_format=fmt, grammar=gbnf, grammar_param="tools",
+    return replace(ask, tool_format=fmt, constraint=Constraint("tools", gbnf=gbnf),
                    grammar_triggers=triggers)
 
 
@@ -110,10 +113,36 @@ def _preserved(tokenizer, ask: Ask) -> frozenset[int]:
 
 def _grammar(tokenizer, ask: Ask):
     """A fresh state of the request's grammar for one choice (400 if it does not parse)."""
-    if ask.grammar is None:
+    constraint = ask.constraint
+    if constraint is None:
         return None
     try:
-        return tokenizer.grammar(ask.grammar, ask.grammar_triggers)
+        gbnf = constraint.gbnf if constraint.gbnf is not None else json_grammar(
+            constraint.schema)
+        return tokenizer.grammar(gbnf, ask.grammar_triggers)
     except GrammarError as err:
-        raise ApiError(400, f"'{ask.grammar_param}': {err}", param=ask.grammar_param) \
-            from None
+        raise ApiError(400, f"'{constraint.param}': {err}", param=constraint.param) from None
+
+
+def model_pooling(tokenizer) -> str:
+    """The pooling of the served model (its GGUF's `{arch}.pooling_type`, else mean)."""
+    arch = tokenizer.metadata("general.architecture")
+    return pooling_of(tokenizer.metadata(f"{arch}.pooling_type") if arch else None)
+
+
+def embedding_ticket(ask: EmbedAsk, tokenizer, n_ctx: int, sink) -> Ticket:
+    """The request's one ticket for the head: each input tokenized as llama-server does
+    (special tokens added and parsed), none longer than the context."""
+    inputs = []
+    for one in ask.inputs:
+        if isinstance(one, tuple):
+            text_api.check_tokens(one, tokenizer.n_vocab, "input")
+            tokens = list(one)
+        else:
+            tokens = tokenizer.tokenize(one)
+        if len(tokens) > n_ctx:
+            raise ApiError(400, f"an input has {len(tokens)} tokens, more than the context's "
+                                f"{n_ctx}", "exceed_context_size_error", param="input")
+        inputs.append(tuple(tokens))
+    return Ticket(list(inputs[0]), 0, None, (), sink, inputs=tuple(inputs),
+                  pooling=model_pooling(tokenizer))

@@ -1,92 +1,109 @@
 """One rank's part of `pipeinfer serve`: errors become one line and an exit status.
 
-Rank 0 listens first (the port is taken before any model loads, and /health answers 503
-while they load), then every rank starts the job as for `pipeinfer run`. The head then
-generates requests on the main thread while uvicorn serves HTTP on another; the workers
-evaluate their slices until the head shuts them down.
+Rank 0 first opens the channel to the front: to the front that launched the job (its
+address in --channel), or, in a job someone else launched (`mpiexec -n N pipeinfer serve`,
+`srun`), to a front started here on a thread of its own, whose HTTP port is taken before any
+model loads (/health answers 503 meanwhile). Then every rank starts the job as for
+`pipeinfer run`. The head takes the front's requests (intake.py) and generates them on the
+main thread (loop.py); the workers evaluate their slices until the head shuts them down.
 
-Endings: SIGINT or SIGTERM (on every rank under mpiexec, or the head alone) ends the requests
-under way with 503, stops the HTTP server, takes the results still in flight and shuts the
-workers down (they ignore the signals once started, to end in this order), within a few
-seconds; if that takes over STOP_LIMIT_S, SIGALRM ends the head and the launcher the job. A
-rank that fails
-ends the requests with 503 naming it, and the whole job. A rank killed outright (SIGKILL) is
-named by its supervisor, and the launcher ends the job: the head's supervisor dies, the head
-gets JOB_LOST (engine/startup/supervisor.py), answers the requests under way and waiting with 503
-(the job ended; the launcher's output names the rank, which the head cannot know) and ends.
+Endings: the front's "stop", or SIGINT or SIGTERM in a job launched by someone else, ends the
+job in order: the results still in flight are taken and the workers shut down (they ignore
+the signals once started, to end in this order), within a few seconds; if that takes over
+STOP_LIMIT_S, SIGALRM ends the head and the launcher the job. A rank that fails ends the job;
+the front is told why (it resumes the requests on a new job, or without failover answers
+them 503 with the reason). A rank killed outright (SIGKILL) is named by its supervisor and
+the launcher ends the job: the head's supervisor dies, the head gets JOB_LOST
+(job/supervisor.py), tells the front (the launcher's output names the rank, which
+the head cannot know) and ends.
 """
 
 from __future__ import annotations
 
 import logging
+import multiprocessing
 import os
 import signal
 import threading
 import time
-from dataclasses import dataclass
 
-from ..config.job import RunConfig
+from ..config.job import JobConfig
+from ..job import supervisor
+from ..job.roles import Job, StartFailed, describe
+from ..job.supervisor import JOB_LOST
 from ..engine.transport.backoff import IdleBackoff
-from ..engine.startup.job import Job, StartFailed, describe
-from ..engine.transport.mpi import Link, abort_job
-from ..engine.startup import supervisor
-from ..engine.startup.supervisor import JOB_LOST
-from ..model.sampling import SamplingParams
-from .app import Service, build_app, ready
-from .bridge import Bridge, State
-from .front_link import FrontLink
-from .http_thread import HttpThread
+from ..engine.transport.mpi import LOST_PEER, Link, abort_job
+from ..config.serving import ServeConfig
+from ..front.in_job import InJobFront
+from .bridge import Bridge
+from .intake import open_intake
+from .link import FrontLink, connect
 from .loop import serve_requests
-from .metrics import ServeMetrics
 
 log = logging.getLogger(__name__)
 
-FLUSH_S = 0.5   # for the HTTP thread to send the error answers before it stops
+FLUSH_S = 0.5   # for the front to send the error answers before this process ends
 STOP_LIMIT_S = 20  # seconds an orderly stop may take (the ranks must be gone within 30)
 SUPERVISOR_CHECK_S = 0.25
+LOST = f"{LOST_PEER}; its launcher stopped this server"
 
 
-@dataclass(frozen=True)
-class ServeOptions:
-    host: str = "127.0.0.1"
-    port: int = 8080
-    queue: int = 16
-    api_key: str | None = None
-    model_name: str = ""
-    defaults: SamplingParams = SamplingParams()
-    cors_origins: tuple[str, ...] = ("*",)
-    cache_prompt: bool = True
-    channel: str | None = None   # the front's address: no HTTP here (front_link.py)
+class Rank0:
+    """Rank 0's ends of the service: the link to the front and, in a job launched by someone
+    else, that front itself."""
+
+    def __init__(self, cfg: JobConfig, options: ServeConfig):
+        self.cfg, self.options = cfg, options
+        self.link: FrontLink | None = None
+        self.front: InJobFront | None = None
+        self.bridge: Bridge | None = None
+
+    def open(self) -> None:
+        """Before anything loads (Job.start's check): the channel, and the front's port."""
+        options = self.options
+        if options.channel is not None:
+            self.link = FrontLink(connect(options.channel))
+            return
+        front_end, job_end = multiprocessing.Pipe()
+        self.front = InJobFront(options, front_end)
+        self.link = FrontLink(job_end)
+
+    def start_failed(self, message: str) -> None:
+        if self.link is not None:   # the front says why (in the job's log too)
+            self.link.send(("startfailed", message))
+        self.close(flush=self.front is not None)
+
+    def lost(self, message: str) -> None:
+        """The launcher is ending the job: the front is told, then this process ends."""
+        log.error("%s", message)
+        if self.bridge is not None:
+            self.bridge.fail(message)
+        elif self.link is not None:
+            self.link.send(("lost", message))
+        time.sleep(FLUSH_S)
+        os._exit(1)
+
+    def close(self, flush: bool = False) -> None:
+        if flush:
+            time.sleep(FLUSH_S)
+        if self.front is not None:
+            self.front.stop()
+        if self.link is not None:
+            self.link.close()
 
 
-def main(cfg: RunConfig, options: ServeOptions) -> int:
+def main(cfg: JobConfig, options: ServeConfig) -> int:
     """This rank's part of the server; its exit status."""
     rank = Link().rank
-    service = Service(Bridge(options.queue), ServeMetrics(), options.model_name, cfg.n_ctx,
-                      options.defaults, options.api_key, cfg.slots, options.cache_prompt)
-    http: list = []   # the HTTP thread, or the link to the front
+    ends = Rank0(cfg, options)
     if rank == 0:
         signal.signal(JOB_LOST, lambda signum, frame: threading.Thread(
-            target=_job_lost, args=(service,), daemon=True).start())
-        threading.Thread(target=_watch_supervisor, args=(service,), daemon=True).start()
-
-    def listen() -> None:
-        if options.channel is not None:
-            http.append(FrontLink(options.channel))
-            return
-        http.append(HttpThread(build_app(service, options.cors_origins), options.host,
-                               options.port))
-        log.info("listening on http://%s:%d (loading the model)", options.host, http[0].port)
-
+            target=ends.lost, args=(LOST,), daemon=True).start())
+        threading.Thread(target=_watch_supervisor, args=(ends,), daemon=True).start()
     try:
-        job = Job.start(cfg, check=listen)
+        job = Job.start(cfg, check=ends.open)
     except (StartFailed, KeyboardInterrupt) as err:
-        for thread in http:
-            if isinstance(thread, FrontLink):   # the front says why (no HTTP here)
-                thread.send(("startfailed", str(err)))
-                thread.close()
-            else:
-                thread.stop()
+        ends.start_failed(str(err))
         if isinstance(err, KeyboardInterrupt):
             return _interrupted(rank)
         if rank == 0:
@@ -96,58 +113,44 @@ def main(cfg: RunConfig, options: ServeOptions) -> int:
         for signum in (signal.SIGINT, signal.SIGTERM):  # the head ends the workers in order
             signal.signal(signum, signal.SIG_IGN)
         return job.serve()
-    if isinstance(http[0], FrontLink):
-        return _head_of_front(cfg, job, service, http[0])
-    log.warning("serving without failover: a failed rank ends this server (`pipeinfer serve "
-                "--ranks N`, not under mpiexec, starts a front that relaunches the job and "
-                "resumes the requests)")
-    return _head(cfg, job, service, http[0])
+    if ends.front is not None:
+        log.warning("serving without failover: a failed rank ends this server (`pipeinfer "
+                    "serve --ranks N`, not under a launcher, starts a front that relaunches "
+                    "the job and resumes the requests)")
+    return _head(cfg, job, ends)
 
 
-def _head(cfg: RunConfig, job: Job, service: Service, http: HttpThread) -> int:
-    ready(service, job.head)
+def _head(cfg: JobConfig, job: Job, ends: Rank0) -> int:
+    """Requests from the front until it asks to stop or goes away (or, without a front
+    process, until SIGINT or SIGTERM); then the job ends in order."""
+    link = ends.link
+    ends.bridge, stats = open_intake(link, ends.options, cfg, job.head)
+    bridge = ends.bridge
+    link.ready(job.statuses, cfg.slots, cfg.n_ctx)
     log.info("%s", job.ready_line())
-    log.info("serving %s on http://%s:%d", service.model_name, http.sock.getsockname()[0],
-             http.port)
+    interrupted = False
     try:
-        serve_requests(job.head, service.bridge, service.metrics, lambda: _http_alive(http))
+        job.head.setup.pipeline.on_progress = link.beat   # (the front's watchdog)
+        serve_requests(job.head, bridge, stats, lambda: _keep_going(ends))
     except KeyboardInterrupt:
-        _stop(job, service, http)
-        return _interrupted(0)
-    except Exception as err:  # a rank failed (or a bug): end every request and the job
-        log.error("%s", describe(err, cfg.verbose))  # (the requests got 503 with it)
-        time.sleep(FLUSH_S)
-        http.stop()
+        interrupted = True
+    except Exception as err:  # a rank failed: the front was told (bridge.fail)
+        log.error("%s", describe(err, cfg.output.verbose))
+        ends.close(flush=True)
         if job.link.size > 1:
             abort_job(1)  # workers may wait on a rank that is gone: end them all
         return 1
-    return 0
+    _stop(job, ends)
+    return _interrupted(0) if interrupted and ends.front is not None else 0
 
 
-def _head_of_front(cfg: RunConfig, job: Job, service: Service, link: FrontLink) -> int:
-    """The head of a job the front started: requests come over the channel until the front
-    asks to stop or goes away; then the job ends in order."""
-    link.serve(service)
-    ready(service, job.head)
-    link.ready(service, job.statuses)
-    log.info("%s", job.ready_line())
-    try:
-        job.head.setup.pipeline.on_progress = link.beat   # (the front's watchdog)
-        serve_requests(job.head, service.bridge, service.metrics, link.alive)
-    except KeyboardInterrupt:
-        pass
-    except Exception as err:  # a rank failed: the front was told (bridge.lost) and resumes
-        log.error("%s", describe(err, cfg.verbose))
-        link.close()
-        if job.link.size > 1:
-            abort_job(1)
-        return 1
-    _stop(job, service, None)
-    link.close()
-    return 0
+def _keep_going(ends: Rank0) -> bool:
+    if ends.front is not None and not ends.front.alive():
+        raise RuntimeError(f"the HTTP server stopped: {ends.front.error or 'no reason given'}")
+    return ends.link.alive()
 
 
-def _watch_supervisor(service: Service) -> None:
+def _watch_supervisor(ends: Rank0) -> None:
     """JOB_LOST's handler runs on the main thread only once it is back in Python: a head
     inside a blocking MPI call to a rank that is gone would never get there (and the launcher
     would wait for its output). This thread notices the supervisor gone (a new parent) on
@@ -157,40 +160,20 @@ def _watch_supervisor(service: Service) -> None:
         return   # no supervisor (not under a launcher, or PIPEINFER_NO_SUPERVISOR)
     while os.getppid() == parent:
         time.sleep(SUPERVISOR_CHECK_S)
-    _job_lost(service)
+    ends.lost(LOST)
 
 
-def _job_lost(service: Service) -> None:
-    """The launcher is ending the job (another rank died): every request under way or
-    waiting gets 503 saying so, then the head ends without touching MPI (its peers are gone).
-    On a thread of its own: the signal may land while the main thread holds the bridge."""
-    message = ("the job ended: its launcher stopped this server because another rank failed "
-               "or was killed (the launcher's output names it)")
-    log.error("%s", message)
-    service.bridge.fail(State.FAILED, message)
-    time.sleep(FLUSH_S)
-    os._exit(1)
-
-
-def _http_alive(http: HttpThread) -> bool:
-    if not http.alive():
-        raise RuntimeError(f"the HTTP server stopped: {http.error or 'no reason given'}")
-    return True
-
-
-def _stop(job: Job, service: Service, http: HttpThread | None) -> None:
-    """After an interrupt: 503 to the requests under way, then stop HTTP and the workers
-    (which ignore the signals: they are ended here, in order). supervisor.interrupt's second
-    interrupt is called off: this must not be cut short; if a rank keeps it from ending,
-    SIGALRM ends the head after STOP_LIMIT_S, and the launcher the job."""
+def _stop(job: Job, ends: Rank0) -> None:
+    """The front's answers first (every request under way ends 503: the server is shutting
+    down), then the workers (which ignore the signals: they are ended here, in order).
+    supervisor.interrupt's second interrupt is called off: this must not be cut short; if a
+    rank keeps it from ending, SIGALRM ends the head after STOP_LIMIT_S, and the launcher
+    the job."""
     signal.alarm(0)
     signal.signal(signal.SIGALRM, signal.SIG_DFL)
     signal.alarm(STOP_LIMIT_S)
     try:
-        service.bridge.fail(State.STOPPING, "the server is shutting down")
-        if http is not None:
-            time.sleep(FLUSH_S)
-            http.stop()
+        ends.close()
         _drain(job.head.setup.pipeline)
         job.head.shutdown()
     except (KeyboardInterrupt, Exception) as err:  # noqa: BLE001 (leaving anyway)

@@ -13,7 +13,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[3]
 sys.path[:0] = [str(ROOT / "experiments"), str(ROOT)]
 from bench_peers import CODE_PROMPT, render_prompt  # noqa: E402
-from pipeinfer.engine.startup.draft_files import draft_file  # noqa: E402
+from pipeinfer.engine.files.draft_files import draft_file  # noqa: E402
 from pipeinfer.engine.drafting.drafter import Drafter, DraftParams  # noqa: E402
 from pipeinfer.model.draft_vocab_stage import DraftVocab, ReducedStage  # noqa: E402
 from pipeinfer.model.embedding import Embedder  # noqa: E402

@@ -14,7 +14,7 @@ sys.path[:0] = [str(ROOT / "experiments"), str(ROOT),
                 str(ROOT / "experiments" / "reference" / "scaling-2026-11-27")]
 from bench_peers import CODE_PROMPT, render_prompt  # noqa: E402
 from miss_bound import greedy_text  # noqa: E402
-from pipeinfer.engine.startup.draft_files import draft_file  # noqa: E402
+from pipeinfer.engine.files.draft_files import draft_file  # noqa: E402
 from pipeinfer.model.models import resolve_model  # noqa: E402
 from pipeinfer.model.tokenizer import Tokenizer  # noqa: E402
 from pipeinfer.schedule.ngram import ngram_draft  # noqa: E402

@@ -18,7 +18,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[3]
 sys.path[:0] = [str(ROOT / "experiments"), str(ROOT)]
 from bench_peers import CODE_PROMPT, render_prompt  # noqa: E402
-from pipeinfer.engine.startup.draft_files import draft_file  # noqa: E402
+from pipeinfer.engine.files.draft_files import draft_file  # noqa: E402
 from pipeinfer.model.models import resolve_model  # noqa: E402
 from pipeinfer.model.stage import Stage, StageConfig  # noqa: E402
 from pipeinfer.model.tokenizer import Tokenizer  # noqa: E402

@@ -4,7 +4,7 @@ pipeline with the last stage returning each token's final hidden state instead o
 
 Each input is evaluated from position 0 in sequence 0 of the lane's slot, in chunks of at
 most `chunk` tokens (every row is an output, and the last stage's contexts are sized for a
-few rows of outputs: setup.MAX_OUTPUTS); the slot's cells are cleared between inputs. Every
+few rows of outputs: model/stage.MAX_OUTPUTS); the slot's cells are cleared between inputs. Every
 run goes out at once, so the inputs pipeline through the stages. None is speculative, so none
 is ever aborted: a cancelled request's runs come back and are dropped.
 

@@ -32,22 +32,18 @@ from typing import Any, Callable
 from ..drafting.drafter import Drafter
 from .driver import Driver
 from .embedding_job import EMBEDDING, EmbeddingJob
-from .generate import driver_for
+from .generate import Drafting, driver_for
 from ..drafting.grammar_drafts import GrammarDrafter, GrammarTrack, Probe, free_drafts_on
 from .pipeline import Pipeline
 from .prompt_cache import PromptCache
-from ..startup.setup import MAX_OUTPUTS
 from ...model.grammar import Grammar
+from ...model.stage import MAX_OUTPUTS
 from ...model.sampling import Constraint, LogitObserver, Sampler, SamplingParams
 from ...schedule.events import Cancel, ResultArrived
 from ...schedule.generation import Generation, Request
-from ...schedule.options import ADAPTIVE, LANE_STRATEGIES
+from ... import strategies
 from ...schedule.transaction import DecodeTx, KvOp
 
-
-# Strategies whose draft model keeps nothing but its context (sequence 0, Drafter.ctx) between
-# jobs: a slot keeps it for the next request too. (specpipe's tree drafts hold more.)
-KEEPS_DRAFT_CONTEXT = ("speculative", "pipeinfer", ADAPTIVE)
 
 
 class SlotPipeline:
@@ -138,8 +134,8 @@ class Lanes:
 
     def __init__(self, head):
         cfg, setup = head.cfg, head.setup
-        for strategy in (cfg.strategy, cfg.busy_strategy):
-            if strategy not in (*LANE_STRATEGIES, ADAPTIVE, None) and cfg.slots > 1:
+        for strategy in filter(None, (cfg.strategy, cfg.busy_strategy)):
+            if not strategies.get(strategy).lanes and cfg.slots > 1:
                 raise ValueError(f"strategy {strategy} generates one request at a time")
         self.head, self.cfg, self.pipe = head, cfg, setup.pipeline
         drafter = setup.drafter
@@ -180,10 +176,10 @@ class Lanes:
         strategy = self.strategy_now()
         sampler = Sampler(sampling, history=gen.last, observe=observe, constraint=constraint,
                           position=len(gen.request.resumed))
-        driver = driver_for(strategy, pipe, gen, sampler, self.cfg,
-                            self._drafter_for(slot, gen, constraint), self.cfg.pool(),
-                            head.trace, threaded_drafts=True,
-                            track=self._track(gen, constraint))
+        drafting = Drafting(self._drafter_for(slot, gen, constraint),
+                            self._track(gen, constraint), threaded=True)
+        driver = driver_for(strategy, pipe, gen, sampler, self.cfg, drafting, self.cfg.pool(),
+                            head.trace)
         driver.sched.share = self._share
         lane = pipe.lane = Lane(slot, driver, owner, strategy)
         self.active.append(lane)
@@ -237,8 +233,8 @@ class Lanes:
         way (the pipeline is then full of the requests' own runs, so drafts ride in the
         request's runs instead of runs of their own), else --strategy. The adaptive
         pipeinfer (schedule/adaptive.py) switches by itself: every generation gets it."""
-        if self.cfg.busy_strategy == ADAPTIVE:
-            return ADAPTIVE
+        if self.cfg.busy_strategy == strategies.ADAPTIVE.name:
+            return strategies.ADAPTIVE.name
         busy = any(not lane.finished for lane in self.active)
         return self.cfg.busy_strategy if busy and self.cfg.busy_strategy else self.cfg.strategy
 
@@ -275,12 +271,19 @@ class Lanes:
                 lane.slot, kept))
             drafter = self._drafters[lane.slot]
             if isinstance(drafter, Drafter):
-                if kept and lane.strategy in KEEPS_DRAFT_CONTEXT:
+                if kept and _keeps_draft_context(lane.strategy):
                     drafter.stage.seq_keep(0)   # its context stays (Drafter.sync then
                 else:                           # evaluates only what the next turn adds)
                     drafter.reset()
             self._free.append(lane.slot)
         return done
+
+
+def _keeps_draft_context(strategy: str) -> bool:
+    """Whether a slot keeps its draft model's context for the next request: the strategies
+    whose draft model keeps nothing else between jobs (specpipe's tree drafts hold more)."""
+    plan = strategies.STRATEGIES.get(strategy)
+    return plan is not None and plan.keeps_draft_context
 
 
 def kept_tokens(lane: Lane) -> list[int]:

@@ -1,20 +1,33 @@
 """The head's view of the target pipeline: what a scheduler submits runs to.
 
 It embeds tokens, evaluates the head's own slice of layers (if it holds any), and hands the
-rest to a Transport. Results come back as RunResults in the order runs were submitted.
+rest to a Transport: the MPI job's (transport/mpi.HeadTransport), or stages in this process
+(worker/local.LocalTransport). Results come back as RunResults in the order runs were
+submitted. The scheduler never calls MPI.
 """
 
 from __future__ import annotations
 
 import time
 from collections import deque
-from typing import Callable, Sequence
+from typing import Callable, Protocol, Sequence
+
+import numpy as np
 
 from ...model.embedding import Embedder
 from ..transport.backoff import IdleBackoff
 from ...model.stage import Stage
 from ...schedule.transaction import DecodeTx, KvOp, RunResult
-from ..worker.local import Transport, apply_kv
+from ..worker.core import apply_kv
+
+
+class Transport(Protocol):
+    def send_decode(self, tx: DecodeTx, activations: np.ndarray) -> None: ...
+    def send_kv(self, ops: list[KvOp]) -> None: ...
+    def send_cancel(self, run_ids: list[int]) -> None: ...
+    def poll_result(self) -> RunResult | None: ...
+    def result_waiting(self) -> bool: ...
+    def shutdown(self) -> list[dict]: ...
 
 
 class Pipeline:
@@ -28,7 +41,7 @@ class Pipeline:
         self.busy_s = 0.0
         self.in_flight = 0
         # Work done: runs evaluated here and results taken. `on_progress(count)` after each
-        # (the front's heartbeat, serve/front_link.py: a long prompt's chunks all go out in
+        # (the front's heartbeat, serve/link.py: a long prompt's chunks all go out in
         # one turn of the head's loop, through the head's own slice first).
         self.progress = 0
         self.on_progress: Callable[[int], None] | None = None

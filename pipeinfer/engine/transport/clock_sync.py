@@ -1,14 +1,17 @@
 """The head's measure of every other rank's clock (time.monotonic() is unrelated across
-hosts), for traces: per rank, ping-pongs over MPI (through mpi_transport.Link), the round with
-the shortest round trip giving the estimate."""
+hosts), for traces: per rank, ping-pongs over MPI (through mpi.Link), the round with the
+shortest round trip giving the estimate."""
 
 from __future__ import annotations
+
+import time
 
 import numpy as np
 
 from .backoff import Backoff
-from .mpi import HEAD, mpi_now
-from ...schedule.transaction import Tag
+from .wire import HEAD, Tag
+
+CLOCK_ROUNDS = 8   # ping-pongs per rank
 
 # The waits' ceiling, short so that a sleep adds little to the round trip it is part of. A rank
 # waiting for its first ping (other ranks' turns) sleeps longer, not to take their cores.
@@ -16,7 +19,12 @@ CLOCK_WAIT_S = 50e-6
 CLOCK_IDLE_WAIT_S = 2e-3
 
 
-def clock_offsets(link, rounds: int) -> dict[int, float] | None:
+def mpi_now() -> float:
+    """The clock the trace uses (a function of its own so a test can skew one rank's)."""
+    return time.monotonic()
+
+
+def clock_offsets(link, rounds: int = CLOCK_ROUNDS) -> dict[int, float] | None:
     """Collective, called once by every rank of the communicator at the same point: the head
     measures each other rank's time.monotonic() offset against its own. On the head
     {rank: offset}, a time t of that rank being t - offset in the head's clock; None on the

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...schedule.transaction import Tag
+from .wire import Tag
 from .mpi import HEAD, Link
 
 

@@ -20,8 +20,9 @@ import numpy as np
 from . import wakeup
 from .backoff import Backoff
 from .wakeup import Channel
-from ...schedule.transaction import (HEADER_LEN, DecodeTx, KvOp, ResultFlag, RunResult, Tag,
-                                     TxType, encode_kv_ops, make_header)
+from ...schedule.transaction import DecodeTx, KvOp, RunResult
+from .wire import (HEAD, ResultFlag, Tag, TxType, decode_header, encode_kv_ops, encode_meta,
+                   make_header)
 
 # Importing mpi4py.MPI runs MPI_Init, which waits for every rank while holding the GIL: no
 # Python signal handler runs meanwhile, and a rank that Ctrl-C ended before it got there would
@@ -36,19 +37,12 @@ finally:
     if _sigint is not None:
         signal.signal(signal.SIGINT, _sigint)
 
-HEAD = 0
 # The last message on every cancellation channel (head -> last worker -> ... -> rank 1): a
 # worker ends only after it, so no cancellation is ever left in flight to a rank that is gone.
 CANCEL_END = -1
-CLOCK_ROUNDS = 8   # clock offset ping-pongs per rank (clock_sync.py)
 # A rank with sends not yet complete sleeps at most this long: a large message moves only
 # while its sender calls into MPI.
 SEND_PROGRESS_S = 250e-6
-
-
-def mpi_now() -> float:
-    """The clock the trace uses (a function of its own so a test can skew one rank's)."""
-    return time.monotonic()
 
 
 def _wake(dest: int, tag: Tag) -> None:
@@ -61,6 +55,13 @@ class RankFailed(RuntimeError):
     def __init__(self, rank: int, message: str, host: str | None = None):
         super().__init__(f"rank {rank}" + (f" ({host})" if host else "") + f": {message}")
         self.rank, self.host = rank, host
+
+
+# What an MPI call raises when a peer is gone (killed, its host lost): the head's loop meets
+# it before the launcher has ended the job, and says so (job/roles.py's describe).
+MPI_ERRORS = (MPI.Exception,)
+LOST_PEER = ("the job ended: another rank failed or was killed (the launcher's output "
+             "names it)")
 
 
 def first_failure(statuses) -> str | None:
@@ -140,12 +141,6 @@ class Link:
         backoff = Backoff(limit=2e-3)
         while not req.Test():
             backoff.wait()
-
-    def clock_offsets(self, rounds: int = CLOCK_ROUNDS) -> dict[int, float] | None:
-        """Collective: the head's {rank: offset} of every other rank's clock (clock_sync.py);
-        None on the other ranks."""
-        from .clock_sync import clock_offsets
-        return clock_offsets(self, rounds)
 
     # --- sends ------------------------------------------------------------------------------
     def isend(self, buf: np.ndarray, dest: int, tag: Tag) -> None:
@@ -264,8 +259,8 @@ class HeadTransport(Link):
         self.first, self.last = self.stages[0], self.stages[-1]
 
     def send_decode(self, tx: DecodeTx, activations: np.ndarray) -> None:
-        meta = tx.encode_meta()
-        self.send(self.first, (tx.header(meta_len=len(meta)), Tag.BEGIN),
+        meta = encode_meta(tx)
+        self.send(self.first, (decode_header(tx, meta_len=len(meta)), Tag.BEGIN),
                   (meta, Tag.DECODE_META),
                   (activations.astype(np.float32, copy=False).reshape(-1), Tag.ACTIVATIONS))
 
@@ -375,5 +370,3 @@ class WorkerLink(Link):
         """The last rank: a busy probe's answer to the head."""
         self.isend(busy, HEAD, Tag.BUSY)
 
-
-assert HEADER_LEN == len(make_header(TxType.SHUTDOWN))

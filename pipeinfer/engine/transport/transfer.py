@@ -31,22 +31,15 @@ from pathlib import Path
 
 import numpy as np
 
-from ...schedule.transaction import Tag
+from .wire import Tag
 
 log = logging.getLogger(__name__)
 
 CHUNK = 4 << 20          # bytes a message; memory per transfer is a few of these
-CHUNK_VAR = "PIPEINFER_WEIGHTS_CHUNK"  # another chunk size in bytes (tests use small ones)
+CHUNK_VAR = "PIPEINFER_WEIGHTS_CHUNK"  # another chunk size in bytes
 WINDOW = 2               # chunks in flight per receiver on rank 0
 RESENDS = 1              # a corrupt file is sent once more, then the transfer fails
 PROGRESS_EVERY_S = 2.0
-# Tests: corrupt one byte of the chunk numbered by this variable in the first K transfers
-# rank 0 makes ("CHUNK:K"), to see the receiver discard the file and ask again.
-CORRUPT_VAR = "PIPEINFER_TEST_CORRUPT_CHUNK"
-# Tests: seconds to wait before sending each chunk (so a transfer can be cut mid-way).
-SLOW_VAR = "PIPEINFER_TEST_CHUNK_DELAY"
-# Tests: rank 0 fails to read the chunk numbered by this variable (its disk failing).
-READ_FAIL_VAR = "PIPEINFER_TEST_READ_FAIL_CHUNK"
 
 
 class TransferError(RuntimeError):
@@ -58,7 +51,7 @@ class Offer:
     key: str
     size: int
     digest: str
-    chunk: int = 0           # 0: CHUNK, or PIPEINFER_WEIGHTS_CHUNK
+    chunk: int = 0           # 0: CHUNK, or $PIPEINFER_WEIGHTS_CHUNK
     error: str | None = None
 
     def __post_init__(self):
@@ -73,25 +66,6 @@ class Offer:
 
     def chunk_len(self, i: int) -> int:
         return min(self.chunk, self.size - i * self.chunk)
-
-
-class _Faults:
-    """The test hooks above, read once per process."""
-
-    def __init__(self, environ=os.environ):
-        chunk, _, times = environ.get(CORRUPT_VAR, "").partition(":")
-        self.corrupt_chunk = int(chunk) if chunk.isdigit() else None
-        self.corrupt_left = int(times) if times.isdigit() else (1 if chunk.isdigit() else 0)
-        delay = environ.get(SLOW_VAR, "")
-        self.delay = float(delay) if delay else 0.0
-        fail = environ.get(READ_FAIL_VAR, "")
-        self.read_fail = int(fail) if fail.isdigit() else None
-
-    def corrupt(self, i: int) -> bool:
-        return self.corrupt_chunk == i and self.corrupt_left > 0
-
-
-FAULTS = _Faults()
 
 
 class Sender:
@@ -163,8 +137,6 @@ class Sender:
         data = b""
         if self._file is not None and not self.read_error:
             try:
-                if FAULTS.read_fail == self._next:
-                    raise OSError(5, "Input/output error (injected)")
                 data = self._file.read(n)
                 if len(data) < n:
                     raise OSError(0, "the file is shorter than offered")
@@ -177,12 +149,7 @@ class Sender:
             self._inflight.popleft()
         offer = self.offer
         while self._next < offer.n_chunks and len(self._inflight) < WINDOW:
-            if FAULTS.delay:
-                time.sleep(FAULTS.delay)
             buf = self._read(offer.chunk_len(self._next))
-            if FAULTS.corrupt(self._next):
-                FAULTS.corrupt_left -= 1
-                buf[0] ^= 0xFF
             self._inflight.append((self.link.isend_tracked(buf, self.dest, Tag.WEIGHTS), buf))
             self.sent_bytes += buf.nbytes
             self._next += 1

@@ -1,4 +1,4 @@
-"""Waking a waiting rank when a message is sent to it, without spinning (issue 34).
+"""Waking a waiting rank when a message is sent to it, without spinning.
 
 MPICH's blocking calls busy-poll (DESIGN.md section 9), so pipeinfer's ranks wait by probing
 and sleeping between probes, and a message that arrives waits for the next probe: up to the
@@ -15,13 +15,13 @@ wait still ends at its timeout).
 
 The sockets are files in a private temporary directory, so they reach the processes of the
 same kernel, also across the network namespaces of experiments/cluster.py, and nothing on
-other hosts. For those, each process also has one UDP socket per channel (engine/transport/wakeup_net.py),
+other hosts. For those, each process also has one UDP socket per channel (wakeup_net.py),
 and a rank whose Unix socket it cannot reach is poked there. Which ranks can wake which, and
 how, is checked at start-up (`connect`: `greet`, `heard`, `routes`, `adopt`): every rank greets
 every other on both channels by every route it has (the Unix socket on its own host, each of
 the receiver's network addresses), the receiver reports the best route that arrived on both
 channels (the Unix socket, else the first address) and the sender uses only that one. A pair
-whose greetings did not arrive has no wake-ups; waits on such a pair probe as before. Wake-ups
+whose greetings did not arrive has no wake-ups; waits on such a pair only probe. Wake-ups
 never carry data: a lost or spurious one changes when a rank looks, not what it finds.
 """
 
@@ -285,8 +285,8 @@ class Wakeups:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
-# The process's wake-ups once connected (`connect`), else None: then
-# every wait is a plain sleep, as before.
+# The process's wake-ups once connected (`connect`), else None: then every wait is a plain
+# sleep between probes.
 _current: Wakeups | None = None
 
 
@@ -318,7 +318,7 @@ def connect(link) -> frozenset[int]:
     try:
         remove_stale()
         wakeups = Wakeups(link.rank)
-    except OSError:  # no Unix sockets here: this rank polls as before
+    except OSError:  # no Unix sockets here: this rank only polls
         wakeups = None
     table = link.allgather(None if wakeups is None else wakeups.address())
     if wakeups is not None:

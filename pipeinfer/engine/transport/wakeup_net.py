@@ -1,6 +1,6 @@
-"""Wake-ups between hosts: one UDP socket per channel, beside the Unix sockets (issue 34).
+"""Wake-ups between hosts: one UDP socket per channel, beside the Unix sockets.
 
-engine/transport/wakeup.py's Unix datagram sockets reach only the processes of one kernel. Ranks on
+wakeup.py's Unix datagram sockets reach only the processes of one kernel. Ranks on
 other machines (or emulated as such by experiments/cluster.py) would wait for each other's
 messages by polling, up to the back-off's 5 ms ceiling per hop. So every rank also binds one
 UDP socket per channel on all of its host's IPv4 addresses and tells the others which

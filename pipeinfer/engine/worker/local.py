@@ -1,30 +1,15 @@
-"""The interface between the head's scheduler and the worker pipeline.
-
-The scheduler never calls MPI: it talks to a `Pipeline` (head.py), which talks to a Transport.
-`mpi_transport.HeadTransport` is the real one; `LocalTransport` runs worker stages in-process,
-so schedulers can be tested and simulated without MPI.
-"""
+"""Worker stages in the head's process: a Transport (engine/head/pipeline.py) whose stages
+apply the rules an MPI worker applies (core.py), so schedulers can be tested without MPI."""
 
 from __future__ import annotations
 
 from collections import deque
-from typing import Protocol
 
 import numpy as np
 
-# apply_kv and record_span are part of the rank rules; re-exported for the head and the tests
-from .core import COMPUTED, StageCore, apply_kv, record_span  # noqa: F401
+from .core import COMPUTED, StageCore
 from ...model.stage import Stage
 from ...schedule.transaction import DecodeTx, KvOp, RunResult
-
-
-class Transport(Protocol):
-    def send_decode(self, tx: DecodeTx, activations: np.ndarray) -> None: ...
-    def send_kv(self, ops: list[KvOp]) -> None: ...
-    def send_cancel(self, run_ids: list[int]) -> None: ...
-    def poll_result(self) -> RunResult | None: ...
-    def result_waiting(self) -> bool: ...
-    def shutdown(self) -> list[dict]: ...
 
 
 class LocalTransport:

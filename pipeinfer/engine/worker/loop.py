@@ -11,7 +11,7 @@ a message for it is sent, and an idle worker costs next to no CPU; without them 
 polls for cancellations while idle and the watcher only while a decode runs.
 
 Spans are in the worker's own time.monotonic() clock; they go to the head with the statistics
-at shutdown, where the trace converts them with this rank's clock offset (Link.clock_offsets).
+at shutdown, where the trace converts them with this rank's clock offset (transport/clock_sync.py).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from .core import COMPUTED, StageCore
 from ...report.metrics import peak_rss_mb, rss_mb
 from ..transport.mpi import CANCEL_END, WorkerLink
 from ...model.stage import Stage
-from ...schedule.transaction import DecodeFlag, DecodeTx, Tag, TxType, decode_kv_ops
+from ..transport.wire import DecodeFlag, Tag, TxType, decode_header, decode_kv_ops, decode_tx
 from ..transport.wakeup import Channel
 
 # The cancel watcher polls (fast) only while a decode it may have to abort is running.
@@ -96,7 +96,7 @@ class Worker:
 
     def _decode(self, header: np.ndarray) -> None:
         meta = self.link.recv_payload(Tag.DECODE_META, np.int32)
-        tx = DecodeTx.from_wire(header, meta)
+        tx = decode_tx(header, meta)
         x = None
         if not int(header[4]) & DecodeFlag.SKIPPED:
             x = self.link.recv_payload(Tag.ACTIVATIONS, np.float32).reshape(tx.n_tokens, -1)
@@ -106,7 +106,8 @@ class Worker:
         if self.is_last:
             self.link.send_result(tx.run_id, out, self.argmax_only, states=tx.states)
         elif out is None:
-            self.link.forward(tx.header(skipped=True, meta_len=len(meta)), (meta, Tag.DECODE_META))
+            self.link.forward(decode_header(tx, skipped=True, meta_len=len(meta)),
+                              (meta, Tag.DECODE_META))
         else:
             self.link.forward(header, (meta, Tag.DECODE_META), (out.reshape(-1), Tag.ACTIVATIONS))
 

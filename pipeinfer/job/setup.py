@@ -8,31 +8,27 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-from ..drafting.drafter import Drafter
-from .draft_files import DraftFile
-from ...model.draft_vocab_stage import DraftVocab, ReducedStage
-from ...model.embedding import Embedder
-from ..head.pipeline import Pipeline
-from ..drafting.hierarchy_remote import RemoteHierarchy
-from ...model.llama_lib import LlamaError
-from ...model.models import ModelError, resolve_model
-from ..transport.draft_link import DraftLink
-from ..transport.mpi import HeadTransport
-from ...model.balance import balanced_split
-from ...model.partition import PartitionError, StageRange, partition
-from ...schedule.partition_pool import PartitionPool
-from ...model.slicing import model_info, read_model
-from ...model.stage import Stage, StageConfig
-from ...model.stage_cache import stage_file
-from ...model.stage_loading import LoadingStage
-from ...model.tokenizer import Tokenizer
-from ...model.vocab_check import check_same_vocabulary
-from ...config.job import MULTI_DRAFT, STRATEGY_NAMES, RunConfig
-
-# Rows of logits one decode of the target's last stage or a draft model may ask for: runs are a
-# few tokens and a prompt chunk asks for its last row only (model/stage.py: a smaller compute
-# buffer, 39 MB of logits for Qwen2.5 instead of 300).
-MAX_OUTPUTS = 64
+from ..engine.drafting.drafter import Drafter
+from ..engine.files.draft_files import DraftFile
+from ..model.draft_vocab_stage import DraftVocab, ReducedStage
+from ..model.embedding import Embedder
+from ..engine.head.pipeline import Pipeline
+from ..engine.drafting.hierarchy_remote import RemoteHierarchy
+from ..model.llama_lib import LlamaError
+from ..model.models import ModelError, resolve_model
+from ..engine.transport.draft_link import DraftLink
+from ..engine.transport.mpi import HeadTransport
+from ..model.balance import balanced_split
+from ..model.partition import PartitionError, StageRange, partition
+from ..schedule.partition_pool import PartitionPool
+from ..model.slicing import model_info, read_model
+from ..model.stage import MAX_OUTPUTS, Stage, StageConfig
+from ..model.stage_cache import stage_file
+from ..model.stage_loading import LoadingStage
+from ..model.tokenizer import Tokenizer
+from ..model.vocab_check import check_same_vocabulary
+from .. import strategies
+from ..config.job import JobConfig
 
 SETUP_ERRORS = (ModelError, PartitionError, LlamaError, ValueError, OSError)
 
@@ -46,10 +42,9 @@ class HeadSetup:
     pool: PartitionPool | None
 
 
-def plan(cfg: RunConfig, size: int) -> tuple[list[StageRange], Path]:
-    if cfg.strategy not in STRATEGY_NAMES:
-        raise ValueError(f"unknown strategy {cfg.strategy!r}")
-    if cfg.strategy == "specpipe" and cfg.spec.tree_width > cfg.max_run:
+def plan(cfg: JobConfig, size: int) -> tuple[list[StageRange], Path]:
+    strategies.get(cfg.strategy)   # (ValueError naming the known ones)
+    if cfg.plan.drafts == strategies.TREE and cfg.spec.tree_width > cfg.max_run:
         raise ValueError(f"specpipe: --tree-width {cfg.spec.tree_width} cannot be exact (a tree "
                          f"level is verified as one batch, and llama.cpp rounds batches of more "
                          f"than {cfg.max_run} tokens differently with this weight layout): give "
@@ -72,7 +67,7 @@ def plan(cfg: RunConfig, size: int) -> tuple[list[StageRange], Path]:
     return partition(info.n_layer, fractions, allow_empty=cfg.leave_empty), model
 
 
-def default_split(cfg: RunConfig, header, n_layer: int, size: int) -> list[float]:
+def default_split(cfg: JobConfig, header, n_layer: int, size: int) -> list[float]:
     """Without --layer-split: stages of equal weight, the output head counted (model/balance.py);
     rank 0 holds no target layers when it runs a draft model (drafting is its work)."""
     head_layers = size == 1 or not cfg.uses_draft_model
@@ -83,10 +78,10 @@ def default_split(cfg: RunConfig, header, n_layer: int, size: int) -> list[float
     return balanced_split(header, n_layer, size, head_layers)
 
 
-def _check_draft_ranks(cfg: RunConfig, size: int, n_target: int) -> None:
-    if cfg.strategy != "pipespec":
+def _check_draft_ranks(cfg: JobConfig, size: int, n_target: int) -> None:
+    if cfg.plan.drafts != strategies.HIERARCHY:
         raise PartitionError("draft models on ranks of their own ('/' in --layer-split) are "
-                             "for --strategy pipespec only")
+                             f"for --strategy {strategies.PIPESPEC.name} only")
     if cfg.draft_ranks != len(cfg.drafts):
         raise PartitionError(f"--layer-split gives {cfg.draft_ranks} draft rank(s) but "
                              f"{len(cfg.drafts)} draft model(s) are given (-md); give /1 "
@@ -104,13 +99,13 @@ def draft_rank_file(draft: DraftFile, tokenizer: Tokenizer) -> Path:
     return draft.path
 
 
-def load_draft_rank_stage(cfg: RunConfig, path: Path, rank: int) -> Stage:
+def load_draft_rank_stage(cfg: JobConfig, path: Path, rank: int) -> Stage:
     """The draft model of a draft rank from its file (checked by rank 0, which sent it)."""
     return Stage(path, _draft_config(cfg, cfg.threads_for(rank)), final=True,
                  label=f"rank {rank} draft model")
 
 
-def load_stage(cfg: RunConfig, path: Path, rng: StageRange, size: int) -> Stage | None:
+def load_stage(cfg: JobConfig, path: Path, rng: StageRange, size: int) -> Stage | None:
     """The target's layers `rng` from `path` (the whole model for a job of one rank, else
     the rank's stage file)."""
     if rng.n_layer == 0:
@@ -130,18 +125,18 @@ def own_stage_file(model: Path, rng: StageRange, size: int) -> Path | None:
     return model if size == 1 else stage_file(model, rng)
 
 
-def head_setup(cfg: RunConfig, model: Path, stage: Stage | None, size: int,
+def head_setup(cfg: JobConfig, model: Path, stage: Stage | None, size: int,
                drafts: Sequence[DraftFile] = (), chain: list[int] | None = None,
                tokenizer: Tokenizer | None = None) -> HeadSetup:
     """The head's part; `drafts`, the job's draft files (draft_files.settle_drafts, which
     settled `cfg`); `tokenizer`, the target's if already open (it is the head's now)."""
     tokenizer = tokenizer or Tokenizer(model)
-    prompt = [] if cfg.prompt is None else prompt_tokens(cfg, tokenizer)
+    prompt = [] if cfg.request.prompt is None else prompt_tokens(cfg, tokenizer)
     n_pipeline = cfg.n_pipeline(size)
     if cfg.draft_ranks:
         drafter = RemoteHierarchy(DraftLink(), range(n_pipeline, size),
                                   ahead=cfg.spec.draft * cfg.spec.max_runs,
-                                  limit=min(cfg.n_ctx, len(prompt) + cfg.n_predict))
+                                  limit=min(cfg.n_ctx, len(prompt) + cfg.request.n_predict))
     else:
         drafter = _load_drafters(cfg, tokenizer, drafts) if cfg.uses_draft_model else None
     chain = chain or list(range(n_pipeline))
@@ -153,32 +148,36 @@ def head_setup(cfg: RunConfig, model: Path, stage: Stage | None, size: int,
                      drafter, cfg.pool())
 
 
-def prompt_tokens(cfg: RunConfig, tokenizer: Tokenizer) -> list[int]:
-    text = tokenizer.apply_chat_template(cfg.prompt) if cfg.chat else cfg.prompt
+def prompt_tokens(cfg: JobConfig, tokenizer: Tokenizer) -> list[int]:
+    """The job's own prompt as tokens (through the chat template with --chat), checked
+    against -n and the context."""
+    request = cfg.request
+    text = tokenizer.apply_chat_template(request.prompt) if request.chat else request.prompt
     prompt = tokenizer.tokenize(text)
-    if not prompt or not cfg.prompt:
+    if not prompt or not request.prompt:
         raise ValueError("the prompt is empty")
-    if cfg.n_predict <= 0:
-        raise ValueError(f"-n must be positive (got {cfg.n_predict})")
+    if request.n_predict <= 0:
+        raise ValueError(f"-n must be positive (got {request.n_predict})")
     if len(prompt) >= cfg.n_ctx:
         raise ValueError(f"the prompt has {len(prompt)} tokens but the context (-c) holds "
                          f"{cfg.n_ctx}; raise -c or shorten the prompt")
-    if len(prompt) + cfg.n_predict > cfg.n_ctx:
+    if len(prompt) + request.n_predict > cfg.n_ctx:
         raise ValueError(f"the context (-c {cfg.n_ctx}) cannot hold the {len(prompt)} prompt "
-                         f"tokens plus {cfg.n_predict} to generate (-n); raise -c or lower -n")
+                         f"tokens plus {request.n_predict} to generate (-n); raise -c or lower "
+                         "-n")
     return prompt
 
 
-def _load_drafters(cfg: RunConfig, tokenizer: Tokenizer,
+def _load_drafters(cfg: JobConfig, tokenizer: Tokenizer,
                    drafts: Sequence[DraftFile]) -> Drafter | list[Drafter]:
     """The draft model; for strategies taking several (pipespec), the list of them, smallest
     first. Other strategies use the first -md."""
-    if cfg.strategy in MULTI_DRAFT:
+    if cfg.plan.several_drafts:
         return [_load_drafter(cfg, tokenizer, d) for d in drafts]
     return _load_drafter(cfg, tokenizer, drafts[0])
 
 
-def _load_drafter(cfg: RunConfig, tokenizer: Tokenizer, draft: DraftFile) -> Drafter:
+def _load_drafter(cfg: JobConfig, tokenizer: Tokenizer, draft: DraftFile) -> Drafter:
     check_same_vocabulary(Path(draft.name).name, draft.path, tokenizer)
     config = _draft_config(cfg, cfg.threads_for(0))
     if not cfg.draft_vocab:
@@ -192,9 +191,9 @@ def _load_drafter(cfg: RunConfig, tokenizer: Tokenizer, draft: DraftFile) -> Dra
     return Drafter(ReducedStage(stage, embed, vocab), cfg.n_batch, vocab)
 
 
-def _draft_config(cfg: RunConfig, threads: int) -> StageConfig:
+def _draft_config(cfg: JobConfig, threads: int) -> StageConfig:
     return StageConfig(n_ctx=cfg.kv_size, n_batch=cfg.n_batch,
-                       n_seq_max=(cfg.spec.tree_width + 1 if cfg.strategy == "specpipe"
+                       n_seq_max=(cfg.spec.tree_width + 1 if cfg.plan.drafts == strategies.TREE
                                   else cfg.spec.n_parallel),
                        n_threads=threads, n_slots=cfg.slots, max_outputs=MAX_OUTPUTS)
 

@@ -1,7 +1,7 @@
-"""The draft model files of a job, settled on rank 0 before anything loads (engine/startup/job.py):
+"""The draft model files of a job, settled on rank 0 before anything loads (job/roles.py):
 each -md used resolved (fetched if a registry name), checked and compacted (--compact-draft),
 and --draft-vocab settled to the K the head will draft over (`auto` decided from the draft's
-vocabulary, config.RunConfig.settled_draft_vocab), so that every rank's config holds that
+vocabulary, config.JobConfig.settled_draft_vocab), so that every rank's config holds that
 number and `--layer-split auto` times the draft as the head will run it. Each file's header
 is parsed once here and kept for the loading (the reduced copy's checks, its embeddings):
 for Qwen2.5's 151,936-token vocabulary a parse takes ~0.04 s."""
@@ -18,7 +18,7 @@ from ...model.draft_cache import compact_draft
 from ...model.draft_vocab import reduced_draft
 from ...model.gguf_header import Header, HeaderError, read_header
 from ...model.models import ModelError, checked_header, resolve_model
-from ...config.job import MULTI_DRAFT, RunConfig
+from ...config.job import JobConfig
 
 _TOKEN_EMBD = TENSOR_NAMES[MODEL_TENSOR.TOKEN_EMBD] + ".weight"
 
@@ -61,7 +61,7 @@ def draft_file(name: str, compact: bool) -> DraftFile:
     return DraftFile(name, path, header)
 
 
-def settle_drafts(cfg: RunConfig, n_ranks: int) -> tuple[RunConfig, tuple[DraftFile, ...]]:
+def settle_drafts(cfg: JobConfig, n_ranks: int) -> tuple[JobConfig, tuple[DraftFile, ...]]:
     """Rank 0, before anything loads, for a job of `n_ranks` ranks: `cfg` with --draft-vocab
     as the K the head drafts over (0: the full vocabulary, or no draft model), and the draft
     files the job uses (every -md for pipespec, else the first; none for n-gram drafts
@@ -69,7 +69,7 @@ def settle_drafts(cfg: RunConfig, n_ranks: int) -> tuple[RunConfig, tuple[DraftF
     cfg.check_drafts()
     if not cfg.uses_draft_model:
         return dataclasses.replace(cfg, draft_vocab=0), ()
-    names = cfg.drafts if cfg.strategy in MULTI_DRAFT else cfg.drafts[:1]
+    names = cfg.drafts if cfg.plan.several_drafts else cfg.drafts[:1]
     drafts = tuple(draft_file(name, cfg.compact_draft) for name in names)
     k = cfg.settled_draft_vocab(drafts[0].n_vocab, n_ranks)
     return dataclasses.replace(cfg, draft_vocab=k), drafts

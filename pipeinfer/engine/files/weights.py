@@ -148,8 +148,8 @@ def _serve(link: Link, manifest: Manifest, ranks: list[int]) -> None:
     at a time, the largest first); raises if one could not be sent (the receivers are
     told)."""
     # (Served one at a time, the largest first, the last file to arrive would be the
-    # quickest to load: each rank loads as soon as it has its file. Measured, all at once
-    # moved 1032 MB in 9.0 s against 9.9 and reached the first token as soon: bench_load.)
+    # quickest to load: each rank loads as soon as it has its file. All at once moves the
+    # bytes sooner and reaches the first token as soon: experiments/bench_load.py.)
     offers = deque(sorted(((r, *_offer(manifest, manifest.needs[r])) for r in ranks),
                           key=lambda o: -o[1].size))
     t0 = time.monotonic()  # (the files are cut and hashed: what follows is the transfer)

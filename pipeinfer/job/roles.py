@@ -23,28 +23,28 @@ import os
 from pathlib import Path
 from typing import Callable, Iterator, Sequence, TypeVar
 
-from ..drafting.hierarchy import Level
-from ..drafting.hierarchy_remote import DraftRank
-from ...model.llama_lib import LlamaError
-from ..transport import wakeup
-from ..transport.draft_link import DraftLink
-from ..transport.mpi import Link, RankFailed, WorkerLink, hostname
-from ...model.sampling import Sampler, SamplingParams
-from ...schedule.generation import Generation, Request
-from ...schedule.transaction import seq_clear
-from ...strategies import STRATEGIES
-from ...model.partition import chain
-from ..worker.loop import Idle, Worker
-from ...config.job import RunConfig
-from .draft_files import DraftFile, settle_drafts
-from ..head.generate import driver_for
+from ..engine.drafting.hierarchy import Level
+from ..engine.drafting.hierarchy_remote import DraftRank
+from ..model.llama_lib import LlamaError
+from ..engine.transport import wakeup
+from ..engine.transport.clock_sync import clock_offsets
+from ..engine.transport.draft_link import DraftLink
+from ..engine.transport.mpi import LOST_PEER, MPI_ERRORS, Link, RankFailed, WorkerLink, hostname
+from ..model.sampling import Sampler, SamplingParams
+from ..schedule.generation import Generation, Request
+from ..schedule.transaction import seq_clear
+from ..model.partition import chain
+from ..engine.worker.loop import Idle, Worker
+from ..config.job import JobConfig
+from ..engine.files.draft_files import DraftFile, settle_drafts
+from ..engine.head.generate import Drafting, driver_for
 from .setup import (SETUP_ERRORS, HeadSetup, draft_rank_file, head_setup,
                     load_draft_rank_stage, load_stage, own_stage_file, plan, prompt_tokens)
-from ..transport.transfer import TransferError
-from .weights import Manifest, WeightsError, draft_need, obtain, target_needs
-from ...model.stage_cache import content_digest
-from ...model.tokenizer import Tokenizer
-from ..head.trace import Trace
+from ..engine.transport.transfer import TransferError
+from ..engine.files.weights import Manifest, WeightsError, draft_need, obtain, target_needs
+from ..model.stage_cache import content_digest
+from ..model.tokenizer import Tokenizer
+from ..engine.head.trace import Trace
 
 
 log = logging.getLogger(__name__)
@@ -64,11 +64,13 @@ def describe(err: Exception, verbose: int = 0, known: tuple = RUN_ERRORS) -> str
     log.debug("traceback of %s: %s", type(err).__name__, err, exc_info=err)
     if isinstance(err, known):
         return str(err)
+    if isinstance(err, MPI_ERRORS):   # a peer is gone: the launcher names it
+        return f"{LOST_PEER}; MPI said: {str(err).splitlines()[0]}"
     return f"internal error: {type(err).__name__}: {err}" + ("" if verbose else
                                                              " (run with -v for the traceback)")
 
 
-def _plan_phase(link: Link, cfg: RunConfig, check: Callable[[], None] | None):
+def _plan_phase(link: Link, cfg: JobConfig, check: Callable[[], None] | None):
     """Collective: rank 0 checks, settles the draft files and --draft-vocab (draft_files.py),
     plans the split (auto: every rank takes part) and names every rank's file; every rank gets
     the settled config and (model, ranges, manifest), rank 0 the target's tokenizer and the
@@ -82,7 +84,7 @@ def _plan_phase(link: Link, cfg: RunConfig, check: Callable[[], None] | None):
             cfg, drafts = settled
     if cfg.split == "auto":  # collective: calibrate (or probe) and solve, all ranks being well
         _agreed(link, error)
-        from ...plan.auto import auto_split
+        from ..plan.auto import auto_split
         fractions, error = _attempt(cfg, lambda: auto_split(link, cfg, drafts[:1]))
         if fractions is not None:
             cfg = dataclasses.replace(cfg, split=fractions, leave_empty=True)
@@ -107,7 +109,7 @@ def _agreed(link: Link, error: str | None, tokenizer: Tokenizer | None = None) -
         raise StartFailed(failure)
 
 
-def _first_checks(cfg: RunConfig, check: Callable[[], None] | None, size: int):
+def _first_checks(cfg: JobConfig, check: Callable[[], None] | None, size: int):
     """Rank 0: `check`, then the settled config and the draft files (`size`: the job's
     ranks)."""
     if check is not None:
@@ -115,7 +117,7 @@ def _first_checks(cfg: RunConfig, check: Callable[[], None] | None, size: int):
     return settle_drafts(cfg, size)
 
 
-def _attempt(cfg: RunConfig, step: Callable[[], T]) -> tuple[T | None, str | None]:
+def _attempt(cfg: JobConfig, step: Callable[[], T]) -> tuple[T | None, str | None]:
     """(what `step` returns, None), or (None, the message of what it raised): a rank that
     fails a step of the start still takes part in the collective ones after it."""
     try:
@@ -123,22 +125,22 @@ def _attempt(cfg: RunConfig, step: Callable[[], T]) -> tuple[T | None, str | Non
     except SETUP_ERRORS + (WeightsError, TransferError) as err:  # (auto: calibration's)
         return None, str(err)
     except Exception as err:
-        return None, describe(err, cfg.verbose)
+        return None, describe(err, cfg.output.verbose)
 
 
-def job_kv_cells(cfg: RunConfig, tokenizer: Tokenizer) -> int:
+def job_kv_cells(cfg: JobConfig, tokenizer: Tokenizer) -> int:
     """The KV cells every stage of a `run` job reserves: what its generation can use, not
     what -c allows (llama.cpp zeroes, so keeps resident, every cell it reserves). A
     speculative strategy gets 4x the prompt plus -n (rejected tokens keep their cells: the
     ratio the default 4 x -c has), plus 512, in whole 256-cell blocks, at most 4 x -c; 0 (as
     configured) for serve, an explicit --kv-size, and strategies without speculation."""
-    if cfg.prompt is None or cfg.spec.kv_size or not cfg.speculates:
+    if cfg.request.prompt is None or cfg.spec.kv_size or not cfg.speculates:
         return 0
-    cells = 4 * (len(prompt_tokens(cfg, tokenizer)) + cfg.n_predict) + 512
+    cells = 4 * (len(prompt_tokens(cfg, tokenizer)) + cfg.request.n_predict) + 512
     return min(cfg.kv_size, -(-cells // 256) * 256)
 
 
-def _manifest(cfg: RunConfig, size: int, drafts: Sequence[DraftFile]):
+def _manifest(cfg: JobConfig, size: int, drafts: Sequence[DraftFile]):
     """Rank 0: (model, ranges, Manifest, KV cells, --draft-vocab's K) of the job, and the
     target's tokenizer, opened once for the draft ranks' checks, the KV size and the head
     (head_setup)."""
@@ -161,7 +163,7 @@ def _manifest(cfg: RunConfig, size: int, drafts: Sequence[DraftFile]):
 class Job:
     """One rank's part of a job started on COMM_WORLD."""
 
-    def __init__(self, cfg: RunConfig, link: Link, stage, head: "Head | None", statuses,
+    def __init__(self, cfg: JobConfig, link: Link, stage, head: "Head | None", statuses,
                  ranges=None):
         self.cfg, self.link, self.stage, self.head, self.statuses = (cfg, link, stage, head,
                                                                      statuses)
@@ -188,7 +190,7 @@ class Job:
                                      for r, host, pid, *_ in self.statuses)
 
     @classmethod
-    def start(cls, cfg: RunConfig, check: Callable[[], None] | None = None) -> "Job":
+    def start(cls, cfg: JobConfig, check: Callable[[], None] | None = None) -> "Job":
         """Every rank: rank 0 plans the split, every other rank obtains its file (from its
         cache or its own copy of the model, else from rank 0: weights.py), every rank loads
         its part; then all agree that all are ready (a rank that failed ends the job
@@ -217,13 +219,13 @@ class Job:
         except SETUP_ERRORS + (TransferError,) as err:
             error = str(err)
         except Exception as err:  # a bug: still take part in the gather, or the others hang
-            error = describe(err, cfg.verbose)
+            error = describe(err, cfg.output.verbose)
         if setup is None and tokenizer is not None:  # (head_setup did not take it)
             tokenizer.close()
         statuses, failure = link.agree((rank, hostname(), os.getpid(), error, received))
         if failure:
             raise StartFailed(failure)
-        offsets = link.clock_offsets()
+        offsets = clock_offsets(link)
         wakeup.connect(link)  # from now on a message wakes the rank waiting for it
         head = Head(cfg, setup, ranges, size, offsets or {}) if rank == 0 else None
         if head is not None:
@@ -254,7 +256,7 @@ class Job:
             role.run()
             return 0
         except Exception as err:  # report to the head, which ends the job with the message
-            link.report_error(describe(err, self.cfg.verbose))
+            link.report_error(describe(err, self.cfg.output.verbose))
             link.flush(timeout=5)
             return 1
 
@@ -267,11 +269,11 @@ class Head:
     growing across generations (a rank takes a cancellation of an id it has passed as one of a
     run done, and a stage's abort flag holds the last id it was asked to abort)."""
 
-    def __init__(self, cfg: RunConfig, setup: HeadSetup, ranges, size: int,
+    def __init__(self, cfg: JobConfig, setup: HeadSetup, ranges, size: int,
                  offsets: dict[int, float]):
         self.cfg, self.setup, self.ranges, self.size = cfg, setup, ranges, size
         self.offsets = offsets
-        self.trace = Trace(cfg.trace) if cfg.trace else None
+        self.trace = Trace(cfg.output.trace) if cfg.output.trace else None
         self.gen: Generation | None = None
         self.generations = 0
         self.run_ids = itertools.count()  # one counter for every generation (and lane)
@@ -288,8 +290,8 @@ class Head:
         goes on after them, as it would have: n_predict counts them)."""
         cfg = self.cfg
         return Request(tuple(self.setup.prompt if prompt is None else prompt),
-                       cfg.n_predict if n_predict is None else n_predict, cfg.n_ctx,
-                       cfg.ignore_eos if ignore_eos is None else ignore_eos,
+                       cfg.request.n_predict if n_predict is None else n_predict, cfg.n_ctx,
+                       cfg.request.ignore_eos if ignore_eos is None else ignore_eos,
                        resumed=tuple(int(t) for t in resumed))
 
     def generate(self, on_token: Callable[[int], None] = lambda t: None,
@@ -300,8 +302,8 @@ class Head:
         counters, stop reason)."""
         self.gen = self._generation(on_token, request)
         cfg = self.cfg
-        STRATEGIES[cfg.strategy](self.setup.pipeline, self.gen, self._sampler(sampling),
-                                 cfg, self.setup.drafter, self.setup.pool, trace=self.trace)
+        driver_for(cfg.strategy, self.setup.pipeline, self.gen, self._sampler(sampling), cfg,
+                   Drafting(self.setup.drafter), self.setup.pool, self.trace).run()
         return self.gen
 
     def stream(self, request: Request | None = None,
@@ -312,13 +314,13 @@ class Head:
         self.gen = self._generation(lambda t: None, request)
         cfg = self.cfg
         yield from driver_for(cfg.strategy, self.setup.pipeline, self.gen,
-                              self._sampler(sampling), cfg, self.setup.drafter,
+                              self._sampler(sampling), cfg, Drafting(self.setup.drafter),
                               self.setup.pool, self.trace).stream()
 
     def _sampler(self, sampling: SamplingParams | None) -> Sampler:
         """The current generation's sampler (its draws keyed by position: a resumed
         generation draws on from where it stopped)."""
-        return Sampler(sampling or self.cfg.sampling, position=len(self.gen.request.resumed))
+        return Sampler(sampling or self.cfg.request.sampling, position=len(self.gen.request.resumed))
 
     def _generation(self, on_token: Callable[[int], None],
                     request: Request | None) -> Generation:

@@ -1,0 +1,5 @@
+"""A pipeinfer MPI job, started on every rank: supervisor.py (a process per rank that names
+it if a signal kills it) -> roles.py (plan the split, `--layer-split auto` through
+pipeinfer/plan/; obtain each rank's files through engine/files/; load; agree that all are
+ready; then the head's role, generating, or a worker's) with setup.py (loading a rank's
+stage, and the head's tokenizer, pipeline and draft models)."""
