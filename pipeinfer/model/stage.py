@@ -39,7 +39,7 @@ class StageConfig:
     n_batch: int = 512        # largest batch one decode accepts (also n_ubatch: one graph)
     n_seq_max: int = 64       # sequence ids 0..n_seq_max-1 (kv_unified: no memory cost)
     n_threads: int = 1
-X
+    repack: bool = True       # llama.cpp's weight repacking (extra buffer types)
     n_slots: int = 1          # llama.cpp contexts (each n_ctx cells): requests generated at once
     mmap: bool = False        # map the file instead of reading it (see Stage._load)
     max_outputs: int = 0      # rows of logits one decode may ask for (0: n_batch); see _Context
