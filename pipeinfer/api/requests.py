@@ -189,7 +189,8 @@ def _ask(body: dict, defaults: SamplingParams, cache_prompt: bool, chat: bool,
     return Ask(chat, prompts, messages, max_tokens, fields.sampling(body, defaults),
                _stops(body), stream, include_usage, model, fields.logprobs(body, chat),
                _boolean(body, "ignore_eos", False), n=n,
-               cache_prompt=_boolean(body, "cache_prompt", cache_prompt), constraint=fields.constraint(body))
+               cache_prompt=_boolean(body, "cache_prompt", cache_prompt),
+               constraint=fields.constraint(body))
 
 
 def _stops(body: dict) -> tuple[str, ...]:

@@ -90,7 +90,8 @@ class RankedCommand(click.Command):
 
     def invoke(self, ctx):
         if signal.getsignal(signal.SIGINT) is supervisor.quit_at_once:
-            from ..engine.transport import mpi  # noqa: F401  (starts MPI; Ctrl-C meanwhile: see there)
+            # (importing it starts MPI; Ctrl-C meanwhile: see there)
+            from ..engine.transport import mpi  # noqa: F401
             signal.signal(signal.SIGINT, supervisor.interrupt)
         else:
             # No launcher: still explicitly, as a background job of a non-interactive shell

@@ -30,7 +30,8 @@ def main(cfg: JobConfig) -> int:
     """This rank's part of the run; the exit status."""
     rank = Link().rank
     try:
-        job = Job.start(cfg, check=(lambda: _check_writable(cfg.output.csv)) if cfg.output.csv else None)
+        csv = cfg.output.csv
+        job = Job.start(cfg, check=(lambda: _check_writable(csv)) if csv else None)
     except StartFailed as err:
         if rank == 0:  # every rank has the message: one line of it is enough
             log.error("%s", err)

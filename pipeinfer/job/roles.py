@@ -320,7 +320,8 @@ class Head:
     def _sampler(self, sampling: SamplingParams | None) -> Sampler:
         """The current generation's sampler (its draws keyed by position: a resumed
         generation draws on from where it stopped)."""
-        return Sampler(sampling or self.cfg.request.sampling, position=len(self.gen.request.resumed))
+        return Sampler(sampling or self.cfg.request.sampling,
+                       position=len(self.gen.request.resumed))
 
     def _generation(self, on_token: Callable[[int], None],
                     request: Request | None) -> Generation:

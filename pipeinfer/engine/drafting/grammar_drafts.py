@@ -157,7 +157,7 @@ class GrammarTrack:
         return kept, state
 
     def shape(self, context: Sequence[int], found: Sequence[int], limit: int) -> list[int]:
-        """A lookup's draft `found` (n-gram drafts, engine/drafting/ngram_drafts.py) under the grammar:
+        """A lookup's draft `found` (n-gram drafts, ngram_drafts.py) under the grammar:
         the forced text where the grammar forces one, else `found` cut where the grammar
         forbids, followed by the text the grammar forces after it (all within `limit`: the
         job's room)."""

@@ -46,7 +46,7 @@ class DraftChannel(Protocol):
 
 
 class RemoteHierarchy:
-    """The head's side: what engine/drafting/hierarchy_drafts.py needs of a Hierarchy, for draft models
+    """The head's side: what hierarchy_drafts.py needs of a Hierarchy, for draft models
     on the ranks `ranks` (M0 first)."""
 
     def __init__(self, link: DraftChannel, ranks: Sequence[int], ahead: int, limit: int):

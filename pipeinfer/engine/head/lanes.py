@@ -17,11 +17,11 @@ with others under way, only while fewer runs than stages are in flight, since th
 requests' own runs keep the stages busy and a speculative run only delays them (and the
 head's one draft model is shared by every lane). Under --busy-strategy auto a pipeinfer lane
 goes further while others are under way: its drafts ride behind its pending token in that
-token's own run (schedule/adaptive.py). A lane whose generation ended is drained (its runs in flight come back and are
-discarded), then its slot's KV cells but those of its accepted tokens are cleared on every
-rank (those stay for a later request sharing a prefix, the conversation's next turn:
-prompt_cache.py; the draft model's context stays too, for the same reason) before the slot
-takes another request.
+token's own run (schedule/adaptive.py). A lane whose generation ended is drained (its runs
+in flight come back and are discarded), then its slot's KV cells but those of its accepted
+tokens are cleared on every rank (those stay for a later request sharing a prefix, the
+conversation's next turn: prompt_cache.py; the draft model's context stays too, for the same
+reason) before the slot takes another request.
 """
 
 from __future__ import annotations

@@ -41,7 +41,7 @@ class Tag(enum.IntEnum):
     DRAFT = 10      # between PipeSpec's draft ranks and the head: int64 [kind, arg, tokens...]
     CLOCK = 11      # start-up clock offsets: head <-> each rank, float64 ping/pong
     BUSY = 12       # float64: busy seconds of the ranks passed so far (TxType.BUSY)
-    WEIGHTS = 13    # rank 0 -> a rank at start-up: chunks of a file it lacks (engine/files/weights.py)
+    WEIGHTS = 13    # rank 0 -> a rank at start-up: chunks of a file it lacks (files/weights.py)
     WEIGHTS_CTL = 14  # both ways at start-up: a file transfer's header, checksum and answer
 
 

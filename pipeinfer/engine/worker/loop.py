@@ -6,9 +6,9 @@ Cancellations arrive on a side thread (they travel backwards, independent of the
 stream) and go to the core, which may abort the decode the main thread is in.
 
 With wake-ups from both the previous rank and the rank cancellations come from
-(engine/transport/wakeup.py), the watcher waits for cancellations all the time, each thread sleeps until
-a message for it is sent, and an idle worker costs next to no CPU; without them the main loop
-polls for cancellations while idle and the watcher only while a decode runs.
+(transport/wakeup.py), the watcher waits for cancellations all the time, each thread sleeps
+until a message for it is sent, and an idle worker costs next to no CPU; without them the
+main loop polls for cancellations while idle and the watcher only while a decode runs.
 
 Spans are in the worker's own time.monotonic() clock; they go to the head with the statistics
 at shutdown, where the trace converts them with this rank's clock offset (transport/clock_sync.py).
