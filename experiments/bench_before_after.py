@@ -50,7 +50,7 @@ VARIANTS = {"iterative": ["--strategy", "iterative"],
             "edit pipeinfer ngram": ["--strategy", "pipeinfer", "--draft-source", "ngram"],
             "edit speculative ngram": ["--strategy", "speculative", "--draft-source", "ngram"]}
 EDIT = "edit "   # variants named so run the edit prompt without a draft model
-LAUNCH = "import sys; sys.argv[0] = 'pipeinfer'; from pipeinfer.cli.main import main; main()"
+LAUNCH = "import sys; sys.argv[0] = 'pipeinfer'; from pipeinfer.cli import main; main()"
 
 
 def worktree(rev: str) -> Path:

@@ -86,7 +86,7 @@ def test_split_quiet(tiny_model, tmp_path) -> None:
 @pytest.fixture
 def setup_logging(capsys):
     """cli.setup_logging, with the "pipeinfer" loggers as they were restored afterwards."""
-    from pipeinfer.cli import main as cli
+    from pipeinfer.cli import commands as cli
 
     names = ("pipeinfer", "pipeinfer.model.llama_lib")
     saved = [(logging.getLogger(n), logging.getLogger(n).level, logging.getLogger(n).propagate,

@@ -1,7 +1,7 @@
 """The `pipeinfer` command line: the only package that imports click. Library code raises
 or logs; here errors become one-line messages and exit codes.
 
-main.py (the command group, logging, errors, the ranked start) -> run.py (`run`, then
+commands.py (the command group, logging, errors, the ranked start) -> run.py (`run`, then
 runner.py on every rank) | serve.py (`serve`: the front, or rank 0 of an MPI job) | plan.py
 (`calibrate`, `plan`, `simulate`) | models.py (`models`, `split`); options.py holds the
 option groups and help texts they share."""
@@ -18,6 +18,6 @@ def main() -> None:
     supervisor.supervise()
     if supervisor.launcher_rank() is not None:
         signal.signal(signal.SIGINT, supervisor.quit_at_once)
-    from .main import commands
+    from .commands import commands
 
     commands()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from ..model.partition import PartitionError
-from .main import Failure, setup_logging, verbosity_options
+from .commands import Failure, setup_logging, verbosity_options
 from .options import SPLIT_HELP, parse_split
 
 

@@ -1,5 +1,7 @@
-"""Long help texts and option groups of `pipeinfer run`, kept apart so that cli/main.py stays the
-wiring of options into a JobConfig. Imports nothing heavy: `--help` stays fast."""
+"""The option groups and long help texts `run` and `serve` (and partly `plan`) share, with
+their defaults taken from the configuration's classes (config/, schedule/options.py), and
+the one place their values become a JobConfig's parts. Imports nothing heavy: `--help`
+stays fast."""
 
 from __future__ import annotations
 

@@ -9,7 +9,7 @@ import sys
 import click
 
 from .. import strategies
-from .main import Failure, RankedCommand, setup_logging, verbosity_options
+from .commands import Failure, RankedCommand, setup_logging, verbosity_options
 from .options import compact_draft_option, draft_vocab_flag, parse_threads
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import click
 
 from ..job import supervisor
-from .main import Failure, RankedCommand, checked_value, setup_logging, verbosity_options
+from .commands import Failure, RankedCommand, checked_value, setup_logging, verbosity_options
 from .options import (AUTO_SPLIT_HELP, PROFILE_HELP, REQUEST, SPLIT_HELP, model_options,
                       parse_run_split, sampling_options, size_options, speculation,
                       speculation_options, strategy_option)

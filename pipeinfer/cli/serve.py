@@ -12,7 +12,7 @@ import click
 from .. import strategies
 from ..config.serving import ServeConfig
 from ..job import supervisor
-from .main import Failure, RankedCommand, checked_value, setup_logging, verbosity_options
+from .commands import Failure, RankedCommand, checked_value, setup_logging, verbosity_options
 from .options import (AUTO_SPLIT_HELP, PROFILE_HELP, SPLIT_HELP, model_options,
                       parse_run_split, sampling_options, size_options, speculation,
                       speculation_options, strategy_option)

@@ -153,7 +153,7 @@ def _supervise(child: int, rank: int, old_mask) -> None:
 
     # Whatever the inherited disposition: a job started from a background job of a
     # non-interactive shell (`nohup ... &`) inherits SIGINT ignored, and Ctrl-C must still
-    # reach the rank (which installs its own handler in cli/main.py).
+    # reach the rank (which installs its own handler in cli/commands.py).
     for signum in FORWARDED:
         signal.signal(signum, pass_on)
     signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
