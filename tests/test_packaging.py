@@ -1,6 +1,7 @@
 """The built wheel holds the whole package: every module of the source tree is in it, and each
 one imports from the wheel's own files (with its compiled `_native` extension), not from the
-source tree that the development install points at."""
+source tree that the development install points at; the web console's files are in it and
+read from it."""
 
 from __future__ import annotations
 
@@ -31,7 +32,12 @@ for info in pkgutil.walk_packages(pipeinfer.__path__, "pipeinfer.", onerror=skip
         found[info.name] = importlib.import_module(info.name).__file__
     except Exception as err:
         failed[info.name] = repr(err)
-print(json.dumps({"found": found, "failed": failed}))
+from pipeinfer.front import page
+try:
+    assets = {n: len(page.asset(n)) for n in (*page.ASSETS, "console.html")}
+except OSError as err:
+    assets = repr(err)
+print(json.dumps({"found": found, "failed": failed, "assets": assets}))
 """
 
 
@@ -71,6 +77,9 @@ def test_wheel_holds_and_imports_every_module(tmp_path: Path) -> None:
         assert not missing, f"{wheel.name} lacks {missing}"
         assert any(n.startswith("pipeinfer/_native.") and n.endswith(".so") for n in listed), \
             f"{wheel.name} has no compiled pipeinfer._native"
+        assets = {p.relative_to(ROOT).as_posix()
+                  for p in (ROOT / "pipeinfer" / "front" / "assets").iterdir()}
+        assert assets and assets <= listed, f"{wheel.name} lacks {sorted(assets - listed)}"
         site = tmp_path / "site"
         zf.extractall(site)
 
@@ -91,3 +100,5 @@ def test_wheel_holds_and_imports_every_module(tmp_path: Path) -> None:
               for p in _source_modules()}
     assert wanted <= set(report["found"]), sorted(wanted - set(report["found"]))
     assert "pipeinfer._native" in report["found"]
+    assert isinstance(report["assets"], dict) and all(report["assets"].values()), \
+        f"the console's files, read from the wheel: {report['assets']}"

@@ -7,4 +7,6 @@ on http.py's routes) -> table.py (the requests and their tokens) <- the job's ke
 supervisor.py (`serve --ranks N`: launch the job through launcher.py on the hosts of
 hosts.py, take its messages through channel.py, watch it with watchdog.py, relaunch it and
 resume the requests) or in_job.py (the job this process is rank 0 of, no failover);
-metrics.py (/metrics), trace.py (--trace)."""
+metrics.py (/metrics), trace.py (--trace, and the jobs' history) -> console.py (what the web
+console shows: the job's pulses, the table's tokens, the keeper's state and history, kept
+and sent to its watchers) -> page.py (the console's page and files, assets/)."""

@@ -1,6 +1,8 @@
 """The HTTP handlers of `pipeinfer serve`, the only ones: OpenAI-style completions and chat
 completions (streamed as server-sent events or whole), embeddings, models, tokenize /
-detokenize, health and metrics. Routes, the API key and CORS are http.py's.
+detokenize, health and metrics; the web console's page (/ui, and / for a browser: page.py)
+and its data (/api/status, /api/events: console.py). Routes, the API key and CORS are
+http.py's.
 
 Each request's state is kept here (table.py), so that it survives the job: a completion is
 parsed by the job (which has the tokenizer and the grammars), and its answer is built here
@@ -17,13 +19,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import (HTMLResponse, JSONResponse, RedirectResponse, Response,
+                                 StreamingResponse)
 
 from ..api import requests as api
 from ..api.embeddings import parse as parse_embeddings
 from ..api.errors import ApiError
 from ..api.responses import Reply
-from . import http
+from . import http, page
+from .console import Console
 from .metrics import ServiceMetrics
 from .table import Table
 
@@ -38,6 +42,7 @@ class Front:
     metrics: ServiceMetrics
     model_name: str
     api_key: str | None = None
+    console: Console | None = None
     created: int = field(default_factory=lambda: int(time.time()))
 
     def unavailable(self) -> ApiError | None:
@@ -61,7 +66,9 @@ class Front:
 def build_app(front: Front, cors_origins: tuple[str, ...] = ("*",)):
     handlers = {"completions": _completions, "chat": _chat, "embeddings": _embeddings,
                 "models": _models, "one_model": _one_model, "health": _health,
-                "metrics": _metrics, "tokenize": _tokenize, "detokenize": _detokenize}
+                "metrics": _metrics, "tokenize": _tokenize, "detokenize": _detokenize,
+                "root": _root, "console": _console, "asset": _asset, "status": _status,
+                "events": _events}
     return http.build(front, handlers, front.api_key, front.metrics.count, cors_origins)
 
 
@@ -158,3 +165,37 @@ async def _call(front: Front, request: Request, name: str) -> Response:
     body = api.parse_body(await http.read_body(request))
     front.check_up()
     return JSONResponse(await front.table.call(name, body, front.jobs.send))
+
+
+# --- the console ---------------------------------------------------------------------------
+NO_STORE = {"Cache-Control": "no-store"}
+
+
+async def _root(front: Front, request: Request) -> Response:
+    """A browser at / goes to the console; anything else is told where it is."""
+    if "text/html" in request.headers.get("accept", ""):
+        return RedirectResponse("/ui", status_code=307)
+    raise ApiError(404, "no such endpoint: / (the web console is at /ui)")
+
+
+async def _console(front: Front, request: Request) -> Response:
+    """The page: with the cluster as text, unless the key must be given first."""
+    cluster = front.console.cluster() if front.api_key is None else None
+    return HTMLResponse(page.page(cluster, front.model_name), headers=NO_STORE)
+
+
+async def _asset(front: Front, request: Request) -> Response:
+    name = request.path_params["name"]
+    body = page.asset(name) if name in page.ASSETS else None
+    if body is None:
+        raise ApiError(404, f"no such file of the console: {name}")
+    return Response(body, media_type=page.ASSETS[name], headers={"Cache-Control": "no-cache"})
+
+
+async def _status(front: Front, request: Request) -> Response:
+    return JSONResponse(front.console.status(), headers=NO_STORE)
+
+
+async def _events(front: Front, request: Request) -> Response:
+    return StreamingResponse(front.console.events(), media_type="text/event-stream",
+                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})

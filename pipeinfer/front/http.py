@@ -1,7 +1,8 @@
 """The HTTP plumbing under the handlers of app.py (Starlette; nothing of MPI or llama.cpp):
-the routes with and without /v1, the API key check, CORS, error objects for every failure,
-the request body's size limit, and a request's answer from its events: whole, or as
-server-sent events. The events come from a request's `QueueChoices` (the table puts them on
+the routes with and without /v1 (and the console's: /ui, /api/status, /api/events), the API
+key check (every path but /health and the console's page and files), CORS, error objects
+for every failure, the request body's size limit, and a request's answer from its events:
+whole, or as server-sent events. The events come from a request's `QueueChoices` (the table puts them on
 its queue, whichever job sends them): `next()` gives (choice, event) or None once the client
 has gone, `cancel()` ends its generations."""
 
@@ -29,7 +30,8 @@ from ..api.responses import Reply
 
 log = logging.getLogger(__name__)
 
-PUBLIC = ("/health", "/v1/health")   # answered without the API key
+PUBLIC = ("/health", "/v1/health", "/", "/ui")   # answered without the API key
+PUBLIC_UNDER = "/ui/"   # the console's files: its code, no data (page.py)
 DISCONNECT_CHECK_S = 0.5   # how often a waiting handler looks whether its client is gone
 Handler = Callable[[Request], Awaitable[Response]]
 
@@ -42,7 +44,12 @@ ROUTES = {"completions": (("/v1/completions", "/completions"), "completions", "P
           "health": (("/health", "/v1/health"), "health", "GET"),
           "metrics": (("/metrics",), "metrics", "GET"),
           "tokenize": (("/tokenize",), "tokenize", "POST"),
-          "detokenize": (("/detokenize",), "detokenize", "POST")}
+          "detokenize": (("/detokenize",), "detokenize", "POST"),
+          "root": (("/",), "console", "GET"),
+          "console": (("/ui", "/ui/"), "console", "GET"),
+          "asset": (("/ui/{name}",), "console", "GET"),
+          "status": (("/api/status",), "status", "GET"),
+          "events": (("/api/events",), "events", "GET")}
 
 
 def build(server, handlers: dict[str, Callable], api_key: str | None, count,
@@ -69,7 +76,7 @@ def guarded(handler: Handler, name: str, api_key: str | None, count) -> Handler:
     """The handler behind the API key check, with ApiError as its error object, counted."""
     async def guarded(request: Request) -> Response:
         try:
-            if api_key is not None and request.url.path not in PUBLIC:
+            if api_key is not None and not public(request.url.path):
                 check_key(request, api_key)
             response = await handler(request)
         except ApiError as err:
@@ -82,6 +89,12 @@ def guarded(handler: Handler, name: str, api_key: str | None, count) -> Handler:
         count(name, response.status_code)
         return response
     return guarded
+
+
+def public(path: str) -> bool:
+    """Whether `path` is answered without the API key (/health, the console's page and
+    files: none of them holds data; /api/status and /api/events do)."""
+    return path in PUBLIC or path.startswith(PUBLIC_UNDER)
 
 
 def check_key(request: Request, key: str) -> None:

@@ -1,9 +1,9 @@
 """The front's process (or thread): the port is taken first (a port in use is an error
 before anything starts); uvicorn and the job's keeper (supervisor.py for a job the front
 launches, in_job.py for the job this process is rank 0 of) share one event loop on a thread
-of their own. For `pipeinfer serve --ranks N` the main thread waits for SIGINT or SIGTERM,
-then ends every request with 503, the job in order (every rank gone within 30 s) and the
-HTTP server."""
+of their own, with the request table and the console's data (console.py) they feed. For
+`pipeinfer serve --ranks N` the main thread waits for SIGINT or SIGTERM, then ends every
+request with 503, the job in order (every rank gone within 30 s) and the HTTP server."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ import uvicorn
 
 from ..config.serving import ServeConfig
 from .app import Front, build_app
+from .console import Console
 from .launcher import Host, Launcher
 from .metrics import ServiceMetrics
 from .supervisor import Supervisor
@@ -43,8 +44,8 @@ class LaunchOptions:
     trace: str | None = None
 
 
-# A job's keeper: made on the event loop from the request table and the metrics.
-Keeper = Callable[[Table, ServiceMetrics], object]
+# A job's keeper: made on the event loop from the request table, the metrics and the console.
+Keeper = Callable[[Table, ServiceMetrics, Console], object]
 
 
 class FrontThread:
@@ -73,11 +74,14 @@ class FrontThread:
     async def _main(self) -> None:
         o = self.options
         self.loop = asyncio.get_running_loop()
-        metrics = ServiceMetrics()
-        table = Table(o.queue + o.parallel, metrics)   # (resumed requests: the keeper counts)
-        self.keeper = self.keeper_of(table, metrics)
+        metrics, console = ServiceMetrics(), Console(o.model_name)
+        table = Table(o.queue + o.parallel, metrics,   # (resumed requests: the keeper counts)
+                      console=console)
+        self.keeper = self.keeper_of(table, metrics, console)
         self.keeper.on_fatal = self._fatal
-        front = Front(self.keeper, table, metrics, o.model_name, o.api_key)
+        self.keeper.on_state, self.keeper.on_pulse = console.state_changed, console.pulse
+        console.keeper = self.keeper
+        front = Front(self.keeper, table, metrics, o.model_name, o.api_key, console)
         config = uvicorn.Config(build_app(front, o.cors_origins), log_config=None,
                                 log_level="warning", access_log=False, lifespan="off",
                                 timeout_graceful_shutdown=1)
@@ -120,12 +124,13 @@ def main(options: ServeConfig, launch: LaunchOptions) -> int:
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, lambda *_: stop.set())
 
-    def supervisor(table: Table, metrics: ServiceMetrics) -> Supervisor:
+    def supervisor(table: Table, metrics: ServiceMetrics, console: Console) -> Supervisor:
         launcher = Launcher(launch.mpiexec, launch.ranks,
                             list(launch.hosts) if launch.hosts else None,
                             list(launch.job_args))
         return Supervisor(launcher, table, metrics, launch.max_restarts,
-                          stall_s=launch.stall_timeout, trace=FrontTrace(launch.trace))
+                          stall_s=launch.stall_timeout,
+                          trace=FrontTrace(launch.trace, also=console.record))
 
     front = FrontThread(options, supervisor, f"starting the job: {launch.ranks} ranks")
     while not stop.is_set() and front.thread.is_alive():

@@ -72,10 +72,12 @@ class Supervisor:
         self.channel = Channel(self._deliver, tcp_host)
         self.hosts = HostSet(launcher.hosts, launcher.ranks, self.trace)
         self.state, self.reason = "loading", ""
+        self.on_state = lambda: None   # the state or reason changed (the console's)
         self.job: Job | None = None
         self.stopping = False
         self.ever_ready = False
         self.on_fatal = lambda: None   # the first job cannot start: the front ends
+        self.on_pulse = lambda job, pulse: None   # the job's pulse (the console's)
         self._ended = asyncio.Event()
         self._failed_at: float | None = None
         self._launches = 0
@@ -102,6 +104,8 @@ class Supervisor:
             pass   # (its pipeline worked: progress, nothing for the table)
         elif message[0] == "stats":
             self.metrics.job_stats(job.number, message[1])
+        elif message[0] == "pulse":
+            self.on_pulse(job.number, message[1])
         else:
             self.table.receive(message)
 
@@ -123,7 +127,11 @@ class Supervisor:
         hosts = sorted({s[1] for s in statuses})
         log.info("job %d ready: %d ranks on %s", job.number, len(info.get("statuses", [])),
                  ", ".join(hosts))
-        self.state, self.reason = "ok", ""
+        self._set_state("ok")
+
+    def _set_state(self, state: str, reason: str = "") -> None:
+        self.state, self.reason = state, reason
+        self.on_state()
 
     def _resumed(self, request: Pending) -> None:
         """`request` is sent again, to a new job, with the tokens it has sent."""
@@ -197,7 +205,7 @@ class Supervisor:
 
     async def _launch(self) -> Job:
         if self.state == "waiting":   # hosts answer again
-            self.state, self.reason = "recovering", "hosts answer again: starting the job"
+            self._set_state("recovering", "hosts answer again: starting the job")
         self._launches += 1
         number = self._launches
         hosts, ranks = self.hosts.hosts, self.hosts.ranks
@@ -310,8 +318,7 @@ class Supervisor:
         self._failed_at = self._failed_at or time.monotonic()
         self.table.fail_calls()
         why = self._why(job)
-        self.state = "recovering"
-        self.reason = f"job {job.number} ended ({why}); starting it again"
+        self._set_state("recovering", f"job {job.number} ended ({why}); starting it again")
         self.metrics.restarts.inc()
         log.warning("job %d ended: %s; %d request(s) wait to resume", job.number, why,
                     len(self.table.requests))
@@ -319,9 +326,8 @@ class Supervisor:
     def _waiting_for_hosts(self) -> None:
         """No host answers: every request, those under way and those that come, gets a 503
         saying so (app.py) until a host answers again (_rejoin takes it back)."""
-        self.state = "waiting"
-        self.reason = ("no host that answers is left to hold the model; waiting for one to "
-                       "come back")
+        self._set_state("waiting", "no host that answers is left to hold the model; waiting "
+                        "for one to come back")
         log.warning("%s", self.reason)
         self.table.fail_all(503, f"the server cannot run: {self.reason}")
 
@@ -330,10 +336,9 @@ class Supervisor:
         why = job.error if job is not None and job.error else \
             job.lost if job is not None and job.lost else self.reason or \
             f"its launcher exited with status {job.proc.returncode}"
-        self.state = "failed"
         what = what or (f"the job failed {in_a_row} times in a row (--max-restarts "
                         f"{self.max_restarts})")
-        self.reason = f"{what}: {why}"
+        self._set_state("failed", f"{what}: {why}")
         log.error("giving up: %s", self.reason)
         self.trace.record("give_up", reason=self.reason)
         self.table.fail_all(503, self.reason)
@@ -361,13 +366,13 @@ class Supervisor:
             self.hosts.take_back(back)
             found_at = None
             self.job.planned = True
-            self.state, self.reason = "recovering", "taking back hosts that answer again"
+            self._set_state("recovering", "taking back hosts that answer again")
             self.channel.send(self.job.number, ("stop",))
 
     async def stop(self) -> None:
         """End the job in order (STOP_WAIT_S, then killed): every rank is gone after."""
         self.stopping = True
-        self.state = "stopping"
+        self._set_state("stopping")
         job = self.job
         self.trace.record("front_stop", job=job.number if job is not None else None)
         if job is not None and job.proc.returncode is None:

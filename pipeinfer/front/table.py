@@ -5,7 +5,9 @@ handler. Everything here runs on the front's event loop.
 A request is sent to the job that is up (`start`); when that job ends before the request
 does, the request is sent again to the next job with its tokens so far, and goes on from them
 (the client's stream pauses, nothing is repeated or lost). Calls (tokenize, detokenize, the
-job's metrics) are answered by the job that is up, or refused while none is."""
+job's metrics) are answered by the job that is up, or refused while none is. Each token's
+arrival is timed (the metrics' time to first token and inter-token latency) and told to the
+console (console.py)."""
 
 from __future__ import annotations
 
@@ -44,8 +46,10 @@ class Pending:
 
 class Table:
     def __init__(self, limit: int, metrics=None,
-                 on_resumed: Callable[["Pending"], None] = lambda request: None):
+                 on_resumed: Callable[["Pending"], None] = lambda request: None,
+                 console=None):
         self.limit, self.metrics = limit, metrics   # (front/metrics.ServiceMetrics)
+        self.console = console   # (front/console.Console: each token's arrival)
         self.requests: dict[int, Pending] = {}   # in arrival order
         self.calls: dict[int, asyncio.Future] = {}
         self._ids = itertools.count(1)
@@ -162,12 +166,11 @@ class Table:
 
     def _latency(self, request: Pending, index: int) -> None:
         """A choice's token arrived: its time to first token, or the gap since its last."""
-        if self.metrics is None:
-            return
         now = time.monotonic()
         last = request.last_token.get(index)
-        if last is None:
-            self.metrics.ttft.observe(now - request.arrived)
-        else:
-            self.metrics.itl.observe(now - last)
         request.last_token[index] = now
+        seconds = now - (request.arrived if last is None else last)
+        if self.metrics is not None:
+            (self.metrics.ttft if last is None else self.metrics.itl).observe(seconds)
+        if self.console is not None:
+            self.console.token(request.rid, seconds, first=last is None)

@@ -27,15 +27,21 @@ from __future__ import annotations
 
 import json
 import time
-from typing import IO
+from typing import IO, Callable
 
 
 class FrontTrace:
-    def __init__(self, path: str | None):
+    """The record of the jobs, to the --trace file if one is given, and to `also` (the
+    console's history: console.py) whether or not."""
+
+    def __init__(self, path: str | None, also: Callable[[str, dict], None] | None = None):
         self._file: IO[str] | None = (open(path, "w", encoding="utf-8", buffering=1)
                                       if path else None)
+        self.also = also
 
     def record(self, name: str, **fields) -> None:
+        if self.also is not None:
+            self.also(name, fields)
         if self._file is None:
             return
         line = {"t": round(time.monotonic(), 4), "time": round(time.time(), 3),
