@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 from pipeinfer.engine.transport.mpi import RankFailed
-from pipeinfer.schedule.counters import Counters
+from pipeinfer.schedule.counters import Counters, Timeline
 from pipeinfer.model.sampling import SamplingParams
 from pipeinfer.schedule.generation import Request
 from pipeinfer.api import requests as api
@@ -224,7 +224,7 @@ class FakeHead:
 
     def __init__(self):
         self.tokenizer = FakeTokenizer()
-        self.setup = SimpleNamespace(pipeline=SimpleNamespace(busy_s=0.0))
+        self.setup = SimpleNamespace(pipeline=SimpleNamespace(busy_s=0.0, in_flight=0))
 
     def request(self, prompt, n_predict, ignore_eos=False, resumed=()):
         return Request(tuple(prompt), n_predict, 64, ignore_eos, resumed=tuple(resumed))
@@ -253,7 +253,8 @@ class FakeLanes:
         lane = SimpleNamespace(owner=owner, on_token=on_token, n=request.n_predict, given=0,
                                next_at=time.monotonic() + self.delay, finished=False,
                                gen=SimpleNamespace(counters=Counters(n_drafted=4, n_accepted=3),
-                                                   stop_reason="", request=request))
+                                                   stop_reason="", request=request,
+                                                   timeline=Timeline()))
         lane.slot, lane.strategy, lane.rooted_runs = len(self.active), "scripted", 0
         self.active.append(lane)
         self.most_active = max(self.most_active, len(self.active))

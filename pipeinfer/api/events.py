@@ -26,12 +26,14 @@ class Done:
     """The completion ended: finish_reason "stop" or "length", and the token counts
     (`cached_tokens`: the prompt's prefix reused from its slot, not evaluated again); `text`:
     the answer's last text, held back until the end (one event with the end, so an answer
-    resumed after a failure never gets it twice)."""
+    resumed after a failure never gets it twice); `timings`: its speed and drafts, as the
+    answer's `timings` object gives them (serve/stats.answer_timings)."""
     finish_reason: str
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int = 0
     text: str = ""
+    timings: dict | None = None
 
 
 @dataclass(frozen=True)

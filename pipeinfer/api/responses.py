@@ -1,6 +1,8 @@
 """The JSON objects of OpenAI's completion and chat completion responses, whole or as
 stream chunks (`text_completion`, `chat.completion`, `chat.completion.chunk`), for one or
-more choices (`n`, or several prompts: choice i*n + j is prompt i's j-th)."""
+more choices (`n`, or several prompts: choice i*n + j is prompt i's j-th). As llama-server
+does, a choice's last chunk (and a one-choice answer) carries a `timings` object: its speed
+and its drafts (by source, under `drafts`)."""
 
 from __future__ import annotations
 
@@ -83,7 +85,10 @@ class Reply:
             else:
                 choices.append({"index": i, "text": text, "logprobs": logprobs,
                                 "finish_reason": reason})
-        return dict(self._envelope(self.object, choices), usage=self.usage())
+        whole = dict(self._envelope(self.object, choices), usage=self.usage())
+        if len(self.dones) == 1 and self.dones[0].timings is not None:
+            whole["timings"] = self.dones[0].timings   # (llama-server's, one choice)
+        return whole
 
     # --- streaming --------------------------------------------------------------------------
     def _chunk_object(self) -> str:
@@ -134,8 +139,10 @@ class Reply:
                      "finish_reason": None}]))
             if called:
                 reason = "tool_calls" if reason == "stop" else reason
-        return chunks + [self._envelope(self._chunk_object(),
-                                        [self._choice(index, None, reason)])]
+        last = self._envelope(self._chunk_object(), [self._choice(index, None, reason)])
+        if self.dones[index].timings is not None:
+            last["timings"] = self.dones[index].timings   # (this choice's: llama-server's)
+        return chunks + [last]
 
     def closing(self) -> list[dict]:
         """After every choice's end: the usage chunk (no choices) if asked."""

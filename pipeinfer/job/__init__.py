@@ -2,4 +2,5 @@
 it if a signal kills it) -> roles.py (plan the split, `--layer-split auto` through
 pipeinfer/plan/; obtain each rank's files through engine/files/; load; agree that all are
 ready; then the head's role, generating, or a worker's) with setup.py (loading a rank's
-stage, and the head's tokenizer, pipeline and draft models)."""
+stage, and the head's tokenizer, pipeline and draft models) -> layout.py (what each rank of
+the started job holds, for the front's console)."""

@@ -43,6 +43,8 @@ from .setup import (SETUP_ERRORS, HeadSetup, draft_rank_file, head_setup,
 from ..engine.transport.transfer import TransferError
 from ..engine.files.weights import Manifest, WeightsError, draft_need, obtain, target_needs
 from ..model.stage_cache import content_digest
+from ..plan.cgroups import memory_limit_mb
+from ..report.metrics import rss_mb
 from ..model.tokenizer import Tokenizer
 from ..engine.head.trace import Trace
 
@@ -74,10 +76,11 @@ def _plan_phase(link: Link, cfg: JobConfig, check: Callable[[], None] | None):
     """Collective: rank 0 checks, settles the draft files and --draft-vocab (draft_files.py),
     plans the split (auto: every rank takes part) and names every rank's file; every rank gets
     the settled config and (model, ranges, manifest), rank 0 the target's tokenizer and the
-    draft files too (None and () elsewhere), or StartFailed. Its first link.agree is the one
+    draft files too (None and () elsewhere) and with --layer-split auto what the planner
+    predicts (plan/auto.predicted), or StartFailed. Its first link.agree is the one
     abandon_start (cli/runner.py) answers."""
     rank, size = link.rank, link.size
-    shared, tokenizer, drafts, error = None, None, (), None
+    shared, tokenizer, drafts, error, predicted = None, None, (), None, None
     if rank == 0:
         settled, error = _attempt(cfg, lambda: _first_checks(cfg, check, size))
         if settled is not None:
@@ -85,8 +88,9 @@ def _plan_phase(link: Link, cfg: JobConfig, check: Callable[[], None] | None):
     if cfg.split == "auto":  # collective: calibrate (or probe) and solve, all ranks being well
         _agreed(link, error)
         from ..plan.auto import auto_split
-        fractions, error = _attempt(cfg, lambda: auto_split(link, cfg, drafts[:1]))
-        if fractions is not None:
+        solved, error = _attempt(cfg, lambda: auto_split(link, cfg, drafts[:1]))
+        if solved is not None:
+            fractions, predicted = solved
             cfg = dataclasses.replace(cfg, split=fractions, leave_empty=True)
     if rank == 0 and error is None:
         planned, error = _attempt(cfg, lambda: _manifest(cfg, size, drafts))
@@ -97,7 +101,7 @@ def _plan_phase(link: Link, cfg: JobConfig, check: Callable[[], None] | None):
     cfg = dataclasses.replace(cfg, draft_vocab=draft_vocab)
     if kv_cells:
         cfg = dataclasses.replace(cfg, spec=dataclasses.replace(cfg.spec, kv_size=kv_cells))
-    return cfg, (model, ranges, manifest), tokenizer, drafts
+    return cfg, (model, ranges, manifest), tokenizer, drafts, predicted
 
 
 def _agreed(link: Link, error: str | None, tokenizer: Tokenizer | None = None) -> None:
@@ -164,10 +168,11 @@ class Job:
     """One rank's part of a job started on COMM_WORLD."""
 
     def __init__(self, cfg: JobConfig, link: Link, stage, head: "Head | None", statuses,
-                 ranges=None):
+                 ranges=None, predicted: dict | None = None):
         self.cfg, self.link, self.stage, self.head, self.statuses = (cfg, link, stage, head,
                                                                      statuses)
         self.ranges = ranges
+        self.predicted = predicted   # the planner's, with --layer-split auto (on rank 0)
 
     @property
     def rank(self) -> int:
@@ -198,7 +203,7 @@ class Job:
         ranks (for traces). `check` runs first on the head (e.g. that an output file is
         writable); what it raises fails the start."""
         link = Link()
-        cfg, shared, tokenizer, drafts = _plan_phase(link, cfg, check)
+        cfg, shared, tokenizer, drafts, predicted = _plan_phase(link, cfg, check)
         model, ranges, manifest = shared
         rank, size = link.rank, link.size
         stage, setup, error, received = None, None, None, 0
@@ -222,7 +227,8 @@ class Job:
             error = describe(err, cfg.output.verbose)
         if setup is None and tokenizer is not None:  # (head_setup did not take it)
             tokenizer.close()
-        statuses, failure = link.agree((rank, hostname(), os.getpid(), error, received))
+        statuses, failure = link.agree((rank, hostname(), os.getpid(), error, received,
+                                        rss_mb(), memory_limit_mb()))
         if failure:
             raise StartFailed(failure)
         offsets = clock_offsets(link)
@@ -230,7 +236,7 @@ class Job:
         head = Head(cfg, setup, ranges, size, offsets or {}) if rank == 0 else None
         if head is not None:
             head.weights_received = [s[4] for s in statuses]
-        return cls(cfg, link, stage, head, statuses, ranges)
+        return cls(cfg, link, stage, head, statuses, ranges, predicted)
 
     def serve(self) -> int:
         """A worker or draft rank's role until the head shuts the job down: 0 when it ended

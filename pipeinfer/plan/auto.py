@@ -85,10 +85,11 @@ def pipeline_for(profile: Profile, model: Path, strategy: str, draft: Path | Non
                     drafts_on_thread(strategy))
 
 
-def auto_split(link: Link, cfg, drafts: Sequence = ()) -> tuple[float, ...]:
-    """The solver's split for `cfg` (a JobConfig) on this job's ranks; logged on rank 0 with
-    what the nodes left out would give. `drafts`: on rank 0 the job's draft files, settled
-    with `cfg` (engine/files/draft_files.py), the first of which the profile times."""
+def auto_split(link: Link, cfg, drafts: Sequence = ()) -> tuple[tuple[float, ...], dict]:
+    """The solver's split for `cfg` (a JobConfig) on this job's ranks, and what it predicts
+    (predicted()); logged on rank 0 with what the nodes left out would give. `drafts`: on
+    rank 0 the job's draft files, settled with `cfg` (engine/files/draft_files.py), the
+    first of which the profile times."""
     model = target_file(link, cfg.model)
     draft = head_draft(link, cfg, drafts) if cfg.uses_draft_model else None
     threads = [cfg.threads_for(r) for r in range(link.size)]
@@ -100,13 +101,23 @@ def auto_split(link: Link, cfg, drafts: Sequence = ()) -> tuple[float, ...]:
             pipe = pipeline_for(profile, model, cfg.strategy, draft, cfg.kv_size)
             split = solve(pipe, cfg.strategy, may_drop=True, keep_worker=True)
             _report(split, profile)
-            answer = tuple(split.fractions)
+            answer = (tuple(split.fractions), predicted(split))
         except ValueError as err:
             answer = str(err)
     answer = link.bcast(answer)
     if isinstance(answer, str):
         raise ProfileError(answer)
     return answer
+
+
+def predicted(split: Split) -> dict:
+    """What the split's bound predicts, for the console beside the measured speed: a step of
+    `step` tokens every `bound_ms` (the sum of stage times, or the slowest stage's), that is
+    `tokens_per_s` for one request with every drafted token accepted."""
+    bound = strategies.get(split.strategy).bound
+    return {"bound": bound, "bound_ms": round(split.bound_ms, 3), "step": split.step,
+            "tokens_per_s": round(1e3 * split.step / split.bound_ms, 3)
+            if split.bound_ms > 0 else None}
 
 
 def target_file(link: Link, name: str) -> Path:

@@ -38,6 +38,25 @@ def memory_left_mb() -> float | None:
     return None
 
 
+def memory_limit_mb() -> float | None:
+    """The memory this process may use at most, in MB: its memory cgroup's limit, or the
+    machine's memory where none is set (None: neither is known)."""
+    for group, v2 in own_groups("memory"):
+        try:
+            limit = (group / ("memory.max" if v2 else "memory.limit_in_bytes")).read_text()
+            if limit.strip() != "max" and int(limit) < 2 ** 60:   # (v1: no limit is huge)
+                return int(limit) / 2 ** 20
+        except (OSError, ValueError):
+            continue
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                return int(line.split()[1]) / 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
 def own_groups(controller: str) -> Iterator[tuple[Path, bool]]:
     """(directory, is v2) of this process's cgroup for `controller`, in each hierarchy that
     has it mounted: v1 hierarchies naming the controller, and the v2 one."""

@@ -5,4 +5,5 @@ channel) -> intake.py (the front's messages: requests parsed and checked with th
 prepare.py renders and tokenizes them into tickets, tool_formats.py the model's tool-call
 format) -> bridge.py (tickets into the head's loop) -> loop.py (the head generating them, up
 to --parallel at once on the main thread, the only one touching MPI; stop_text.py cuts at
-stop strings) -> events back through the link; stats.py (what the job counts for /metrics)."""
+stop strings; pulse.py measures the ranks once a second) -> events, totals and pulses back
+through the link; stats.py (what the job counts for /metrics and the console)."""

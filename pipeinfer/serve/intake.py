@@ -96,11 +96,12 @@ class Intake:
 def open_intake(link: FrontLink, served: ServeConfig, job: JobConfig,
                 head) -> tuple[Bridge, JobStats]:
     """The job's end of the service: the bridge the head takes requests from and the counts
-    it keeps, with the front's messages taken (intake.py, on the link's thread) and the
-    counts sent to the front after every generation."""
+    it keeps, with the front's messages taken (intake.py, on the link's thread), the counts
+    sent to the front after every generation and the head's pulses (pulse.py) as they come."""
     stats = JobStats()
     bridge = Bridge(JOB_QUEUE, lost=lambda message: link.send(("lost", message)))
     intake = Intake(link, served, job, head, bridge, stats)
     stats.on_change = lambda: link.send(("stats", intake.totals()))
+    stats.on_pulse = lambda pulse: link.send(("pulse", pulse))
     link.listen(intake.handle)
     return bridge, stats

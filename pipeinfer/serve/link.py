@@ -11,6 +11,8 @@ one end of a pipe whose other end the front in this same process holds.
                    ("call", rid, name, body)   tokenize / detokenize / metrics
                    ("stop",)           end the job in order
     job -> front   ("hello", pid, job, host) at once, ("ready", info) once the model is loaded
+                                       (info: the ranks, slots, context, and what each rank
+                                       holds: job/layout.py)
                    ("beat", n)         the pipeline worked (n: runs evaluated on the head
                                        and results taken so far): at most every BEAT_S
                                        while it does, so that a slow job (a long prefill)
@@ -20,6 +22,11 @@ one end of a pipe whose other end the front in this same process holds.
                    ("accepted", rid, ask) or ("refused", rid, status, message, kind, param)
                    ("event", rid, choice, Piece | Done | Embedded | Failed)
                    ("answer", rid, result) or ("refused", rid, ...) for a call
+                   ("stats", totals)   the job's totals, after every generation (stats.py)
+                   ("pulse", figures)  at most once a second while the job works: the
+                                       ranks' busy and CPU seconds and memory, runs in
+                                       flight, totals with the generations under way
+                                       (pulse.py; the front's console shows them)
                    ("lost", message)   the job is ending (a rank failed)
                    ("startfailed", message)   the job could not start
 
@@ -88,9 +95,11 @@ class FrontLink:
             log.error("front channel: %r", err, exc_info=err)
         self.closed.set()
 
-    def ready(self, statuses, slots: int, n_ctx: int) -> None:
+    def ready(self, statuses, slots: int, n_ctx: int, layout: dict | None = None) -> None:
+        """The job takes requests: its ranks (rank, host, pid), slots and context, and what
+        each rank holds (job/layout.py) for the console."""
         self.send(("ready", {"statuses": [list(s[:3]) for s in statuses], "slots": slots,
-                             "n_ctx": n_ctx}))
+                             "n_ctx": n_ctx, **(layout or {})}))
 
     def alive(self) -> bool:
         return not self.closed.is_set()

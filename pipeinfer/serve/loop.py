@@ -12,7 +12,6 @@ drained and its slot cleared before another request takes it.
 from __future__ import annotations
 
 import logging
-import time
 from collections import deque
 from typing import Callable
 
@@ -24,13 +23,13 @@ from ..schedule.generation import Generation
 from ..api.events import Done, Embedded, Piece
 from .bridge import Bridge, Ticket
 from ..api.logprobs import TokenLogprob, measure
-from .stats import JobStats
+from .pulse import BusyProbe, Pulse
+from .stats import JobStats, answer_timings
 from .stop_text import StopText
 
 log = logging.getLogger(__name__)
 
 IDLE_WAIT_S = 0.05   # how long the head waits for a request before looking at the ranks
-BUSY_EVERY_S = 1.0   # how often the workers' busy seconds are asked for (/metrics)
 FINISH_REASONS = {"eos": "stop", "cancelled": "stop"}   # the rest: "length"
 
 
@@ -108,7 +107,8 @@ class Completion:
         rest = self.stops.push(self.text.finish(keep_incomplete=False)) + self.stops.finish()
         reason = ("stop" if self.stops.stopped
                   else FINISH_REASONS.get(gen.stop_reason, "length"))
-        ticket.send(Done(reason, len(ticket.prompt), self.n_tokens, cached, rest))
+        ticket.send(Done(reason, len(ticket.prompt), self.n_tokens, cached, rest,
+                         answer_timings(gen, len(ticket.prompt), cached)))
 
 
 class EmbeddingAnswer:
@@ -130,37 +130,6 @@ class EmbeddingAnswer:
         self.ticket.send(Embedded(tuple(job.vectors()), n_tokens))
 
 
-class BusyProbe:
-    """The workers' busy seconds for /metrics: a probe through the pipeline every
-    BUSY_EVERY_S (one out at a time; it passes each rank after the work sent before it)."""
-
-    def __init__(self, head: Head, stats: JobStats):
-        transport = getattr(head.setup.pipeline, "transport", None)
-        self.transport = transport if hasattr(transport, "send_busy_probe") else None
-        self.stats, self.out, self.sent = stats, False, 0.0
-
-    def tick(self) -> None:
-        if self.transport is None:
-            return
-        if not self.out:
-            if time.monotonic() - self.sent >= BUSY_EVERY_S:
-                self.transport.send_busy_probe()
-                self.out, self.sent = True, time.monotonic()
-            return
-        busy = self.transport.poll_busy()
-        if busy is not None:
-            self.out = False
-            for rank, seconds in enumerate(busy, start=1):
-                self.stats.busy_s[rank] = float(seconds)
-
-    def drain(self, limit_s: float = 2.0) -> None:
-        """Take the answer of a probe still out (MPI must not end with it unreceived)."""
-        deadline = time.monotonic() + limit_s
-        while self.out and time.monotonic() < deadline:
-            self.tick()
-            time.sleep(0.005)
-
-
 def serve_requests(head: Head, bridge: Bridge, stats: JobStats,
                    keep_going: Callable[[], bool], lanes: Lanes | None = None) -> None:
     """Generate the bridge's requests while `keep_going()`, in `lanes` (default: the head's
@@ -168,7 +137,8 @@ def serve_requests(head: Head, bridge: Bridge, stats: JobStats,
     why (bridge.fail: it resumes the requests on a new job, or answers them with the reason),
     new requests are refused, and the error goes to the caller, which ends the job."""
     lanes = lanes if lanes is not None else Lanes(head)
-    backoff, probe = IdleBackoff(), BusyProbe(head, stats)
+    pulse = Pulse(head, stats, bridge, lanes)
+    backoff, probe = IdleBackoff(), BusyProbe(head, stats, pulse.send)
     try:
         while keep_going():
             probe.tick()

@@ -29,6 +29,7 @@ import time
 
 from ..config.job import JobConfig
 from ..job import supervisor
+from ..job.layout import layout
 from ..job.roles import Job, StartFailed, describe
 from ..job.supervisor import JOB_LOST
 from ..engine.transport.backoff import IdleBackoff
@@ -126,7 +127,7 @@ def _head(cfg: JobConfig, job: Job, ends: Rank0) -> int:
     link = ends.link
     ends.bridge, stats = open_intake(link, ends.options, cfg, job.head)
     bridge = ends.bridge
-    link.ready(job.statuses, cfg.slots, cfg.n_ctx)
+    link.ready(job.statuses, cfg.slots, cfg.n_ctx, layout(job))
     log.info("%s", job.ready_line())
     interrupted = False
     try:

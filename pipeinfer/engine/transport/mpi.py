@@ -272,12 +272,14 @@ class HeadTransport(Link):
         self.isend(np.array(run_ids, dtype=np.int64), self.last, Tag.CANCEL)
 
     def send_busy_probe(self) -> None:
-        """Ask every worker for its busy seconds so far (after what it was sent before)."""
+        """Ask every worker for its busy seconds so far (after what it was sent before), its
+        CPU seconds and resident memory (worker/loop.py PROBE_FIELDS)."""
         self.send(self.first, (make_header(TxType.BUSY), Tag.BEGIN),
                   (np.zeros(0, dtype=np.float64), Tag.BUSY))
 
     def poll_busy(self) -> np.ndarray | None:
-        """The answer to a busy probe, if it is back: seconds per worker, rank 1 first."""
+        """The answer to a busy probe, if it is back: PROBE_FIELDS per worker, rank 1
+        first, one flat array."""
         return self.recv_array(self.last, Tag.BUSY, np.float64, wait=False)
 
     def result_waiting(self) -> bool:

@@ -24,7 +24,7 @@ class TxType(enum.IntEnum):
     SHUTDOWN = 4
     LOGITS = 5      # last rank -> head
     ERROR = 6       # any rank -> head: a rank failed; the job must end
-    BUSY = 7        # head -> ranks -> head: each rank appends its busy seconds (serve metrics)
+    BUSY = 7        # head -> ranks -> head: each rank appends its busy seconds, CPU and memory
 
 
 class Tag(enum.IntEnum):
@@ -40,7 +40,7 @@ class Tag(enum.IntEnum):
     STATS = 9       # worker -> head at shutdown: a pickled dict
     DRAFT = 10      # between PipeSpec's draft ranks and the head: int64 [kind, arg, tokens...]
     CLOCK = 11      # start-up clock offsets: head <-> each rank, float64 ping/pong
-    BUSY = 12       # float64: busy seconds of the ranks passed so far (TxType.BUSY)
+    BUSY = 12       # float64: each rank passed so far: busy s, CPU s, RSS MB (TxType.BUSY)
     WEIGHTS = 13    # rank 0 -> a rank at start-up: chunks of a file it lacks (files/weights.py)
     WEIGHTS_CTL = 14  # both ways at start-up: a file transfer's header, checksum and answer
 

@@ -33,6 +33,9 @@ from ..transport.wakeup import Channel
 # The cancel watcher polls (fast) only while a decode it may have to abort is running.
 WATCH_FAST_S = 500e-6
 RSS_EVERY = 64  # record the resident size every this many computed decodes
+# What a rank appends to a busy probe (transport/wire.py Tag.BUSY), in this order: the
+# seconds its stage computed, its CPU seconds (every thread's), its resident MB
+PROBE_FIELDS = ("busy_s", "cpu_s", "rss_mb")
 
 
 class Worker:
@@ -118,8 +121,10 @@ class Worker:
             self.link.forward(header, (buf, Tag.KV_OPS))
 
     def _busy(self, header: np.ndarray) -> None:
-        """A busy probe: this rank's busy seconds appended, on to the next rank or the head."""
-        busy = np.append(self.link.recv_payload(Tag.BUSY, np.float64), self.core.stats["busy_s"])
+        """A busy probe: this rank's PROBE_FIELDS appended (its busy and CPU seconds so far,
+        its resident MB now), on to the next rank or the head."""
+        mine = (self.core.stats["busy_s"], time.process_time(), rss_mb())
+        busy = np.append(self.link.recv_payload(Tag.BUSY, np.float64), mine)
         if self.is_last:
             self.link.send_busy(busy)
         else:
