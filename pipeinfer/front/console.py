@@ -136,8 +136,7 @@ class Console:
             if queue.full():   # a watcher that does not keep up starts again from the status
                 while not queue.empty():
                     queue.get_nowait()
-                text_now = sse("status", self.status())
-                queue.put_nowait(text_now)
+                queue.put_nowait(sse("status", self.status()))
             else:
                 queue.put_nowait(text)
 
