@@ -66,7 +66,8 @@ SERVE_HELP = """Serve the model over HTTP with an OpenAI-compatible API. Two way
     (the last stage's hidden states, pooled: the model's pooling type or the mean, then
     L2-normalized; float or base64), POST /tokenize and
     /detokenize, GET /v1/models and /v1/models/ID, /health (503 while the model loads) and
-    /metrics (Prometheus); CORS for browsers (--cors-origin). Greedy answers (temperature
+    /metrics (Prometheus); a web console at /ui (the cluster, a chat, the pipeline live; its
+    data: GET /api/status and /api/events); CORS for browsers (--cors-origin). Greedy answers (temperature
     0) are exactly single-node llama.cpp's, alone or with other requests in flight (with a
     prompt prefix reused from a slot: llama.cpp's keeping that prefix, see --cache-prompt).
     Up to --parallel requests are generated at once, their runs interleaved in the
@@ -98,7 +99,9 @@ SERVE_HELP = """Serve the model over HTTP with an OpenAI-compatible API. Two way
               help=BUSY_HELP)
 @click.option("--api-key", default=None, envvar="PIPEINFER_API_KEY",
               help="Require `Authorization: Bearer KEY` on every endpoint but /health "
-                   "(401 otherwise). Also from $PIPEINFER_API_KEY.", show_default=False)
+                   "and the web console's page and files, which hold no data (401 "
+                   "otherwise; the console asks for the key once and keeps it in the "
+                   "browser). Also from $PIPEINFER_API_KEY.", show_default=False)
 @click.option("--cache-prompt/--no-cache-prompt", default=SERVE.cache_prompt,
               help="Whether requests that do not say `cache_prompt` reuse the longest prefix "
                    "of their prompt that a slot keeps from its last request (its KV cells on "

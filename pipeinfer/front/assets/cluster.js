@@ -33,9 +33,10 @@ export function renderCluster() {
 
 function rankCard(r, total) {
   const l = r.layers || [0, 0], pct = (x) => (100 * x / Math.max(total, 1)).toFixed(2);
-  const cache = r.role === "head" || r.role === "draft" ? "loads its file itself"
-    : r.received_bytes > 0 ? `slice received from rank 0 (${mb(r.received_bytes / 2 ** 20)})`
-      : "slice from its own cache";
+  const cache = r.role === "head" ? "has the model's file"
+    : r.role === "draft" ? "loads its draft model itself"
+      : r.received_bytes > 0 ? `slice received from rank 0 (${mb(r.received_bytes / 2 ** 20)})`
+        : "slice from its own cache";
   const role = r.role === "draft" && r.model ? `draft rank (${esc(r.model)})` : r.role;
   return `<div class="rank" data-rank="${r.rank}">
     <div class="who">rank ${r.rank} \u00b7 ${role}<small>pid ${r.pid}</small></div>

@@ -60,7 +60,7 @@ function renderFigures(last) {
   $("live-figures").innerHTML = [
     figure(last ? last.tokens_per_s.toFixed(1) : "\u2013", "tokens/s, all requests (last second)"),
     figure(perRequest.length ? Math.max(...perRequest).toFixed(1) : "\u2013", "tokens/s, fastest request"),
-    figure(predicted ? predicted.toFixed(1) : "no profile", "planner's predicted tokens/s"),
+    figure(predicted ? predicted.toFixed(1) : "no profile", plannerLabel(c.predicted)),
     figure(last ? `${last.running} / ${last.waiting}` : "\u2013", "requests running / waiting"),
     figure(last ? String(last.in_flight) : "\u2013", "runs in flight"),
     figure(busiest ? `rank ${busiest[0]}: ${Math.round(100 * busiest[1])} %` : "\u2013", "busiest stage"),
@@ -68,6 +68,14 @@ function renderFigures(last) {
   ].join("");
   $("live-figures").dataset.at = last ? String(last.t) : "";
   renderTables(last);
+}
+
+// What the planner's figure is: its prediction of one request's speed (iterative: the sum
+// of stage times), or a bound (pipelined speculation: the slowest stage, every draft taken).
+function plannerLabel(predicted) {
+  if (!predicted) return "planner's prediction (--layer-split auto)";
+  return predicted.bound === "sum" ? "planner's predicted tokens/s per request"
+    : "planner's bound, tokens/s (every draft accepted)";
 }
 
 function renderTables(last) {
@@ -161,7 +169,8 @@ function drawSpeed(canvas, samples) {
     ctx.strokeStyle = COLORS.spec; ctx.setLineDash([5, 4]);
     ctx.beginPath(); ctx.moveTo(left, y(predicted)); ctx.lineTo(width, y(predicted)); ctx.stroke();
     ctx.setLineDash([]); ctx.textAlign = "left"; ctx.fillStyle = COLORS.spec;
-    ctx.fillText("planner's prediction", left + 4, y(predicted) - 4);
+    const bound = state.cluster.predicted.bound === "sum" ? "prediction" : "bound";
+    ctx.fillText(`planner's ${bound}`, left + 4, y(predicted) - 4);
   }
   ctx.strokeStyle = COLORS.accent; ctx.lineWidth = 2; ctx.beginPath();
   recent.forEach((s, i) => (i ? ctx.lineTo : ctx.moveTo).call(ctx, x(s.t), y(s.tokens_per_s)));
