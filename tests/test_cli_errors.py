@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mpi_util import launch, mpmd_command, run_args, run_pipeinfer
+from support.mpi_util import launch, mpmd_command, run_args, run_pipeinfer
 
 TIMEOUT = 60
 PROMPT = "def main():"

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from mpi_util import PIPEINFER, PYTHON, launch, run_pipeinfer
+from support.mpi_util import PIPEINFER, PYTHON, launch, run_pipeinfer
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "experiments"))

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as Q
 
-import mpi_util
+from support import mpi_util
 from pipeinfer.model import compact, draft_cache, models, tinymodel
 from pipeinfer.model.compact import compact_copy, converts
 from pipeinfer.model.gguf_header import read_header

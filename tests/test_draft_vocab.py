@@ -17,8 +17,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import mpi_util
-from cached_models import cached_models
+from support import mpi_util
+from support.cached_models import cached_models
 from pipeinfer.engine.drafting.drafter import Drafter, DraftParams
 from pipeinfer.model import tinymodel
 from pipeinfer.model.draft_vocab import (DraftVocabError, choose_kept, read_kept, reduced_draft,

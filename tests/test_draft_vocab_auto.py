@@ -17,8 +17,8 @@ from dataclasses import replace
 
 import pytest
 
-import mpi_util
-from cached_models import cached_models
+from support import mpi_util
+from support.cached_models import cached_models
 from pipeinfer.config.drafts import AUTO
 from pipeinfer.config.job import JobConfig
 from pipeinfer.engine.files.draft_files import settle_drafts

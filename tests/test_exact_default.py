@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import pytest
 
-import mpi_util
-from cached_models import cached_models
+from support import mpi_util
+from support.cached_models import cached_models
 from test_pipeline_mpi import llama_greedy
 
 PROMPT = ("Write a Python function that parses a CSV file of transactions (date, amount, "

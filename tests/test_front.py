@@ -19,7 +19,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-import mpi_util
+from support import mpi_util
 from support.serving import Server
 
 PROMPTS = ["def quicksort(arr):", "The capital of France is", "import numpy as np\n",
@@ -507,7 +507,7 @@ def test_embeddings_and_tool_calls_come_through_the_front(front, smollm2):
     server (tests/test_serve_tools_generic.py, tests/test_serve_embeddings.py)."""
     import numpy as np
 
-    from llama_oracle import token_states
+    from support.llama_oracle import token_states
     from pipeinfer.engine.head.embedding_job import MEAN, pool
 
     front.wait_ready()

@@ -227,7 +227,7 @@ def test_stopped_ranks_are_read_from_proc() -> None:
 
 def test_trace_without_ranks_is_refused(smollm2, tmp_path) -> None:
     """--trace is the front's: a server that is its own job (no --ranks) has none."""
-    import mpi_util
+    from support import mpi_util
     res = subprocess.run([str(mpi_util.PIPEINFER), "serve", "--trace", str(tmp_path / "t"),
                           "-m", str(smollm2)], capture_output=True, text=True, timeout=60)
     assert res.returncode == 2 and "--trace go with --ranks" in res.stderr, res.stderr

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-import mpi_util
+from support import mpi_util
 from pipeinfer.config.drafts import resolve_draft_source
 from pipeinfer.config.job import JobConfig
 from pipeinfer.engine.drafting.ngram_drafts import NgramDrafts
@@ -24,7 +24,7 @@ from pipeinfer.schedule.options import Limits, SpecOptions
 from pipeinfer.schedule.partition_pool import PartitionPool
 from pipeinfer.schedule.pipeinfer import PipeInfer
 from pipeinfer.schedule.speculative import Speculative
-from scripted_executor import ScriptedExecutor
+from support.scripted_executor import ScriptedExecutor
 from test_schedule import result_for
 
 

@@ -29,7 +29,7 @@ from pipeinfer.schedule.tree_draft import (Adopt, SparseLogits, StartTreeDraft, 
                                            TreeDraftReady)
 from test_ngram import (CODE_PROMPT, N_CODE, SPLIT, code_oracle, oracle,  # noqa: F401
                         run, smol_self_draft)
-from scripted_executor import ScriptedExecutor
+from support.scripted_executor import ScriptedExecutor
 from test_schedule import result_for
 
 

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-import mpi_util
-from mpi_util import MPIEXEC, PYTHON, launch, run_pipeinfer
+from support import mpi_util
+from support.mpi_util import MPIEXEC, PYTHON, launch, run_pipeinfer
 
 TINY_PROMPT = "def main():\n    return"
 SMOL_PROMPT = "The three most important inventions of the 20th century are"

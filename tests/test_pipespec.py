@@ -12,7 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import mpi_util
+from support import mpi_util
 from pipeinfer.engine.drafting.hierarchy import (Hierarchy, Level, expectation, expected_tokens, geometric_tokens,
                                           rho_recursion, steady_state_rho)
 from pipeinfer.schedule.buffers import merge

@@ -9,7 +9,7 @@ import logging
 
 import pytest
 
-from mpi_util import MPIEXEC, PIPEINFER, PYTHON, launch, run_pipeinfer
+from support.mpi_util import MPIEXEC, PIPEINFER, PYTHON, launch, run_pipeinfer
 from test_cluster import CLUSTER, needs_cgroups
 from pipeinfer.plan.cost import STEP_SIZES
 from pipeinfer.plan.profile import load

@@ -7,19 +7,18 @@ real llama.cpp, every strategy that serves."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
-from mpi_util import MPIEXEC, PYTHON, launch, mpi_env
+from support import JOBS_DIR
+from support.mpi_util import MPIEXEC, PYTHON, launch, mpi_env
 
-HERE = Path(__file__).resolve().parent
 CUTS = [1, 2, 5, 9, 16]
 N = 24
 
 
 def resumed_runs(model, strategy: str, draft, plan, n_ranks: int = 3, timeout: float = 240):
-    cmd = [str(MPIEXEC), "-n", str(n_ranks), str(PYTHON), str(HERE / "resume_job.py"),
+    cmd = [str(MPIEXEC), "-n", str(n_ranks), str(PYTHON), str(JOBS_DIR / "resume_job.py"),
            str(model), strategy, str(draft) if draft else "-", json.dumps(plan)]
     result = launch(cmd, timeout=timeout, env=mpi_env())
     assert result.rc == 0 and not result.timed_out, result.describe()

@@ -23,7 +23,7 @@ from pathlib import Path
 import gguf
 import pytest
 
-from mpi_util import Launch, launch, mpi_command, mpmd_command, run_args
+from support.mpi_util import Launch, launch, mpi_command, mpmd_command, run_args
 from support import fault_env
 
 PROMPT = "def robust():"

@@ -19,7 +19,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import mpi_util
+from support import mpi_util
 from pipeinfer.model.sampling import Sampler, SamplingParams
 from pipeinfer.model.stage import Stage, StageConfig
 from pipeinfer.schedule.options import SpecOptions

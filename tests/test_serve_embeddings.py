@@ -19,7 +19,7 @@ import numpy as np
 import openai
 import pytest
 
-from llama_oracle import chunked_states, token_states
+from support.llama_oracle import chunked_states, token_states
 from pipeinfer.engine.head.embedding_job import MEAN, pool
 from pipeinfer.model import models
 from test_serve import AUTH, KEY, N_CTX, Server, chat_tokens, expected, openai_client, serving

@@ -14,7 +14,7 @@ import threading
 import httpx
 import pytest
 
-from llama_oracle import Chain, KeptConversation, chain_greedy, completion_logprobs
+from support.llama_oracle import Chain, KeptConversation, chain_greedy, completion_logprobs
 from test_serve import AUTH, KEY, N_CTX, Server, chat_tokens, expected, serving
 
 pytestmark = pytest.mark.smollm2

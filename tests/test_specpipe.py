@@ -16,7 +16,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import mpi_util
+from support import mpi_util
 from pipeinfer.engine.drafting.drafter import Drafter
 from pipeinfer.engine.head.pipeline import Pipeline
 from pipeinfer.model.sampling import SamplingParams

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-import mpi_util
+from support import mpi_util
 from pipeinfer.model.partition import StageRange
 from test_speculation_unit import PROMPT, greedy_reference, make_tiny_set
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from mpi_util import run_pipeinfer
+from support.mpi_util import run_pipeinfer
 
 ROOT = Path(__file__).resolve().parent.parent
 N_PREDICT = 24

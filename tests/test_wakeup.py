@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from mpi_util import MPIEXEC, PYTHON, launch, mpmd_command
+from support.mpi_util import MPIEXEC, PYTHON, launch, mpmd_command
 from pipeinfer.engine.transport import wakeup, wakeup_net
 from pipeinfer.engine.transport.backoff import MAX_SLEEP_S, WOKEN_MAX_SLEEP_S, IdleBackoff
 from pipeinfer.engine.transport.wakeup import Channel, Wakeups

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from mpi_util import PYTHON, launch, mpi_env, run_args, run_pipeinfer
+from support.mpi_util import PYTHON, launch, mpi_env, run_args, run_pipeinfer
 from support import fault_env
 from test_cluster import CLUSTER, needs_cgroups
 from test_pipeline_mpi import llama_greedy
@@ -221,7 +221,7 @@ def test_calibrate_and_auto_split_without_model_on_workers(tmp_path: Path, tiny8
     cmd = [str(PYTHON), str(CLUSTER), "--nodes", "3", "--cpu", "1", "--disks", "private",
            "--disk-root", str(disks), "--"]
     env = mpi_env({"PIPEINFER_CACHE": str(tmp_path / "cache0")})
-    from mpi_util import PIPEINFER
+    from support.mpi_util import PIPEINFER
 
     calibrated = launch(cmd + [str(PIPEINFER), "calibrate", "-m", str(tiny8), "--profile",
                                str(tmp_path / "profile.json")], timeout=180, env=env)

@@ -4,6 +4,7 @@ and llama.cpp's own answers to compare with."""
 from pathlib import Path
 
 FAULTS_DIR = Path(__file__).parent / "faults"
+JOBS_DIR = Path(__file__).parent / "jobs"   # scripts tests run under mpiexec
 
 
 def fault_env(**variables: str) -> dict[str, str]:

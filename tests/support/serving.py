@@ -14,7 +14,7 @@ from pathlib import Path
 
 import httpx
 
-import mpi_util
+from support import mpi_util
 
 KEY = "test-key"
 AUTH = {"Authorization": f"Bearer {KEY}"}
