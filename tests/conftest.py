@@ -1,5 +1,6 @@
-"""Shared fixtures: tiny random-weight GGUF models, the cached SmolLM2 model, and a per-session
-stage cache.
+"""Shared fixtures: tiny random-weight GGUF models (and the in-process speculation tests' set
+made from them), the cached SmolLM2 model, and a per-session stage cache. Shared code that is
+not a fixture is in support/.
 
 For the whole test session PIPEINFER_CACHE points at a fresh temporary directory, so stage files
 (and content digests) written by tests and by the processes they launch never touch the user's
@@ -18,6 +19,8 @@ import gguf
 import pytest
 
 from pipeinfer.model import models, tinymodel
+from support.serving import openai_client
+from support.tiny_set import TinySet, make_tiny_set
 
 _saved_env: dict[str, str | None] = {}
 _session_cache: Path | None = None
@@ -84,6 +87,15 @@ def tiny_draft_unrelated(tiny_dir: Path) -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny(tmp_path_factory: pytest.TempPathFactory, tiny_draft_aligned: Path,
+         tiny_draft_unrelated: Path) -> TinySet:
+    """The in-process speculation tests' models (support/tiny_set.py): a Q8_0 target, every
+    slice of it, its greedy reference, and the two tiny drafts."""
+    return make_tiny_set(tmp_path_factory.mktemp("tiny-spec"), tiny_draft_aligned,
+                         tiny_draft_unrelated)
+
+
+@pytest.fixture(scope="session")
 def smollm2() -> Path:
     """SmolLM2-135M (Q4_1, 30 layers) from the model cache, fetched on first use."""
     try:
@@ -104,7 +116,5 @@ def tokenizer(smollm2: Path):
 
 @pytest.fixture(scope="module")
 def client(server):
-    """An OpenAI client of the module's own `server` fixture (tests/test_serve.py's Server)."""
-    from test_serve import openai_client
-
+    """An OpenAI client of the module's own `server` fixture (a support.serving.Server)."""
     return openai_client(server)

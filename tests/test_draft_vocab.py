@@ -28,7 +28,7 @@ from pipeinfer.model.embedding import Embedder
 from pipeinfer.model.gguf_header import read_header
 from pipeinfer.model.stage import Stage, StageConfig
 from pipeinfer.model.tokenizer import Tokenizer
-from test_speculation_unit import PROMPT, greedy_reference, make_tiny_set
+from support.tiny_set import PROMPT, greedy_reference
 
 K_TINY = 200
 CONFIG = StageConfig(n_ctx=256, n_batch=64, n_seq_max=4, n_threads=1)
@@ -163,11 +163,6 @@ def test_bad_k_is_a_clear_error(tiny_model: Path, tmp_path: Path) -> None:
 
 
 # --- the target's answer is unchanged (real mpiexec) ------------------------------------------
-
-@pytest.fixture(scope="module")
-def tiny(request, tmp_path_factory):
-    return make_tiny_set(request, tmp_path_factory)
-
 
 def run_json(n_ranks, model, *args, n_predict, timeout=180, prompt=PROMPT) -> dict:
     """The --json result of a successful `pipeinfer run --ignore-eos` under mpiexec -n N_RANKS."""

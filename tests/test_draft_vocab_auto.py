@@ -25,14 +25,9 @@ from pipeinfer.engine.files.draft_files import settle_drafts
 from pipeinfer.model.draft_vocab import DRAFT_VOCAB_VERSION
 from pipeinfer.schedule.options import SpecOptions
 from test_draft_vocab import K_QWEN, K_TINY, QWEN_PROMPT, run_json
-from test_speculation_unit import PROMPT, greedy_reference, make_tiny_set
+from support.tiny_set import PROMPT, greedy_reference
 
 SPECULATING = ("pipeinfer", "speculative", "specpipe")
-
-
-@pytest.fixture(scope="module")
-def tiny(request, tmp_path_factory):
-    return make_tiny_set(request, tmp_path_factory)
 
 
 @pytest.fixture(scope="module")

@@ -68,15 +68,11 @@ def test_threshold_zero_is_off():
 import pytest  # noqa: E402
 
 from pipeinfer.schedule.options import SpecOptions  # noqa: E402
-from test_speculation_unit import (PERFECT, USELESS, ScriptedDraft, SteppedTransport,  # noqa: E402
-                                   check_consistent, make_tiny_set, run_inprocess)
+from support.rig import check_consistent, run_inprocess  # noqa: E402
+from support.scripted_draft import PERFECT, ScriptedDraft, USELESS  # noqa: E402
+from support.stepped_transport import SteppedTransport  # noqa: E402
 
 N = 40
-
-
-@pytest.fixture(scope="module")
-def tiny(request, tmp_path_factory):
-    return make_tiny_set(request, tmp_path_factory)
 
 
 def go(tiny, strategy, plans, guard_accept):

@@ -22,8 +22,9 @@ from pipeinfer.model.slicing import model_info, open_model, write_stage
 from pipeinfer.model.stage import Stage, StageConfig
 from pipeinfer.schedule.options import SpecOptions
 from pipeinfer.engine.worker.local import LocalTransport
-from test_speculation_unit import (N_BATCH, N_CTX, N_PREDICT, PROMPT, Rig, SteppedTransport,
-                                   check_consistent, make_tiny_set)
+from support.rig import Rig, check_consistent
+from support.stepped_transport import SteppedTransport
+from support.tiny_set import N_BATCH, N_CTX, N_PREDICT, PROMPT
 
 # hierarchies by name, smallest model first (the tiny target verifies the last)
 HIERARCHIES = {
@@ -32,11 +33,6 @@ HIERARCHIES = {
     "unrelated>aligned": ("unrelated", "aligned"),
     "first2>aligned": ("first2", "aligned"),
 }
-
-
-@pytest.fixture(scope="module")
-def tiny(request, tmp_path_factory):
-    return make_tiny_set(request, tmp_path_factory)
 
 
 @pytest.fixture(scope="module")

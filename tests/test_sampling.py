@@ -23,15 +23,12 @@ from support import mpi_util
 from pipeinfer.model.sampling import Sampler, SamplingParams
 from pipeinfer.model.stage import Stage, StageConfig
 from pipeinfer.schedule.options import SpecOptions
-from test_speculation_unit import (N_BATCH, N_CTX, PROMPT, Rig, ScriptedDraft,
-                                   SteppedTransport, draft_plans, make_tiny_set)
+from support.rig import Rig
+from support.scripted_draft import ScriptedDraft, draft_plans
+from support.stepped_transport import SteppedTransport
+from support.tiny_set import N_BATCH, N_CTX, PROMPT
 
 SPEC_STRATEGIES = ("speculative", "pipeinfer")
-
-
-@pytest.fixture(scope="module")
-def tiny(request, tmp_path_factory):
-    return make_tiny_set(request, tmp_path_factory)
 
 
 def softmax(x: np.ndarray, temp: float = 1.0) -> np.ndarray:

@@ -25,15 +25,11 @@ from pipeinfer.schedule.options import SpecOptions
 from pipeinfer.schedule.specpipe_tree import BeamTree
 from pipeinfer.schedule.transaction import DecodeTx
 from pipeinfer.engine.worker.local import LocalTransport
-from test_speculation_unit import (N_BATCH, N_PREDICT, PROMPT, Rig, SteppedTransport,
-                                   make_tiny_set)
+from support.rig import Rig
+from support.stepped_transport import SteppedTransport
+from support.tiny_set import N_BATCH, N_PREDICT, PROMPT
 
 DRAFTS = ("aligned", "unrelated")
-
-
-@pytest.fixture(scope="module")
-def tiny(request, tmp_path_factory):
-    return make_tiny_set(request, tmp_path_factory)
 
 
 def run_specpipe(tiny, draft: str, *, width=4, k=2, head_layers=1, n_workers=2,
