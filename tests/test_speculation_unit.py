@@ -2,11 +2,11 @@
 
 The `speculative` and `pipeinfer` strategies drive a Pipeline whose head evaluates the first
 target layers (or none) and whose transport evaluates the rest (tests/support/rig.py).
-`SteppedTransport` (tests/support/stepped_transport.py) models the
-MPI worker pipeline faithfully: one FIFO of transactions per worker stage, every stage applies
-them in issue order, a result returns only after the last stage computed it, and a
-cancellation skips a run on every stage that has not started it yet (or aborts it mid-decode
-through llama.cpp's abort callback). How far the pipeline advances per poll of the head is
+`SteppedTransport` (tests/support/stepped_transport.py) models the MPI worker pipeline: one
+FIFO of transactions per worker stage, each stage applying them in issue order through the
+worker's own StageCore (a cancellation skips a run on every stage that has not started it
+yet, or aborts it mid-decode through llama.cpp's abort callback), a result returning only
+after the last stage computed it. How far the pipeline advances per poll of the head is
 scripted, so results arrive while the head speculates, and runs get cancelled part-way down
 the pipeline.
 
