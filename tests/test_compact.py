@@ -17,11 +17,11 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as Q
 
-from support import mpi_util
 from pipeinfer.model import compact, draft_cache, models, tinymodel
 from pipeinfer.model.compact import compact_copy, converts
 from pipeinfer.model.gguf_header import read_header
 from pipeinfer.model.models import ModelError, resolve_model
+from support import mpi_util
 
 # Per tensor name (less a block's "blk.N."), the type the mixed tiny model stores it in (the
 # rest: F32).
@@ -260,7 +260,7 @@ def test_compact_draft_keeps_the_output_exact(qwen) -> None:
     """pipeinfer with the compact draft emits exactly llama.cpp's greedy tokens."""
     from llama_cpp import Llama
 
-    from test_pipeline_mpi import llama_greedy
+    from support.llama_oracle import llama_greedy
 
     target, _, draft = qwen
     llm = Llama(model_path=str(target), n_ctx=256, vocab_only=True, verbose=False)

@@ -17,8 +17,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from support import mpi_util
-from support.cached_models import cached_models
 from pipeinfer.engine.drafting.drafter import Drafter, DraftParams
 from pipeinfer.model import tinymodel
 from pipeinfer.model.draft_vocab import (DraftVocabError, choose_kept, read_kept, reduced_draft,
@@ -28,6 +26,8 @@ from pipeinfer.model.embedding import Embedder
 from pipeinfer.model.gguf_header import read_header
 from pipeinfer.model.stage import Stage, StageConfig
 from pipeinfer.model.tokenizer import Tokenizer
+from support import mpi_util
+from support.cached_models import cached_models
 from support.tiny_set import PROMPT, greedy_reference
 
 K_TINY = 200
@@ -241,7 +241,7 @@ def test_qwen_answer_unchanged(qwen) -> None:
     """pipeinfer with the reduced compact draft emits exactly llama.cpp's greedy tokens."""
     from llama_cpp import Llama
 
-    from test_pipeline_mpi import llama_greedy
+    from support.llama_oracle import llama_greedy
 
     target, draft = qwen
     n = 48
@@ -265,7 +265,8 @@ def test_serve_two_requests_at_once_exact(smollm2, tmp_path: Path) -> None:
 
     import httpx
 
-    from test_serve import N_CTX, Server, expected
+    from support.serving import Server
+    from support.serve_oracle import N_CTX, expected
 
     srv = Server(tmp_path, 2, "-m", str(smollm2), "-md", str(smollm2), "--strategy",
                  "pipeinfer", "--layer-split", "0,1", "-c", str(N_CTX), "--parallel", "2",

@@ -15,7 +15,7 @@ import pytest
 
 from support import mpi_util
 from support.cached_models import cached_models
-from test_pipeline_mpi import llama_greedy
+from support.llama_oracle import llama_greedy
 
 PROMPT = ("Write a Python function that parses a CSV file of transactions (date, amount, "
           "category) and returns the total amount per category.")

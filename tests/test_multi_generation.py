@@ -12,7 +12,7 @@ import json
 import pytest
 
 from support import JOBS_DIR, mpi_util
-from test_pipeline_mpi import llama_greedy
+from support.llama_oracle import llama_greedy
 
 JOB = JOBS_DIR / "multi_generation_job.py"
 

@@ -16,8 +16,8 @@ import time
 import httpx
 import pytest
 
+from support.serve_oracle import N_CTX, expected
 from support.serving import Server
-from test_serve import N_CTX, expected
 
 pytestmark = pytest.mark.smollm2
 

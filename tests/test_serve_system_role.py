@@ -16,8 +16,8 @@ from pipeinfer.model.tokenizer import Tokenizer
 from pipeinfer.serve import tool_formats
 from pipeinfer.api.tool_calls import GENERIC
 from pipeinfer.serve.tool_formats import GENERIC_SYSTEM
-from test_pipeline_mpi import llama_greedy
-from test_serve import AUTH, KEY, Server, openai_client, serving
+from support.llama_oracle import llama_greedy
+from support.serving import AUTH, KEY, Server, openai_client, serving
 
 N_CTX = 1024
 NO_SYSTEM = (   # the tiny model's ChatML template, refusing the system role

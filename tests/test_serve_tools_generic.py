@@ -14,11 +14,12 @@ import json
 import openai
 import pytest
 
-from support.llama_oracle import Chain, chain_greedy
 from pipeinfer.serve import tool_formats
 from pipeinfer.api.tool_calls import GENERIC, ToolChoice, extract_generic
+from support.llama_oracle import Chain, chain_greedy
+from support.serve_oracle import N_CTX, chat_tokens, expected
+from support.serving import KEY, Server, serving
 from support.streamed_calls import add_up, sdk_stream
-from test_serve import KEY, N_CTX, Server, chat_tokens, expected, serving
 
 pytestmark = pytest.mark.smollm2
 

@@ -15,10 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from support.mpi_util import PYTHON, launch, mpi_env, run_args, run_pipeinfer
-from support import fault_env
 from test_cluster import CLUSTER, needs_cgroups
-from test_pipeline_mpi import llama_greedy
+
+from support import fault_env
+from support.llama_oracle import llama_greedy
+from support.mpi_util import PYTHON, launch, mpi_env, run_args, run_pipeinfer
 
 PROMPT = "def main():\n    return"
 N = 12
@@ -260,7 +261,7 @@ def test_serve_without_model_on_workers_is_exact(tmp_path: Path, smollm2: Path):
     """`serve` starts the same way: the workers receive their slices, answers stay exact."""
     import httpx
 
-    from test_serve import Server
+    from support.serving import Server
 
     launcher = [str(PYTHON), str(CLUSTER), "--nodes", "3", "--cpu", "1", "--disks", "private",
                 "--disk-root", str(tmp_path / "disks"), "--"]

@@ -104,6 +104,13 @@ def serving(srv: Server, timeout: float = 150):
         srv.kill()
 
 
+def metric(server: Server, name: str) -> float:
+    """The value /metrics gives for `name` (a metric without labels)."""
+    text = httpx.get(server.url + "/metrics", headers=AUTH).text
+    return float(next(line.split()[1] for line in text.splitlines()
+                      if line.startswith(name + " ")))
+
+
 def openai_client(srv: Server, timeout: float = 120):
     from openai import OpenAI
 
