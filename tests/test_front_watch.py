@@ -19,8 +19,8 @@ import httpx
 import pytest
 
 from pipeinfer.front.watchdog import Watchdog, stopped_ranks
+from support.failover import KILL_AFTER, PROMPTS, Stream, complete, kill_mid_stream
 from support.serving import Server
-from test_front import KILL_AFTER, PROMPTS, Stream, _kill_mid_stream, complete
 
 STALL_S = 5.0
 RELAUNCH_S = 40.0   # a relaunch of SmolLM2 on 3 ranks from the stage caches, loaded machine
@@ -98,7 +98,7 @@ def test_a_stopped_rank_is_killed_and_the_streams_resume_exactly(watched, refere
 
 def test_the_trace_records_a_kill_the_new_job_and_the_resumed_requests(watched, reference):
     t0 = time.monotonic()
-    streams, seen = _kill_mid_stream(watched, 2)
+    streams, seen = kill_mid_stream(watched, 2)
     for s, prompt in zip(streams, PROMPTS):
         assert s.error is None and s.done, s.error
         assert s.text == reference[prompt]
