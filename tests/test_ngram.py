@@ -25,7 +25,7 @@ from pipeinfer.schedule.partition_pool import PartitionPool
 from pipeinfer.schedule.pipeinfer import PipeInfer
 from pipeinfer.schedule.speculative import Speculative
 from support.scripted_executor import ScriptedExecutor
-from test_schedule import result_for
+from support.schedule_script import result_for
 
 
 # --- the lookup ------------------------------------------------------------------------------

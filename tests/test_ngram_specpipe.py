@@ -30,7 +30,7 @@ from pipeinfer.schedule.tree_draft import (Adopt, SparseLogits, StartTreeDraft, 
 from test_ngram import (CODE_PROMPT, N_CODE, SPLIT, code_oracle, oracle,  # noqa: F401
                         run, smol_self_draft)
 from support.scripted_executor import ScriptedExecutor
-from test_schedule import result_for
+from support.schedule_script import result_for
 
 
 # --- the lookup ------------------------------------------------------------------------------
