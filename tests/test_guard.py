@@ -114,10 +114,7 @@ def test_speculation_returns_when_drafts_recover(tiny, strategy):
 from pipeinfer.engine.drafting.ngram_drafts import NgramDrafts  # noqa: E402
 from pipeinfer.schedule.actions import PolicyChanged  # noqa: E402
 from pipeinfer.schedule.pipeinfer import PipeInfer  # noqa: E402
-from test_ngram import PATTERN, PROMPT, drive, make  # noqa: E402
-
-# text that copies the prompt's pattern, with one token changed every 19 (an edit)
-EDITED = list(PROMPT) + (PATTERN * 3 + [90]) * 8
+from support.ngram_script import EDITED, PROMPT, drive, make  # noqa: E402
 
 
 def guard_pauses(log) -> list[PolicyChanged]:

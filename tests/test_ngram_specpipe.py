@@ -27,10 +27,9 @@ from pipeinfer.schedule.specpipe_tree import BeamTree
 from pipeinfer.schedule.transaction import RunResult, seq_cp, seq_keep, seq_rm
 from pipeinfer.schedule.tree_draft import (Adopt, SparseLogits, StartTreeDraft, TreeDraftJob,
                                            TreeDraftReady)
-from test_ngram import (CODE_PROMPT, N_CODE, SPLIT, code_oracle, oracle,  # noqa: F401
-                        run, smol_self_draft)
-from support.scripted_executor import ScriptedExecutor
+from support.ngram_runs import CODE_PROMPT, N_CODE, SPLIT, oracle, run
 from support.schedule_script import result_for
+from support.scripted_executor import ScriptedExecutor
 
 
 # --- the lookup ------------------------------------------------------------------------------
