@@ -16,9 +16,9 @@ from pipeinfer.model.grammar import GrammarError
 from pipeinfer.model.tokenizer import Tokenizer
 from pipeinfer.serve import tool_formats
 from pipeinfer.api.tool_calls import NATIVE, OPEN, ToolChoice
-from test_grammar_drafts import ScriptedDrafter
-
 from support.cached_models import cached_models
+from support.scripted_draft import ScriptedDrafter
+
 
 WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
     "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}

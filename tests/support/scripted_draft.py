@@ -1,6 +1,7 @@
-"""A scripted draft for the in-process speculation tests: plans (hypothesis strategies) of
-what each draft call guesses, right or wrong at chosen places, with forks; PERFECT and
-USELESS, the two extremes."""
+"""Scripted stand-ins for the draft model, with the Drafter interface. ScriptedDraft, for the
+in-process speculation tests: plans (hypothesis strategies) of what each draft call guesses,
+right or wrong at chosen places, with forks; PERFECT and USELESS, the two extremes.
+ScriptedDrafter, for drafting under a grammar: the same branches at every call."""
 
 from __future__ import annotations
 
@@ -111,3 +112,23 @@ class ScriptedDraft:
 
 PERFECT = [DraftPlan(False, BranchPlan(5, None, 0), ())]    # always the right tokens
 USELESS = [DraftPlan(False, BranchPlan(5, 0, 3), ())]       # always wrong from the first
+
+
+class ScriptedDrafter:
+    """The draft model's side: returns the branches it was given, and says when it ran."""
+
+    def __init__(self, branches):
+        self.branches, self.calls, self.n_held = branches, 0, 7
+        self.steps = 0   # tokens of branch 0 the "model" drafted
+
+    def draft(self, context, params, cutoff, max_tokens=None, should_stop=None,
+              stop_at=None):
+        self.calls += 1
+        main = []
+        for token in self.branches[0]:   # as Drafter.draft: stop_at after each token
+            main.append(token)
+            if stop_at is not None and stop_at(main):
+                break
+        self.steps += len(main)
+        branches = [main] + [list(b) for b in self.branches[1:]]
+        return branches, [0.9] * len(main)
