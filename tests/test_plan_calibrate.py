@@ -13,6 +13,7 @@ from support.mpi_util import MPIEXEC, PIPEINFER, PYTHON, launch, run_pipeinfer
 from test_cluster import CLUSTER, needs_cgroups
 from pipeinfer.plan.cost import STEP_SIZES
 from pipeinfer.plan.profile import load
+from support.mixed_quants import write_mixed
 
 TIMEOUT = 120
 
@@ -109,18 +110,11 @@ def test_a_rank_left_out_of_the_chain(tiny_model, tmp_path, slow, layers):
 @pytest.fixture(scope="module")
 def convertible_draft(tmp_path_factory):
     """A tiny draft with Q8_0/Q5 matrices: `run` loads its compact (Q4_0) copy by default."""
-    from test_compact import _copy_with, _mixed_type
-    import gguf
-    import numpy as np
     from pipeinfer.model.tinymodel import write_tiny_llama
+
     d = tmp_path_factory.mktemp("convertible")
     f32 = write_tiny_llama(d / "f32.gguf", n_layer=2, seed=5)
-
-    def requant(t):
-        q = _mixed_type(t.name)
-        return None if q == gguf.GGMLQuantizationType.F32 else \
-            gguf.quants.quantize(np.array(t.data), q)
-    return _copy_with(f32, d / "mixed-draft.gguf", requant)
+    return write_mixed(f32, d / "mixed-draft.gguf")
 
 
 @pytest.mark.parametrize("flag,compacted", [([], True), (["--no-compact-draft"], False)])
