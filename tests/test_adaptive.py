@@ -15,7 +15,6 @@ from pipeinfer.schedule.adaptive import AdaptivePipeInfer
 from pipeinfer.schedule.events import DraftInterrupted, DraftReady, Start, Tick
 from support.schedule_script import PROMPT, Script, TARGET, make, of
 
-
 P = len(PROMPT)
 
 

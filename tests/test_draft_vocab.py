@@ -28,9 +28,9 @@ from pipeinfer.model.stage import Stage, StageConfig
 from pipeinfer.model.tokenizer import Tokenizer
 from support import mpi_util
 from support.cached_models import cached_models
+from support.reduced_drafts import K_QWEN, K_TINY, QWEN_PROMPT, run_json
 from support.tiny_set import PROMPT, greedy_reference
 
-K_TINY = 200
 CONFIG = StageConfig(n_ctx=256, n_batch=64, n_seq_max=4, n_threads=1)
 
 
@@ -164,15 +164,6 @@ def test_bad_k_is_a_clear_error(tiny_model: Path, tmp_path: Path) -> None:
 
 # --- the target's answer is unchanged (real mpiexec) ------------------------------------------
 
-def run_json(n_ranks, model, *args, n_predict, timeout=180, prompt=PROMPT) -> dict:
-    """The --json result of a successful `pipeinfer run --ignore-eos` under mpiexec -n N_RANKS."""
-    launch = mpi_util.run_pipeinfer(n_ranks, model, prompt, "--ignore-eos", *args,
-                                    n_predict=n_predict, timeout=timeout)
-    assert launch.rc == 0 and not launch.timed_out, launch.describe()
-    assert "Traceback" not in launch.stderr, launch.describe()
-    return launch.json
-
-
 @pytest.mark.parametrize("strategy, extra", [("pipeinfer", ["-pa", "0", "-pr", "0"]),
                                              ("speculative", ["-np", "2", "-ps", "0.1"]),
                                              ("specpipe", [])])
@@ -206,9 +197,6 @@ def test_cli_refuses_bad_draft_vocab(tiny, args: list[str], message: str) -> Non
 
 # --- the real files (skipped unless cached) ----------------------------------------------------
 
-QWEN_PROMPT = ("Write a Python function that parses a CSV file of transactions (date, amount, "
-               "category) and returns the total amount per category.")
-K_QWEN = 32768
 
 
 @pytest.fixture(scope="module")

@@ -22,10 +22,9 @@ from pipeinfer.config.job import JobConfig
 from pipeinfer.engine.files.draft_files import settle_drafts
 from pipeinfer.model.draft_vocab import DRAFT_VOCAB_VERSION
 from pipeinfer.schedule.options import SpecOptions
-from test_draft_vocab import K_QWEN, K_TINY, QWEN_PROMPT, run_json
-
 from support import mpi_util
 from support.cached_models import cached_models
+from support.reduced_drafts import K_QWEN, K_TINY, QWEN_PROMPT, run_json
 from support.tiny_set import PROMPT, greedy_reference
 
 SPECULATING = ("pipeinfer", "speculative", "specpipe")

@@ -19,7 +19,6 @@ from pipeinfer.api.tool_calls import NATIVE, OPEN, ToolChoice
 from support.cached_models import cached_models
 from support.scripted_draft import ScriptedDrafter
 
-
 WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
     "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
 AUTO = ToolChoice()
