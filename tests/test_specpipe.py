@@ -27,7 +27,7 @@ from pipeinfer.schedule.transaction import DecodeTx
 from pipeinfer.engine.worker.local import LocalTransport
 from support.rig import Rig
 from support.stepped_transport import SteppedTransport
-from support.tiny_set import N_BATCH, N_PREDICT, PROMPT
+from support.tiny_set import N_BATCH, N_PREDICT, PROMPT, greedy_reference
 
 DRAFTS = ("aligned", "unrelated")
 
@@ -251,7 +251,6 @@ N_MPI = 40
 
 @pytest.fixture(scope="module")
 def reference(tiny):
-    from test_speculation_unit import greedy_reference
     return greedy_reference(tiny.target, tiny.prompt, N_MPI)
 
 
