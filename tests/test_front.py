@@ -179,13 +179,13 @@ def test_a_bad_hostfile_is_one_line(tmp_path, smollm2) -> None:
 # --- a host lost, on the emulated cluster (experiments/cluster.py --as-mpiexec) -----------
 
 def _cluster_launcher(state: Path) -> str:
-    from test_cluster import CLUSTER
+    from support.cluster import CLUSTER
     return (f"{sys.executable} {CLUSTER} --cpu 0.5 --link gigabit --state {state} "
             "--as-mpiexec")
 
 
 def test_a_host_lost_is_left_out_and_answers_stay_exact(smollm2, tmp_path, undisturbed):
-    from test_cluster import NO_NETNS
+    from support.cluster import NO_NETNS
     if NO_NETNS is not None:
         pytest.skip(NO_NETNS)
     state = tmp_path / "hosts"
@@ -215,7 +215,7 @@ def test_a_host_lost_is_left_out_and_answers_stay_exact(smollm2, tmp_path, undis
 
 
 def _cluster_front(smollm2, tmp_path: Path, *args: str, env: dict | None = None):
-    from test_cluster import NO_NETNS
+    from support.cluster import NO_NETNS
     if NO_NETNS is not None:
         pytest.skip(NO_NETNS)
     state = tmp_path / "hosts"

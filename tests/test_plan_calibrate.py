@@ -9,11 +9,11 @@ import logging
 
 import pytest
 
-from support.mpi_util import MPIEXEC, PIPEINFER, PYTHON, launch, run_pipeinfer
-from test_cluster import CLUSTER, needs_cgroups
 from pipeinfer.plan.cost import STEP_SIZES
 from pipeinfer.plan.profile import load
+from support.cluster import CLUSTER, needs_cgroups
 from support.mixed_quants import write_mixed
+from support.mpi_util import MPIEXEC, PIPEINFER, PYTHON, launch, run_pipeinfer
 
 TIMEOUT = 120
 

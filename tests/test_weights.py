@@ -15,11 +15,12 @@ from pathlib import Path
 
 import pytest
 
-from test_cluster import CLUSTER, needs_cgroups
-
 from support import fault_env
+from support.cluster import CLUSTER, needs_cgroups
 from support.llama_oracle import llama_greedy
 from support.mpi_util import PYTHON, launch, mpi_env, run_args, run_pipeinfer
+
+
 
 PROMPT = "def main():\n    return"
 N = 12
