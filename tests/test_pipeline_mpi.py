@@ -217,8 +217,8 @@ IDLE_JOB = textwrap.dedent('''
     """Rank 0 idles while ranks 1..N-1 wait (in the start-up handshake, then in Worker.run);
     rank 0 samples their CPU time from /proc and prints the fraction of wall time used."""
     import json, os, sys, time
-    from pipeinfer.engine.mpi_transport import HeadTransport, Link, WorkerLink
-    from pipeinfer.engine.worker import Worker
+    from pipeinfer.engine.transport.mpi import HeadTransport, Link, WorkerLink
+    from pipeinfer.engine.worker.loop import Worker
 
     SECONDS = float(sys.argv[1])
     TICK = os.sysconf("SC_CLK_TCK")

@@ -202,10 +202,10 @@ WAKE_JOB = textwrap.dedent('''
     samples the worker's CPU time from /proc over SECONDS; `pickup`: rank 0 leaves the worker
     idle for a while, sends it a busy probe and sleeps until the answer wakes it, repeatedly."""
     import json, os, sys, time
-    from pipeinfer.engine import wakeup, wakeup_net
-    from pipeinfer.engine.backoff import IdleBackoff
-    from pipeinfer.engine.mpi_transport import HeadTransport, Link, WorkerLink
-    from pipeinfer.engine.worker import Worker
+    from pipeinfer.engine.transport import wakeup, wakeup_net
+    from pipeinfer.engine.transport.backoff import IdleBackoff
+    from pipeinfer.engine.transport.mpi import HeadTransport, Link, WorkerLink
+    from pipeinfer.engine.worker.loop import Worker
 
     MODE, SECONDS, WAKE = sys.argv[1], float(sys.argv[2]), sys.argv[3] == "wake"
     TICK = os.sysconf("SC_CLK_TCK")
