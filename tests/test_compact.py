@@ -223,6 +223,7 @@ def test_real_compact_file(qwen) -> None:
     assert dst.tensors["output.weight"].ggml_type == Q.Q4_0
 
 
+@pytest.mark.slow
 def test_compact_draft_keeps_the_output_exact(qwen) -> None:
     """pipeinfer with the compact draft emits exactly llama.cpp's greedy tokens."""
     from llama_cpp import Llama

@@ -164,6 +164,7 @@ def test_bad_k_is_a_clear_error(tiny_model: Path, tmp_path: Path) -> None:
 
 # --- the target's answer is unchanged (real mpiexec) ------------------------------------------
 
+@pytest.mark.slow
 @pytest.mark.parametrize("strategy, extra", [("pipeinfer", ["-pa", "0", "-pr", "0"]),
                                              ("speculative", ["-np", "2", "-ps", "0.1"]),
                                              ("specpipe", [])])
@@ -205,6 +206,7 @@ def qwen():
     return cached_models("qwen-coder-1.5b", "qwen-coder-0.5b-q4_0")
 
 
+@pytest.mark.slow
 def test_qwen_reduced_logits_and_specials(qwen) -> None:
     """Qwen2.5-Coder 0.5B (compact) with 32,768 tokens kept: every control and user-defined
     token kept (<|endoftext|>, <|im_end|>, <tool_call>...), bitwise the full draft's
@@ -225,6 +227,7 @@ def test_qwen_reduced_logits_and_specials(qwen) -> None:
     _compare_logits(draft, reduced, vocab, prompt)
 
 
+@pytest.mark.slow
 def test_qwen_answer_unchanged(qwen) -> None:
     """pipeinfer with the reduced compact draft emits exactly llama.cpp's greedy tokens."""
     from llama_cpp import Llama
@@ -245,6 +248,7 @@ def test_qwen_answer_unchanged(qwen) -> None:
     assert result["tokens"] == reference
 
 
+@pytest.mark.slow
 def test_serve_two_requests_at_once_exact(smollm2, tmp_path: Path) -> None:
     """`serve --parallel 2 --draft-vocab` (SmolLM2 drafting for itself over 8,192 of its
     49,152 tokens): each request's draft is a slot of the reduced draft (engine/head/lanes.py),

@@ -23,6 +23,8 @@ from support.failover import (KILL_AFTER, N_TOKENS, PROMPTS, Stream, complete, k
                               streams_going)
 from support.serving import Server
 
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture(scope="module")
 def front(smollm2, tmp_path_factory):

@@ -225,6 +225,7 @@ def test_help_explains_the_options():
 
 # --- exact under mpiexec -------------------------------------------------------------------------
 
+@pytest.mark.slow
 @pytest.mark.smollm2
 @pytest.mark.parametrize("source", ["ngram", "both"])
 @pytest.mark.parametrize("strategy", ["speculative", "pipeinfer"])

@@ -356,6 +356,7 @@ def check_run(r: dict, reference: list[int], source: str) -> None:
         assert model["drafted"] == 0
 
 
+@pytest.mark.slow
 @pytest.mark.smollm2
 @pytest.mark.parametrize("source", ["ngram", "both"])
 def test_smollm2_exact(smollm2, smol_self_draft, code_oracle, source):

@@ -79,6 +79,7 @@ GREEDY_CASES = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("n_ranks,split", GREEDY_CASES,
                          ids=[f"{n}ranks-{s or 'default'}" for n, s in GREEDY_CASES])
 def test_tiny_greedy_equals_llama_cpp(tiny8: Path, n_ranks: int, split: str | None) -> None:
@@ -147,6 +148,7 @@ def _sample(model: Path, n_ranks: int, seed: int) -> list[int]:
     return result["tokens"]
 
 
+@pytest.mark.slow
 def test_seeded_sampling_independent_of_ranks(tiny8: Path) -> None:
     one = _sample(tiny8, 1, 123)
     assert len(one) == N_TINY
@@ -250,6 +252,7 @@ IDLE_JOB = textwrap.dedent('''
 ''')
 
 
+@pytest.mark.slow
 def test_idle_workers_do_not_spin(tmp_path: Path) -> None:
     script = tmp_path / "idle_job.py"
     script.write_text(IDLE_JOB)

@@ -117,6 +117,7 @@ def test_local_transport_exact(tiny, stage_sets, name, delay):
         assert out.counters.runs_speculative > 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(HIERARCHIES))
 @pytest.mark.parametrize("head_layers", [0, 1])
 @pytest.mark.parametrize("lag", [0, 1, 2, 4])
@@ -307,6 +308,7 @@ def mpi_run(n_ranks, tiny, drafts_args, split, *extra, n_predict=N_MPI):
     return launch.json
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name,split", [("aligned", "0,1"), ("unrelated>aligned", "0,1"),
                                         ("first2>aligned", "0,0.5,0.5"),
                                         ("unrelated", "0.25,0.75"),
@@ -449,6 +451,7 @@ def n_ranks_of(split: str) -> int:
     return len(target.split(",")) + len(drafts)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name,split", [("aligned", "0,1/1"), ("unrelated>aligned", "0,1/1/1"),
                                         ("first2>aligned", "0.5,0.5/1/1"),
                                         ("unrelated", "1/1"),

@@ -44,6 +44,7 @@ def test_two_rank_calibration_writes_a_well_formed_profile(profile2, tiny_model)
     assert f"profile: {path}" in out.stdout
 
 
+@pytest.mark.slow
 @needs_cgroups
 def test_calibration_records_each_rank_s_cpu_quota(tiny_model, tmp_path):
     # the simulator charges a head with little more than a core for its loop: it must know
@@ -93,6 +94,7 @@ def _profile_with_a_slow_rank(path, model, slow: int, n: int = 3):
     Profile(ModelId(model.name, content_digest(model)[:32], 4), None, nodes).save(path)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("slow, layers", [(2, [2, 2, 0]), (1, [2, 0, 2])])
 def test_a_rank_left_out_of_the_chain(tiny_model, tmp_path, slow, layers):
     path = tmp_path / f"slow{slow}.json"
@@ -117,6 +119,7 @@ def convertible_draft(tmp_path_factory):
     return write_mixed(f32, d / "mixed-draft.gguf")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("flag,compacted", [([], True), (["--no-compact-draft"], False)])
 def test_calibration_times_the_draft_run_will_load(tiny_model, convertible_draft, tmp_path,
                                                    flag, compacted):

@@ -41,6 +41,7 @@ def test_greedy_and_seeded_resume_exactly(tiny_model, tiny_draft_aligned, strate
     assert_resumes(resumed_runs(tiny_model, strategy, draft, plan))
 
 
+@pytest.mark.slow
 @pytest.mark.smollm2
 def test_smollm2_pipeinfer_resumes_exactly(smollm2):
     plan = [["The three most important inventions are", N, 0.0, 0, CUTS],

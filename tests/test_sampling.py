@@ -226,6 +226,7 @@ def test_seeded_runs_reproducible(rigs, strategy):
     assert runs[0] != runs[2]
 
 
+@pytest.mark.slow
 def test_seeded_cli_reproducible_and_matches_iterative(tiny):
     """The real command (3 MPI ranks, head holding no layers) at --temp 0.8."""
     common = ["-md", str(tiny.aligned), "--temp", "0.8", "-s", "11", "--ignore-eos",
@@ -321,6 +322,7 @@ def test_pit_detects_wrong_distribution(tiny):
     assert stat > chi2_critical(df)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("strategy", SPEC_STRATEGIES)
 def test_token_distribution_matches_target(tiny, rigs, strategy):
     """Over N_SEEDS seeds (temp 1, no top-k/top-p): the first generated token (sampled from

@@ -22,7 +22,7 @@ import pytest
 from support.serve_oracle import N_CTX, chat_tokens, expected
 from support.serving import AUTH, KEY, Server, serving
 
-pytestmark = pytest.mark.smollm2
+pytestmark = [pytest.mark.slow, pytest.mark.smollm2]
 
 
 @pytest.fixture(scope="module")

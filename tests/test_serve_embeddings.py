@@ -25,7 +25,7 @@ from support.llama_oracle import chunked_states, token_states
 from support.serve_oracle import N_CTX, chat_tokens, expected
 from support.serving import AUTH, KEY, Server, openai_client, serving
 
-pytestmark = pytest.mark.smollm2
+pytestmark = [pytest.mark.slow, pytest.mark.smollm2]
 
 TEXTS = ["The quick brown fox jumps over the lazy dog.",
          "Pipelined speculation keeps every stage busy."]

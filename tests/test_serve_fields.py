@@ -18,7 +18,7 @@ from support.llama_oracle import Chain, KeptConversation, chain_greedy, completi
 from support.serve_oracle import N_CTX, assert_schema_answer_exact, chat_tokens, expected
 from support.serving import AUTH, KEY, Server, metric, serving
 
-pytestmark = pytest.mark.smollm2
+pytestmark = [pytest.mark.slow, pytest.mark.smollm2]
 
 REPEATING = "apple, pear, plum, apple, pear, plum, apple, pear,"
 

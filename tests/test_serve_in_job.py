@@ -19,7 +19,7 @@ import pytest
 from support.serve_oracle import N_CTX, expected
 from support.serving import Server
 
-pytestmark = pytest.mark.smollm2
+pytestmark = [pytest.mark.slow, pytest.mark.smollm2]
 
 
 def test_serves_exactly_without_failover_and_ends_on_sigterm(smollm2, tokenizer, tmp_path):

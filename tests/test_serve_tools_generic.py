@@ -21,7 +21,7 @@ from support.serve_oracle import N_CTX, chat_tokens, expected
 from support.serving import KEY, Server, serving
 from support.streamed_calls import add_up, sdk_stream
 
-pytestmark = pytest.mark.smollm2
+pytestmark = [pytest.mark.slow, pytest.mark.smollm2]
 
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "Get the current weather in a city",

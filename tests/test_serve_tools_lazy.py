@@ -26,6 +26,8 @@ from support.serve_oracle import open_tokenizer
 from support.serving import KEY, Server, openai_client, serving
 from support.streamed_calls import add_up, chunk_deltas
 
+pytestmark = pytest.mark.slow
+
 N_CTX = 1024
 WEATHER = [{"type": "function", "function": {
     "name": "get_weather", "description": "Get the current weather in a city",

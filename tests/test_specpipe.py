@@ -93,6 +93,7 @@ def _continue_from_seq0(rig, out, expected: int) -> None:
     assert int(np.argmax(result.logits[-1])) == expected
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("draft", DRAFTS)
 @pytest.mark.parametrize("delay", [0, 1, 3])
 def test_local_transport_exact(tiny, draft, delay):
@@ -102,6 +103,7 @@ def test_local_transport_exact(tiny, draft, delay):
         assert out.counters.flushes > 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("draft", DRAFTS)
 @pytest.mark.parametrize("head_layers", [0, 1])
 @pytest.mark.parametrize("lag", [0, 2])
@@ -117,6 +119,7 @@ def test_stepped_pipeline_exact(tiny, draft, head_layers, lag, abort):
         assert c.tree_hits > 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("width,k", [(1, 1), (2, 3), (6, 2)])
 def test_tree_shapes_exact(tiny, width, k):
     for draft in DRAFTS:
@@ -254,6 +257,7 @@ def reference(tiny):
     return greedy_reference(tiny.target, tiny.prompt, N_MPI)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("draft", DRAFTS)
 @pytest.mark.parametrize("split", ["1", "0,1", "0.5,0.5", "0,0.5,0.5",
                                    "0.25,0.25,0.25,0.25"])

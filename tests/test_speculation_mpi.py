@@ -18,6 +18,8 @@ from support import mpi_util
 from pipeinfer.model.partition import StageRange
 from support.tiny_set import PROMPT, greedy_reference
 
+pytestmark = pytest.mark.slow
+
 SPEC_STRATEGIES = ("speculative", "pipeinfer")
 N_TINY = 40
 N_LONG = 1000

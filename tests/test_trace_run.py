@@ -21,6 +21,7 @@ def _records(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("strategy, ranks", [("pipeinfer", 3), ("iterative", 2),
                                              ("specpipe", 3), ("pipespec", 3)])
 def test_trace_of_a_real_run(tiny_model, tiny_draft_aligned, tmp_path, strategy, ranks):

@@ -20,6 +20,8 @@ from support.cluster import CLUSTER, needs_cgroups
 from support.llama_oracle import llama_greedy
 from support.mpi_util import PYTHON, launch, mpi_env, run_args, run_pipeinfer
 
+pytestmark = pytest.mark.slow
+
 
 
 PROMPT = "def main():\n    return"
