@@ -52,8 +52,9 @@ class Rig:
     """Target stages (head slice + worker slices) and a draft, loaded once; `run` clears
     every KV cache and performs one generation. Use as a context manager."""
 
-    def __init__(self, tiny: TinySet, draft=None, *, spec: SpecOptions = SpecOptions(draft_thread=False),
-                 head_layers: int = 1, n_workers: int = 2):
+    def __init__(self, tiny: TinySet, draft=None, *,
+                 spec: SpecOptions = SpecOptions(draft_thread=False), head_layers: int = 1,
+                 n_workers: int = 2):
         self.tiny, self.spec, self.head_layers = tiny, spec, head_layers
         self.cfg = self._config("pipeinfer", N_PREDICT, SamplingParams())
         pool = self.cfg.pool()
@@ -91,8 +92,8 @@ class Rig:
                 n_ctx: int = N_CTX) -> JobConfig:
         return JobConfig(model=str(self.tiny.target), drafts=(str(self.tiny.aligned),),
                          strategy=strategy, n_ctx=n_ctx, n_batch=N_BATCH, spec=self.spec,
-                         repack=False,
-                         request=RequestConfig(PROMPT, n_predict=n_predict, sampling=sampling))   # (runs up to 7 tokens: the plain layout's exact size)
+                         repack=False,   # (runs up to 7 tokens: the plain layout's exact size)
+                         request=RequestConfig(PROMPT, n_predict=n_predict, sampling=sampling))
 
     def close(self) -> None:
         for stage in self.stages:
@@ -132,8 +133,9 @@ class Rig:
         return Outcome(gen, pool, stats, tr, seq0)
 
 
-def run_inprocess(tiny: TinySet, strategy: str, draft, *, spec: SpecOptions = SpecOptions(draft_thread=False),
-                  head_layers: int = 1, n_workers: int = 2, **kw) -> Outcome:
+def run_inprocess(tiny: TinySet, strategy: str, draft, *,
+                  spec: SpecOptions = SpecOptions(draft_thread=False), head_layers: int = 1,
+                  n_workers: int = 2, **kw) -> Outcome:
     """One generation with `strategy` on freshly loaded stages. `draft` is a GGUF path (a
     real Drafter is built) or an object with the Drafter interface."""
     with Rig(tiny, draft, spec=spec, head_layers=head_layers, n_workers=n_workers) as rig:
