@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from mpi_util import PYTHON, launch
+from support.mpi_util import PYTHON, launch
 
 ROOT = Path(__file__).resolve().parents[1]
 RUNNER = ROOT / "experiments" / "run_experiments.py"

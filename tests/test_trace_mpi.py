@@ -15,7 +15,7 @@ import time
 import numpy as np
 import pytest
 
-from mpi_util import PYTHON, launch, mpi_command
+from support.mpi_util import PYTHON, launch, mpi_command
 from pipeinfer.model.stage import StageAborted
 from pipeinfer.schedule.transaction import DecodeTx
 from pipeinfer.engine.worker.local import LocalTransport
