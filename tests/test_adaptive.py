@@ -13,8 +13,7 @@ import pytest
 from pipeinfer.schedule import actions as A
 from pipeinfer.schedule.adaptive import AdaptivePipeInfer
 from pipeinfer.schedule.events import DraftInterrupted, DraftReady, Start, Tick
-
-from test_schedule import PROMPT, TARGET, Script, make, of
+from support.schedule_script import PROMPT, Script, TARGET, make, of
 
 P = len(PROMPT)
 

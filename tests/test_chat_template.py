@@ -5,13 +5,12 @@ system message, which llama.cpp's built-in C++ rendering of "chatml" leaves out)
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
-from pipeinfer.model import models
 from pipeinfer.model.chat_template import ChatTemplate, ChatTemplateError
 from pipeinfer.model.tokenizer import Tokenizer
+from support.cached_models import cached_models
+from support.llama_oracle import llama_chat_tokens
 
 CONVERSATIONS = [
     [{"role": "user", "content": "Hello!"}],
@@ -22,41 +21,10 @@ CONVERSATIONS = [
     [{"role": "user", "content": "def f(x):\n    return x  # fix me\n"}],
 ]
 
-_ORACLES: dict[str, tuple] = {}
-
-
-def llama_chat_tokens(model: Path, messages: list[dict], tools: list | None = None) -> list[int]:
-    """llama-cpp-python's prompt for `messages` with the GGUF's template: its
-    Jinja2ChatFormatter with the BOS / EOS texts it reads from the vocabulary, tokenized as
-    its chat handler does (no BOS added: the template's own special tokens are parsed)."""
-    from llama_cpp import Llama
-    from llama_cpp.llama_chat_format import Jinja2ChatFormatter
-
-    if str(model) not in _ORACLES:
-        llm = Llama(model_path=str(model), vocab_only=True, verbose=False)
-        bos, eos = llm.token_bos(), llm.token_eos()
-        formatter = Jinja2ChatFormatter(
-            template=llm.metadata["tokenizer.chat_template"],
-            eos_token=llm._model.token_get_text(eos) if eos != -1 else "",
-            bos_token=llm._model.token_get_text(bos) if bos != -1 else "")
-        _ORACLES[str(model)] = (llm, formatter)
-    llm, formatter = _ORACLES[str(model)]
-    result = formatter(messages=messages, tools=tools)
-    return llm.tokenize(result.prompt.encode("utf-8"), add_bos=not result.added_special,
-                        special=True)
-
-
-def _qwen() -> Path:
-    try:
-        return models.resolve_model("qwen-coder-0.5b", fetch_missing=False)
-    except models.ModelError as err:
-        pytest.skip(f"Qwen2.5-Coder 0.5B is not cached: {err}")
-
-
 @pytest.mark.smollm2
 @pytest.mark.parametrize("which", ["smollm2", "qwen"])
 def test_chat_prompt_equals_llama_cpp_python_jinja(which, smollm2):
-    model = smollm2 if which == "smollm2" else _qwen()
+    model = smollm2 if which == "smollm2" else cached_models("qwen-coder-0.5b")[0]
     tokenizer = Tokenizer(model)
     try:
         for messages in CONVERSATIONS:

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mpi_util import launch, mpmd_command, run_args, run_pipeinfer
+from support.mpi_util import launch, mpmd_command, run_args, run_pipeinfer
 
 TIMEOUT = 60
 PROMPT = "def main():"
@@ -120,6 +120,7 @@ def _good_tokens(models, env) -> list[int]:
     return res.json["tokens"]
 
 
+@pytest.mark.slow
 def test_model_missing_on_one_rank(models, cache_env) -> None:
     """Only rank 0 needs the model: a worker whose -m does not exist takes rank 0's."""
     res = _mpmd(models, models["missing"], cache_env)
@@ -127,6 +128,7 @@ def test_model_missing_on_one_rank(models, cache_env) -> None:
     assert res.json["tokens"] == _good_tokens(models, cache_env)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("variant", ["truncated", "wrong_shape"])
 def test_other_model_on_one_rank_is_replaced(models, tmp_path, variant) -> None:
     """A worker whose copy of the model is not rank 0's says so and receives its slice from
@@ -143,6 +145,7 @@ def test_other_model_on_one_rank_is_replaced(models, tmp_path, variant) -> None:
     assert res.json["tokens"] == _good_tokens(models, env0)
 
 
+@pytest.mark.slow
 def test_stage_load_failure_on_one_rank(models, tmp_path) -> None:
     """Rank 1's cached slice holds a tensor llama.cpp refuses: the load error names the rank."""
     from pipeinfer.model.slicing import model_info, read_model, write_stage

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import signal
 import socket
 import statistics
@@ -21,47 +20,13 @@ from pathlib import Path
 
 import pytest
 
-from mpi_util import PIPEINFER, PYTHON, launch, run_pipeinfer
+from support.cluster import CLUSTER, NO_NETNS, needs_cgroups, needs_netns
+from support.mpi_util import PIPEINFER, PYTHON, launch, run_pipeinfer
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "experiments"))
 import linkhub  # noqa: E402  (experiments/linkhub.py: cluster.py's userspace links)
-from cpu_quota import CGROUP_V1, CGROUP_V2, QuotaError, controller  # noqa: E402
-
-CLUSTER = ROOT / "experiments" / "cluster.py"
-
-
-def _why_no_cgroups() -> str | None:
-    if os.geteuid() != 0:
-        return "the cluster emulation needs root (cgroups, network namespaces)"
-    try:
-        root, _ = controller()
-    except QuotaError as err:
-        return str(err)
-    probe = root / f"pitest-probe-{os.getpid()}"
-    try:
-        probe.mkdir()
-        probe.rmdir()
-    except OSError as err:
-        return f"cgroup fs {root} is not writable: {err}"
-    return None
-
-
-def _why_no_netns() -> str | None:
-    if shutil.which("ip") is None or shutil.which("tc") is None:
-        return "iproute2 (ip, tc) is not installed"
-    name = f"ptprobe{os.getpid()}"
-    result = subprocess.run(["ip", "netns", "add", name], capture_output=True, text=True)
-    if result.returncode != 0:
-        return f"cannot create network namespaces: {result.stderr.strip()}"
-    subprocess.run(["ip", "netns", "del", name], capture_output=True)
-    return None
-
-
-NO_CGROUPS = _why_no_cgroups()
-NO_NETNS = NO_CGROUPS or _why_no_netns()
-needs_cgroups = pytest.mark.skipif(NO_CGROUPS is not None, reason=str(NO_CGROUPS))
-needs_netns = pytest.mark.skipif(NO_NETNS is not None, reason=str(NO_NETNS))
+from cpu_quota import CGROUP_V1, CGROUP_V2  # noqa: E402
 
 
 def netns_list() -> list[str]:

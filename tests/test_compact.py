@@ -17,21 +17,12 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as Q
 
-import mpi_util
 from pipeinfer.model import compact, draft_cache, models, tinymodel
 from pipeinfer.model.compact import compact_copy, converts
 from pipeinfer.model.gguf_header import read_header
 from pipeinfer.model.models import ModelError, resolve_model
-
-# Per tensor name (less a block's "blk.N."), the type the mixed tiny model stores it in (the
-# rest: F32).
-MIXED = {"token_embd.weight": Q.Q8_0, "output.weight": Q.Q8_0, "attn_q.weight": Q.Q5_0,
-         "attn_k.weight": Q.Q5_1, "attn_v.weight": Q.Q8_0, "attn_output.weight": Q.F16,
-         "ffn_gate.weight": Q.Q4_0, "ffn_up.weight": Q.Q5_0, "ffn_down.weight": Q.Q8_0}
-
-
-def _mixed_type(name: str) -> Q:
-    return MIXED.get(name.split(".", 2)[2] if name.startswith("blk.") else name, Q.F32)
+from support import mpi_util
+from support.mixed_quants import write_mixed
 
 
 @pytest.fixture(scope="module")
@@ -40,31 +31,7 @@ def mixed(tmp_path_factory: pytest.TempPathFactory) -> Path:
     write Q6_K: the real-file test covers it)."""
     d = tmp_path_factory.mktemp("compact")
     f32 = tinymodel.write_tiny_llama(d / "f32.gguf", n_layer=2, seed=5)
-
-    def requant(t):
-        q = _mixed_type(t.name)
-        return None if q == Q.F32 else gguf.quants.quantize(np.array(t.data), q)
-
-    return _copy_with(f32, d / "mixed.gguf", requant)
-
-
-def _copy_with(src: Path, dst: Path, tensor) -> Path:
-    """tinymodel.copy_gguf, but ``tensor(t)`` may return raw quantized blocks."""
-    reader = gguf.GGUFReader(src)
-    w = gguf.GGUFWriter(dst, reader.fields["general.architecture"].contents())
-    for f in reader.fields.values():
-        if f.name != "general.architecture" and not f.name.startswith("GGUF."):
-            sub = f.types[-1] if f.types[0] == gguf.GGUFValueType.ARRAY else None
-            w.add_key_value(f.name, f.contents(), f.types[0], sub_type=sub)
-    for t in reader.tensors:
-        data = tensor(t)
-        q = t.tensor_type if data is None else _mixed_type(t.name)
-        w.add_tensor(t.name, np.array(t.data) if data is None else data, raw_dtype=q)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return dst
+    return write_mixed(f32, d / "mixed.gguf")
 
 
 @pytest.fixture(scope="module")
@@ -256,11 +223,12 @@ def test_real_compact_file(qwen) -> None:
     assert dst.tensors["output.weight"].ggml_type == Q.Q4_0
 
 
+@pytest.mark.slow
 def test_compact_draft_keeps_the_output_exact(qwen) -> None:
     """pipeinfer with the compact draft emits exactly llama.cpp's greedy tokens."""
     from llama_cpp import Llama
 
-    from test_pipeline_mpi import llama_greedy
+    from support.llama_oracle import llama_greedy
 
     target, _, draft = qwen
     llm = Llama(model_path=str(target), n_ctx=256, vocab_only=True, verbose=False)

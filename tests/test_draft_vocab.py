@@ -17,8 +17,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import mpi_util
-from cached_models import cached_models
 from pipeinfer.engine.drafting.drafter import Drafter, DraftParams
 from pipeinfer.model import tinymodel
 from pipeinfer.model.draft_vocab import (DraftVocabError, choose_kept, read_kept, reduced_draft,
@@ -28,9 +26,11 @@ from pipeinfer.model.embedding import Embedder
 from pipeinfer.model.gguf_header import read_header
 from pipeinfer.model.stage import Stage, StageConfig
 from pipeinfer.model.tokenizer import Tokenizer
-from test_speculation_unit import PROMPT, greedy_reference, make_tiny_set
+from support import mpi_util
+from support.cached_models import cached_models
+from support.reduced_drafts import K_QWEN, K_TINY, QWEN_PROMPT, run_json
+from support.tiny_set import PROMPT, greedy_reference
 
-K_TINY = 200
 CONFIG = StageConfig(n_ctx=256, n_batch=64, n_seq_max=4, n_threads=1)
 
 
@@ -164,20 +164,7 @@ def test_bad_k_is_a_clear_error(tiny_model: Path, tmp_path: Path) -> None:
 
 # --- the target's answer is unchanged (real mpiexec) ------------------------------------------
 
-@pytest.fixture(scope="module")
-def tiny(request, tmp_path_factory):
-    return make_tiny_set(request, tmp_path_factory)
-
-
-def run_json(n_ranks, model, *args, n_predict, timeout=180, prompt=PROMPT) -> dict:
-    """The --json result of a successful `pipeinfer run --ignore-eos` under mpiexec -n N_RANKS."""
-    launch = mpi_util.run_pipeinfer(n_ranks, model, prompt, "--ignore-eos", *args,
-                                    n_predict=n_predict, timeout=timeout)
-    assert launch.rc == 0 and not launch.timed_out, launch.describe()
-    assert "Traceback" not in launch.stderr, launch.describe()
-    return launch.json
-
-
+@pytest.mark.slow
 @pytest.mark.parametrize("strategy, extra", [("pipeinfer", ["-pa", "0", "-pr", "0"]),
                                              ("speculative", ["-np", "2", "-ps", "0.1"]),
                                              ("specpipe", [])])
@@ -211,9 +198,6 @@ def test_cli_refuses_bad_draft_vocab(tiny, args: list[str], message: str) -> Non
 
 # --- the real files (skipped unless cached) ----------------------------------------------------
 
-QWEN_PROMPT = ("Write a Python function that parses a CSV file of transactions (date, amount, "
-               "category) and returns the total amount per category.")
-K_QWEN = 32768
 
 
 @pytest.fixture(scope="module")
@@ -222,6 +206,7 @@ def qwen():
     return cached_models("qwen-coder-1.5b", "qwen-coder-0.5b-q4_0")
 
 
+@pytest.mark.slow
 def test_qwen_reduced_logits_and_specials(qwen) -> None:
     """Qwen2.5-Coder 0.5B (compact) with 32,768 tokens kept: every control and user-defined
     token kept (<|endoftext|>, <|im_end|>, <tool_call>...), bitwise the full draft's
@@ -242,11 +227,12 @@ def test_qwen_reduced_logits_and_specials(qwen) -> None:
     _compare_logits(draft, reduced, vocab, prompt)
 
 
+@pytest.mark.slow
 def test_qwen_answer_unchanged(qwen) -> None:
     """pipeinfer with the reduced compact draft emits exactly llama.cpp's greedy tokens."""
     from llama_cpp import Llama
 
-    from test_pipeline_mpi import llama_greedy
+    from support.llama_oracle import llama_greedy
 
     target, draft = qwen
     n = 48
@@ -262,6 +248,7 @@ def test_qwen_answer_unchanged(qwen) -> None:
     assert result["tokens"] == reference
 
 
+@pytest.mark.slow
 def test_serve_two_requests_at_once_exact(smollm2, tmp_path: Path) -> None:
     """`serve --parallel 2 --draft-vocab` (SmolLM2 drafting for itself over 8,192 of its
     49,152 tokens): each request's draft is a slot of the reduced draft (engine/head/lanes.py),
@@ -270,7 +257,8 @@ def test_serve_two_requests_at_once_exact(smollm2, tmp_path: Path) -> None:
 
     import httpx
 
-    from test_serve import N_CTX, Server, expected
+    from support.serving import Server
+    from support.serve_oracle import N_CTX, expected
 
     srv = Server(tmp_path, 2, "-m", str(smollm2), "-md", str(smollm2), "--strategy",
                  "pipeinfer", "--layer-split", "0,1", "-c", str(N_CTX), "--parallel", "2",

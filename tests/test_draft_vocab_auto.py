@@ -17,22 +17,17 @@ from dataclasses import replace
 
 import pytest
 
-import mpi_util
-from cached_models import cached_models
 from pipeinfer.config.drafts import AUTO
 from pipeinfer.config.job import JobConfig
 from pipeinfer.engine.files.draft_files import settle_drafts
 from pipeinfer.model.draft_vocab import DRAFT_VOCAB_VERSION
 from pipeinfer.schedule.options import SpecOptions
-from test_draft_vocab import K_QWEN, K_TINY, QWEN_PROMPT, run_json
-from test_speculation_unit import PROMPT, greedy_reference, make_tiny_set
+from support import mpi_util
+from support.cached_models import cached_models
+from support.reduced_drafts import K_QWEN, K_TINY, QWEN_PROMPT, run_json
+from support.tiny_set import PROMPT, greedy_reference
 
 SPECULATING = ("pipeinfer", "speculative", "specpipe")
-
-
-@pytest.fixture(scope="module")
-def tiny(request, tmp_path_factory):
-    return make_tiny_set(request, tmp_path_factory)
 
 
 @pytest.fixture(scope="module")
@@ -82,6 +77,7 @@ def test_auto_is_32768_for_pipeinfer_on_4_ranks_with_the_qwen_pair(qwen) -> None
         settle_drafts(replace(cfg, strategy="pipespec", draft_vocab=64), 4)
 
 
+@pytest.mark.slow
 def test_qwen_default_drafts_over_32768_tokens_on_4_ranks_same_answer(qwen) -> None:
     """`pipeinfer run` without --draft-vocab on 4 ranks: the run reports K = 32768 and emits
     the tokens of --draft-vocab 0; on 2 ranks the default is the full vocabulary."""
@@ -100,6 +96,7 @@ def test_qwen_default_drafts_over_32768_tokens_on_4_ranks_same_answer(qwen) -> N
     assert two["draft_vocab"] == 0 and two["tokens"] == full["tokens"][:4]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("strategy", ["pipeinfer", "pipespec"])
 def test_tiny_default_runs_as_before(tiny, strategy: str) -> None:
     """The default with the tiny pair (a small vocabulary), pipespec too: no error, the full
@@ -120,6 +117,7 @@ def test_cli_refuses_a_draft_vocab_that_is_no_number(tiny, value: str) -> None:
         launch.describe()
 
 
+@pytest.mark.slow
 def test_auto_split_times_the_reduced_draft(tiny, tmp_path) -> None:
     """--layer-split auto with --draft-vocab K: the profile's draft is the reduced copy the
     head runs (its file name ends with -k<K>-v<N>.gguf), timed; the tokens are the greedy

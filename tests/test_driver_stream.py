@@ -12,7 +12,9 @@ from pipeinfer.engine.head.generate import Drafting, driver_for
 from pipeinfer.engine.head.pipeline import Pipeline
 from pipeinfer.model.sampling import Sampler, SamplingParams
 from pipeinfer.schedule.generation import Generation, Request
-from test_speculation_unit import N_BATCH, Rig, SteppedTransport, tiny  # noqa: F401
+from support.rig import Rig
+from support.stepped_transport import SteppedTransport
+from support.tiny_set import N_BATCH
 
 N_PREDICT = 24
 

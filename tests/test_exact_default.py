@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import pytest
 
-import mpi_util
-from cached_models import cached_models
-from test_pipeline_mpi import llama_greedy
+from support import mpi_util
+from support.cached_models import cached_models
+from support.llama_oracle import llama_greedy
+
+pytestmark = pytest.mark.slow
 
 PROMPT = ("Write a Python function that parses a CSV file of transactions (date, amount, "
           "category) and returns the total amount per category.")

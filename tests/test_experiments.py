@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from mpi_util import PYTHON, launch
+from support.mpi_util import PYTHON, launch
 
 ROOT = Path(__file__).resolve().parents[1]
 RUNNER = ROOT / "experiments" / "run_experiments.py"
@@ -204,11 +204,7 @@ def test_plot_orders_settings_by_node_count(tmp_path):
 def test_plot_scaling_chart_from_fixed_cpu_per_node(tmp_path):
     """bench_peers --cpu-per-node rows (settings Nn-0.25c): scaling.png, a line per system,
     llama.cpp's speculative decoding at its best draft max per node count."""
-    import sys
-
-    sys.path.insert(0, str(PLOT.parent))
-    from plot import scaling_series
-
+    from pipeinfer.report.charts import scaling_series
     from pipeinfer.report.results import read_rows
 
     path = tmp_path / "scaling.csv"

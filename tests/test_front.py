@@ -6,7 +6,6 @@ process behind."""
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import signal
@@ -19,50 +18,12 @@ from pathlib import Path
 import httpx
 import pytest
 
-import mpi_util
+from support import mpi_util
+from support.failover import (KILL_AFTER, N_TOKENS, PROMPTS, Stream, complete, kill_mid_stream,
+                              streams_going)
 from support.serving import Server
 
-PROMPTS = ["def quicksort(arr):", "The capital of France is", "import numpy as np\n",
-           "Once upon a time,"]
-N_TOKENS = 64
-KILL_AFTER = 12     # chunks every stream has when a rank is killed
-
-
-def complete(url: str, prompt: str, **fields) -> str:
-    body = {"prompt": prompt, "max_tokens": N_TOKENS, "temperature": 0, **fields}
-    r = httpx.post(url + "/v1/completions", json=body, timeout=300)
-    assert r.status_code == 200, r.text
-    return r.json()["choices"][0]["text"]
-
-
-class Stream(threading.Thread):
-    """One streamed completion on a thread: its chunks' text, and any error object."""
-
-    def __init__(self, url: str, prompt: str, **fields):
-        super().__init__(daemon=True)
-        self.url, self.chunks, self.error, self.done = url, [], None, False
-        self.body = {"prompt": prompt, "max_tokens": N_TOKENS, "temperature": 0,
-                     "stream": True, **fields}
-
-    def run(self) -> None:
-        try:
-            with httpx.stream("POST", self.url + "/v1/completions", json=self.body,
-                              timeout=300) as r:
-                for line in r.iter_lines():
-                    if line == "data: [DONE]":
-                        self.done = True
-                    elif line.startswith("data: "):
-                        obj = json.loads(line[6:])
-                        if "error" in obj:
-                            self.error = obj
-                        else:
-                            self.chunks.append(obj["choices"][0]["text"])
-        except Exception as err:  # noqa: BLE001 (checked by the test)
-            self.error = repr(err)
-
-    @property
-    def text(self) -> str:
-        return "".join(self.chunks)
+pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
@@ -81,39 +42,9 @@ def undisturbed(front):
     return {p: complete(front.url, p) for p in PROMPTS}
 
 
-def _streams_going(front, **fields) -> list[Stream]:
-    """Four concurrent streams, once each has KILL_AFTER chunks."""
-    streams = [Stream(front.url, p, **fields) for p in PROMPTS]
-    for s in streams:
-        s.start()
-    deadline = time.monotonic() + 120
-    while any(len(s.chunks) < KILL_AFTER and s.is_alive() for s in streams):
-        assert time.monotonic() < deadline, "the streams did not get going"
-        time.sleep(0.01)
-    return streams
-
-def _kill_mid_stream(front, rank: int, **fields) -> tuple[list[Stream], dict]:
-    """Four concurrent streams; once each has KILL_AFTER chunks, SIGKILL `rank` of the job;
-    the streams' ends and /health while the job was being replaced."""
-    before = front.wait_ready()
-    streams = _streams_going(front, **fields)
-    pid = next(r["pid"] for r in before["ranks"] if r["rank"] == rank)
-    os.kill(pid, signal.SIGKILL)
-    statuses = set()
-    while True:   # until a new job takes requests
-        r = front.health()
-        statuses.add((r.status_code, r.json().get("status")))
-        if r.status_code == 200 and r.json()["job"] > before["job"]:
-            break
-        time.sleep(0.05)
-    for s in streams:
-        s.join(240)
-    return streams, {"statuses": statuses, "before": before}
-
-
 @pytest.mark.parametrize("rank", [1, 0], ids=["worker", "head"])
 def test_streams_resume_exactly_after_a_rank_is_killed(front, undisturbed, rank):
-    streams, seen = _kill_mid_stream(front, rank)
+    streams, seen = kill_mid_stream(front, rank)
     for s, prompt in zip(streams, PROMPTS):
         assert s.error is None and s.done, (s.error, front.stderr[-3000:])
         assert s.text == undisturbed[prompt], (prompt, s.text, undisturbed[prompt])
@@ -137,7 +68,7 @@ def test_a_rank_killed_while_the_next_job_loads(front, undisturbed):
     replaces it dies while that job is still starting (before it takes requests); the job
     after that takes them, and every answer equals the undisturbed one."""
     before = front.wait_ready()
-    streams = _streams_going(front)
+    streams = streams_going(front)
     old = set(front.job_processes())
     os.kill(next(r["pid"] for r in before["ranks"] if r["rank"] == 1), signal.SIGKILL)
     deadline = time.monotonic() + 60
@@ -163,7 +94,7 @@ def _cmdline(pid: int) -> str:
 def test_seeded_sampling_resumes_identically(front):
     fields = {"temperature": 0.9, "seed": 1234, "top_k": 40, "top_p": 0.95}
     reference = {p: complete(front.url, p, **fields) for p in PROMPTS}
-    streams, _ = _kill_mid_stream(front, 2, **fields)
+    streams, _ = kill_mid_stream(front, 2, **fields)
     for s, prompt in zip(streams, PROMPTS):
         assert s.error is None and s.done, s.error
         assert s.text == reference[prompt], (prompt, s.text, reference[prompt])
@@ -250,13 +181,13 @@ def test_a_bad_hostfile_is_one_line(tmp_path, smollm2) -> None:
 # --- a host lost, on the emulated cluster (experiments/cluster.py --as-mpiexec) -----------
 
 def _cluster_launcher(state: Path) -> str:
-    from test_cluster import CLUSTER
+    from support.cluster import CLUSTER
     return (f"{sys.executable} {CLUSTER} --cpu 0.5 --link gigabit --state {state} "
             "--as-mpiexec")
 
 
 def test_a_host_lost_is_left_out_and_answers_stay_exact(smollm2, tmp_path, undisturbed):
-    from test_cluster import NO_NETNS
+    from support.cluster import NO_NETNS
     if NO_NETNS is not None:
         pytest.skip(NO_NETNS)
     state = tmp_path / "hosts"
@@ -286,7 +217,7 @@ def test_a_host_lost_is_left_out_and_answers_stay_exact(smollm2, tmp_path, undis
 
 
 def _cluster_front(smollm2, tmp_path: Path, *args: str, env: dict | None = None):
-    from test_cluster import NO_NETNS
+    from support.cluster import NO_NETNS
     if NO_NETNS is not None:
         pytest.skip(NO_NETNS)
     state = tmp_path / "hosts"
@@ -484,7 +415,7 @@ def test_speculating_lanes_resume_exactly(smollm2, tmp_path, undisturbed):
                 "pipeinfer", "--parallel", "4", "--no-cache-prompt")
     try:
         srv.wait_ready()
-        streams, _ = _kill_mid_stream(srv, 1)
+        streams, _ = kill_mid_stream(srv, 1)
         for s, prompt in zip(streams, PROMPTS):
             assert s.error is None and s.done, s.error
             assert s.text == undisturbed[prompt], (prompt, s.text, undisturbed[prompt])
@@ -507,7 +438,7 @@ def test_embeddings_and_tool_calls_come_through_the_front(front, smollm2):
     server (tests/test_serve_tools_generic.py, tests/test_serve_embeddings.py)."""
     import numpy as np
 
-    from llama_oracle import token_states
+    from support.llama_oracle import token_states
     from pipeinfer.engine.head.embedding_job import MEAN, pool
 
     front.wait_ready()

@@ -19,8 +19,8 @@ import httpx
 import pytest
 
 from pipeinfer.front.watchdog import Watchdog, stopped_ranks
+from support.failover import KILL_AFTER, PROMPTS, Stream, complete, kill_mid_stream
 from support.serving import Server
-from test_front import KILL_AFTER, PROMPTS, Stream, _kill_mid_stream, complete
 
 STALL_S = 5.0
 RELAUNCH_S = 40.0   # a relaunch of SmolLM2 on 3 ranks from the stage caches, loaded machine
@@ -66,6 +66,7 @@ def _wait_streams(streams: list[Stream], chunks: int) -> None:
         time.sleep(0.01)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("rank", [1, 0], ids=["worker", "head"])
 def test_a_stopped_rank_is_killed_and_the_streams_resume_exactly(watched, reference, rank):
     before = watched.wait_ready()
@@ -96,9 +97,10 @@ def test_a_stopped_rank_is_killed_and_the_streams_resume_exactly(watched, refere
     assert after["job"] == before["job"] + 1
 
 
+@pytest.mark.slow
 def test_the_trace_records_a_kill_the_new_job_and_the_resumed_requests(watched, reference):
     t0 = time.monotonic()
-    streams, seen = _kill_mid_stream(watched, 2)
+    streams, seen = kill_mid_stream(watched, 2)
     for s, prompt in zip(streams, PROMPTS):
         assert s.error is None and s.done, s.error
         assert s.text == reference[prompt]
@@ -121,6 +123,7 @@ def test_the_trace_records_a_kill_the_new_job_and_the_resumed_requests(watched, 
     assert 0 < recovered["seconds"] < 60
 
 
+@pytest.mark.slow
 def test_the_trace_says_why_a_hung_job_ended(watched):
     stalls = [r for r in _records(watched) if r["name"] == "stall"]
     assert stalls and stalls[0]["stopped"] and stalls[0]["quiet_s"] >= STALL_S, stalls
@@ -129,6 +132,7 @@ def test_the_trace_says_why_a_hung_job_ended(watched):
     assert end["reason"].startswith("no progress for") and end["failed_rank"] == 1, end
 
 
+@pytest.mark.slow
 def test_an_idle_job_is_never_taken_for_hung_even_with_a_rank_stopped(watched, reference):
     """Idle for over twice the stall timeout, a worker stopped meanwhile: no restart (nothing
     was asked of it); the next request finds the job hung, and gets its answer from a new
@@ -148,6 +152,7 @@ def test_an_idle_job_is_never_taken_for_hung_even_with_a_rank_stopped(watched, r
     assert _gone(pid)
 
 
+@pytest.mark.slow
 def test_a_stopped_head_is_found_by_a_metrics_scrape(watched):
     """Idle, the head stopped: /metrics (a call the head answers) waits the stall timeout,
     then gets the front's own metrics; the job is replaced."""
@@ -170,6 +175,7 @@ def test_a_stopped_head_is_found_by_a_metrics_scrape(watched):
     assert "0 request(s) and 1 call(s) under way" in watched.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("strategy", ["iterative", "pipeinfer"])
 def test_a_slow_prompt_keeps_beating(smollm2, tmp_path, strategy):
     """A long prompt evaluated in small chunks takes several stall timeouts before its first
@@ -227,7 +233,7 @@ def test_stopped_ranks_are_read_from_proc() -> None:
 
 def test_trace_without_ranks_is_refused(smollm2, tmp_path) -> None:
     """--trace is the front's: a server that is its own job (no --ranks) has none."""
-    import mpi_util
+    from support import mpi_util
     res = subprocess.run([str(mpi_util.PIPEINFER), "serve", "--trace", str(tmp_path / "t"),
                           "-m", str(smollm2)], capture_output=True, text=True, timeout=60)
     assert res.returncode == 2 and "--trace go with --ranks" in res.stderr, res.stderr

@@ -13,6 +13,7 @@ from pipeinfer.engine.drafting.ngram_drafts import NgramDrafts
 from pipeinfer.schedule.counters import Counters
 from pipeinfer.model.grammar import json_grammar
 from pipeinfer.schedule.actions import DraftJob
+from support.scripted_draft import ScriptedDrafter
 
 pytestmark = pytest.mark.smollm2
 
@@ -20,26 +21,6 @@ SCHEMA = {"type": "object", "properties": {"name": {"type": "string"},
                                            "age": {"type": "integer"}},
           "required": ["name", "age"]}
 PROMPT = (1, 2, 3)
-
-
-class ScriptedDrafter:
-    """The draft model's side: returns the branches it was given, and says when it ran."""
-
-    def __init__(self, branches):
-        self.branches, self.calls, self.n_held = branches, 0, 7
-        self.steps = 0   # tokens of branch 0 the "model" drafted
-
-    def draft(self, context, params, cutoff, max_tokens=None, should_stop=None,
-              stop_at=None):
-        self.calls += 1
-        main = []
-        for token in self.branches[0]:   # as Drafter.draft: stop_at after each token
-            main.append(token)
-            if stop_at is not None and stop_at(main):
-                break
-        self.steps += len(main)
-        branches = [main] + [list(b) for b in self.branches[1:]]
-        return branches, [0.9] * len(main)
 
 
 def drafter_for(tokenizer, branches, free=True):

@@ -16,8 +16,8 @@ from pipeinfer.model.grammar import GrammarError
 from pipeinfer.model.tokenizer import Tokenizer
 from pipeinfer.serve import tool_formats
 from pipeinfer.api.tool_calls import NATIVE, OPEN, ToolChoice
-from test_chat_template import _qwen
-from test_grammar_drafts import ScriptedDrafter
+from support.cached_models import cached_models
+from support.scripted_draft import ScriptedDrafter
 
 WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
     "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
@@ -27,7 +27,7 @@ PROMPT = (1, 2, 3)
 
 @pytest.fixture(scope="module")
 def qwen():
-    tok = Tokenizer(_qwen())
+    tok = Tokenizer(cached_models("qwen-coder-0.5b")[0])
     yield tok
     tok.close()
 

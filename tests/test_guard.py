@@ -68,15 +68,11 @@ def test_threshold_zero_is_off():
 import pytest  # noqa: E402
 
 from pipeinfer.schedule.options import SpecOptions  # noqa: E402
-from test_speculation_unit import (PERFECT, USELESS, ScriptedDraft, SteppedTransport,  # noqa: E402
-                                   check_consistent, make_tiny_set, run_inprocess)
+from support.rig import check_consistent, run_inprocess  # noqa: E402
+from support.scripted_draft import PERFECT, ScriptedDraft, USELESS  # noqa: E402
+from support.stepped_transport import SteppedTransport  # noqa: E402
 
 N = 40
-
-
-@pytest.fixture(scope="module")
-def tiny(request, tmp_path_factory):
-    return make_tiny_set(request, tmp_path_factory)
 
 
 def go(tiny, strategy, plans, guard_accept):
@@ -118,10 +114,7 @@ def test_speculation_returns_when_drafts_recover(tiny, strategy):
 from pipeinfer.engine.drafting.ngram_drafts import NgramDrafts  # noqa: E402
 from pipeinfer.schedule.actions import PolicyChanged  # noqa: E402
 from pipeinfer.schedule.pipeinfer import PipeInfer  # noqa: E402
-from test_ngram import PATTERN, PROMPT, drive, make  # noqa: E402
-
-# text that copies the prompt's pattern, with one token changed every 19 (an edit)
-EDITED = list(PROMPT) + (PATTERN * 3 + [90]) * 8
+from support.ngram_script import EDITED, PROMPT, drive, make  # noqa: E402
 
 
 def guard_pauses(log) -> list[PolicyChanged]:

@@ -12,7 +12,7 @@ import json
 import pytest
 
 from pipeinfer.api.hermes_calls import HermesStream, may_open, parse_hermes
-from streamed_calls import splits, streamed
+from support.streamed_calls import splits, streamed
 
 ARGS = '{"city": "Paris"}'
 OBJ = '{"name": "get_weather", "arguments": ' + ARGS + '}'

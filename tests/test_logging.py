@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from mpi_util import PIPEINFER, run_pipeinfer
+from support.mpi_util import PIPEINFER, run_pipeinfer
 
 PROMPT = "def main():"
 N_PREDICT = 8

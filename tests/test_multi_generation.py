@@ -2,19 +2,19 @@
 requests on): between generations every rank's KV cells and the draft model's are cleared and
 run ids keep growing, so each generation's greedy tokens equal single-node llama.cpp's for its
 own prompt, whatever came before it, a cancelled generation included. Under mpiexec with 3
-ranks on the tiny model (a few seconds a launch); tests/multi_generation_job.py is the job."""
+ranks on the tiny model (a few seconds a launch); tests/support/jobs/multi_generation_job.py
+is the job."""
 
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
-import mpi_util
-from test_pipeline_mpi import llama_greedy
+from support import JOBS_DIR, mpi_util
+from support.llama_oracle import llama_greedy
 
-JOB = Path(__file__).with_name("multi_generation_job.py")
+JOB = JOBS_DIR / "multi_generation_job.py"
 
 # (prompt, tokens to generate, leave after this many: 0 = never)
 PLAN = [["the number of people in the world", 12, 0],

@@ -7,25 +7,23 @@ whose continuation repeats it, so the n-gram drafts are really used and accepted
 from __future__ import annotations
 
 import csv
-from pathlib import Path
 
 import pytest
 
-import mpi_util
 from pipeinfer.config.drafts import resolve_draft_source
 from pipeinfer.config.job import JobConfig
 from pipeinfer.engine.drafting.ngram_drafts import NgramDrafts
 from pipeinfer.schedule import actions as A
 from pipeinfer.schedule.actions import DraftJob
-from pipeinfer.schedule.events import DraftReady, Start, Tick
-from pipeinfer.schedule.generation import Generation, Request
+from pipeinfer.schedule.events import DraftReady
 from pipeinfer.schedule.ngram import NGRAM_LIMIT, ngram_draft
-from pipeinfer.schedule.options import Limits, SpecOptions
-from pipeinfer.schedule.partition_pool import PartitionPool
+from pipeinfer.schedule.options import SpecOptions
 from pipeinfer.schedule.pipeinfer import PipeInfer
 from pipeinfer.schedule.speculative import Speculative
-from scripted_executor import ScriptedExecutor
-from test_schedule import result_for
+from support import mpi_util
+from support.ngram_runs import CODE_PROMPT, N_CODE, SPLIT, oracle, run
+from support.ngram_script import PROMPT, TARGET, drive, make
+from support.scripted_executor import ScriptedModel
 
 
 # --- the lookup ------------------------------------------------------------------------------
@@ -74,19 +72,6 @@ def test_sizes_are_checked():
 
 # --- the executor ------------------------------------------------------------------------------
 
-class ScriptedModel(ScriptedExecutor):
-    """A stand-in draft model executor: drafts `target`'s next tokens (origin "model")."""
-
-    def __init__(self, target=()):
-        super().__init__()
-        self.target = list(target)
-
-    def submit(self, job):
-        n = len(job.context)
-        self.calls.append(("submit", job.job_id))
-        self.ready.append(DraftReady(job.job_id, (tuple(self.target[n:n + job.budget]),)))
-
-
 def job(job_id, context, budget=4):
     return DraftJob(job_id, tuple(context), None, 0.3, budget)
 
@@ -126,50 +111,6 @@ def test_executor_refuses_crossed_sizes():
 
 
 # --- the scheduler core with n-gram drafts ------------------------------------------------------
-
-PATTERN = [31, 32, 33, 34, 35, 36]
-PROMPT = tuple([5, 6] + PATTERN * 2)
-# the target repeats the prompt's pattern, then says something new, then repeats again
-TARGET = list(PROMPT) + PATTERN * 3 + list(range(60, 75)) + PATTERN * 10
-
-
-def make(cls, source="ngram", n_predict=60, **opts):
-    spec = SpecOptions(draft_thread=False, draft_source=source, **opts)
-    gen = Generation(Request(PROMPT, n_predict, 512), lambda t: False)
-    pool = PartitionPool(spec.partitions, spec.n_parallel)
-    return cls(gen, None, Limits(64, 512, 2048, 3), spec, pool)
-
-
-def drive(sched, drafts, depth=3, target=TARGET) -> list:
-    """The generation of `target` to its end, with a pipeline `depth` runs deep: a result
-    comes back when that many runs are in flight, or when the head found nothing to do.
-    Every action is returned, in order."""
-    flight, log = [], []
-
-    def feed(event) -> bool:
-        actions = sched.step(event)
-        log.extend(actions)
-        for a in actions:
-            if isinstance(a, A.StartRun):
-                flight.append(a)
-            elif isinstance(a, A.StartDraft):
-                drafts.submit(a.job)
-            elif isinstance(a, A.StopDraft):
-                drafts.stop(a.job_id)
-            elif isinstance(a, A.WarmDraft):
-                drafts.warm(a.tokens)
-        return bool(actions)
-
-    feed(Start())
-    while True:
-        event = drafts.poll()
-        if event is not None:
-            feed(event)
-        elif not flight:
-            return log
-        elif sched.finished or len(flight) >= depth or not feed(Tick()):
-            feed(result_for(flight.pop(0), target))
-
 
 @pytest.mark.parametrize("cls", [Speculative, PipeInfer])
 def test_ngram_drafts_through_the_core_are_exact_and_counted(cls):
@@ -284,58 +225,7 @@ def test_help_explains_the_options():
 
 # --- exact under mpiexec -------------------------------------------------------------------------
 
-CODE_PROMPT = ("def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a - b\n\n"
-               "def mul(a, b):\n    return a * b\n\nThe same three functions with type "
-               "hints:\n\ndef add(a: int, b: int) -> int:\n    return a + b\n\n")
-N_CODE = 40
-SPLIT = "0,0.5,0.5"
-
-
-@pytest.fixture(scope="module")
-def smol_self_draft(smollm2, tmp_path_factory) -> Path:
-    """SmolLM2's first 12 layers with its output head: a draft model for `both`."""
-    from pipeinfer.model.partition import StageRange
-    from pipeinfer.model.slicing import model_info, open_model, write_stage
-
-    draft = tmp_path_factory.mktemp("ngram-draft") / "smollm2-first12.gguf"
-    reader = open_model(smollm2)
-    write_stage(reader, model_info(reader, smollm2), StageRange(0, 0, 12, True), draft,
-                keep_tokenizer=True)
-    return draft
-
-
-def oracle(model: Path, prompt: list[int], n: int) -> list[int]:
-    """Single-node llama.cpp greedy decoding: the whole model, the prompt in one batch, then
-    a token per decode, with the weight layout of the runs (--no-repack)."""
-    import numpy as np
-
-    from pipeinfer.model.stage import Stage, StageConfig
-
-    config = StageConfig(n_ctx=len(prompt) + n + 1, n_batch=len(prompt), n_seq_max=1,
-                         repack=False)
-    with Stage(model, config, final=True, label="oracle") as stage:
-        out = stage.decode(list(range(len(prompt))), [(0,)] * len(prompt), tokens=prompt)
-        tokens = [int(np.argmax(out[-1]))]
-        while len(tokens) < n:
-            out = stage.decode([len(prompt) + len(tokens) - 1], [(0,)], tokens=tokens[-1:])
-            tokens.append(int(np.argmax(out[-1])))
-    return tokens
-
-
-def run(n_ranks: int, model, prompt: str, *args, n_predict: int) -> dict:
-    res = mpi_util.run_pipeinfer(n_ranks, model, prompt, "--ignore-eos", "--no-repack", *args,
-                                 n_predict=n_predict, timeout=120)
-    assert res.rc == 0 and res.json is not None, res.describe()
-    assert "Traceback" not in res.stderr, res.describe()
-    return res.json
-
-
-@pytest.fixture(scope="module")
-def code_oracle(smollm2) -> list[int]:
-    prompt = run(1, smollm2, CODE_PROMPT, n_predict=1)["prompt_tokens"]
-    return oracle(smollm2, prompt, N_CODE)
-
-
+@pytest.mark.slow
 @pytest.mark.smollm2
 @pytest.mark.parametrize("source", ["ngram", "both"])
 @pytest.mark.parametrize("strategy", ["speculative", "pipeinfer"])

@@ -27,10 +27,9 @@ from pipeinfer.schedule.specpipe_tree import BeamTree
 from pipeinfer.schedule.transaction import RunResult, seq_cp, seq_keep, seq_rm
 from pipeinfer.schedule.tree_draft import (Adopt, SparseLogits, StartTreeDraft, TreeDraftJob,
                                            TreeDraftReady)
-from test_ngram import (CODE_PROMPT, N_CODE, SPLIT, code_oracle, oracle,  # noqa: F401
-                        run, smol_self_draft)
-from scripted_executor import ScriptedExecutor
-from test_schedule import result_for
+from support.ngram_runs import CODE_PROMPT, N_CODE, SPLIT, oracle, run
+from support.schedule_script import result_for
+from support.scripted_executor import ScriptedExecutor
 
 
 # --- the lookup ------------------------------------------------------------------------------
@@ -357,6 +356,7 @@ def check_run(r: dict, reference: list[int], source: str) -> None:
         assert model["drafted"] == 0
 
 
+@pytest.mark.slow
 @pytest.mark.smollm2
 @pytest.mark.parametrize("source", ["ngram", "both"])
 def test_smollm2_exact(smollm2, smol_self_draft, code_oracle, source):

@@ -25,7 +25,7 @@ import bench_peers  # noqa: E402
 import build_peers  # noqa: E402
 from peer_output import PeerOutputError, parse_completion, parse_speculative  # noqa: E402
 
-from test_cluster import _why_no_cgroups  # noqa: E402
+from support.cluster import why_no_cgroups  # noqa: E402
 
 
 def test_completion_output_is_read():
@@ -76,7 +76,7 @@ def peer_bin(session_cache, monkeypatch) -> Path:
     directory = build_peers.peer_dir()
     if not build_peers.built(directory):
         pytest.skip(f"llama.cpp peers not built ({directory}): python experiments/build_peers.py")
-    why = _why_no_cgroups()
+    why = why_no_cgroups()
     if why:
         pytest.skip(why)
     return directory / "bin"
@@ -181,7 +181,7 @@ def _wait_gone(marker: str, before: tuple[set[str], set[int]],
 def test_a_hung_pipeinfer_run_is_stopped_with_its_cluster(smollm2, session_cache, monkeypatch):
     """A run past its timeout gets SIGTERM, so cluster.py takes down its job and cgroups
     (SIGKILL, as subprocess.run sends, left the ranks running and the cgroups behind)."""
-    why = _why_no_cgroups()
+    why = why_no_cgroups()
     if why:
         pytest.skip(why)
     import bench_runs

@@ -13,8 +13,9 @@ from pathlib import Path
 
 import pytest
 
-import mpi_util
-from mpi_util import MPIEXEC, PYTHON, launch, run_pipeinfer
+from support import mpi_util
+from support.llama_oracle import llama_greedy
+from support.mpi_util import MPIEXEC, PYTHON, launch, run_pipeinfer
 
 TINY_PROMPT = "def main():\n    return"
 SMOL_PROMPT = "The three most important inventions of the 20th century are"
@@ -23,7 +24,7 @@ N_SMOL = 24
 TINY_LAYERS = 8
 
 
-# --- models and the single-node reference ---------------------------------------------------
+# --- models ------------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
 def tiny8(tmp_path_factory: pytest.TempPathFactory) -> Path:
@@ -42,35 +43,6 @@ def smol() -> Path:
         return resolve_model("smollm2", fetch_missing=False)
     except ModelError as err:
         pytest.skip(str(err))
-
-
-_REFERENCE: dict[tuple, list[int]] = {}
-
-
-def llama_greedy(model: Path, prompt_tokens: list[int], n: int, n_ctx: int = 2048,
-                 repack: bool = True) -> list[int]:
-    """n greedy tokens from llama-cpp-python's Llama (1 thread), not stopping at EOS.
-
-    flash_attn=True: llama.cpp's own default is flash attention "auto" (on, for CPU), which is
-    what pipeinfer's stages get; llama-cpp-python alone turns it off by default, and the other
-    attention kernel rounds differently (SmolLM2 then departs at the 23rd token of SMOL_PROMPT)."""
-    key = (str(model), tuple(prompt_tokens), n, n_ctx, repack)
-    if key not in _REFERENCE:
-        from llama_cpp import Llama
-
-        from pipeinfer.model.llama_lib import llama_repacking
-
-        with llama_repacking(repack):  # the target stages' layout (README, --repack)
-            llm = Llama(model_path=str(model), n_ctx=n_ctx, n_threads=1, flash_attn=True,
-                        verbose=False)
-        out: list[int] = []
-        for token in llm.generate(prompt_tokens, temp=0.0, repeat_penalty=1.0):
-            out.append(int(token))
-            if len(out) >= n:
-                break
-        llm.close()
-        _REFERENCE[key] = out
-    return _REFERENCE[key]
 
 
 def _ok(launch_result) -> dict:
@@ -107,6 +79,7 @@ GREEDY_CASES = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("n_ranks,split", GREEDY_CASES,
                          ids=[f"{n}ranks-{s or 'default'}" for n, s in GREEDY_CASES])
 def test_tiny_greedy_equals_llama_cpp(tiny8: Path, n_ranks: int, split: str | None) -> None:
@@ -175,6 +148,7 @@ def _sample(model: Path, n_ranks: int, seed: int) -> list[int]:
     return result["tokens"]
 
 
+@pytest.mark.slow
 def test_seeded_sampling_independent_of_ranks(tiny8: Path) -> None:
     one = _sample(tiny8, 1, 123)
     assert len(one) == N_TINY
@@ -245,8 +219,8 @@ IDLE_JOB = textwrap.dedent('''
     """Rank 0 idles while ranks 1..N-1 wait (in the start-up handshake, then in Worker.run);
     rank 0 samples their CPU time from /proc and prints the fraction of wall time used."""
     import json, os, sys, time
-    from pipeinfer.engine.mpi_transport import HeadTransport, Link, WorkerLink
-    from pipeinfer.engine.worker import Worker
+    from pipeinfer.engine.transport.mpi import HeadTransport, Link, WorkerLink
+    from pipeinfer.engine.worker.loop import Worker
 
     SECONDS = float(sys.argv[1])
     TICK = os.sysconf("SC_CLK_TCK")
@@ -278,6 +252,7 @@ IDLE_JOB = textwrap.dedent('''
 ''')
 
 
+@pytest.mark.slow
 def test_idle_workers_do_not_spin(tmp_path: Path) -> None:
     script = tmp_path / "idle_job.py"
     script.write_text(IDLE_JOB)

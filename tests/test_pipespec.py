@@ -12,7 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import mpi_util
+from support import mpi_util
 from pipeinfer.engine.drafting.hierarchy import (Hierarchy, Level, expectation, expected_tokens, geometric_tokens,
                                           rho_recursion, steady_state_rho)
 from pipeinfer.schedule.buffers import merge
@@ -22,8 +22,9 @@ from pipeinfer.model.slicing import model_info, open_model, write_stage
 from pipeinfer.model.stage import Stage, StageConfig
 from pipeinfer.schedule.options import SpecOptions
 from pipeinfer.engine.worker.local import LocalTransport
-from test_speculation_unit import (N_BATCH, N_CTX, N_PREDICT, PROMPT, Rig, SteppedTransport,
-                                   check_consistent, make_tiny_set)
+from support.rig import Rig, check_consistent
+from support.stepped_transport import SteppedTransport
+from support.tiny_set import N_BATCH, N_CTX, N_PREDICT, PROMPT
 
 # hierarchies by name, smallest model first (the tiny target verifies the last)
 HIERARCHIES = {
@@ -32,11 +33,6 @@ HIERARCHIES = {
     "unrelated>aligned": ("unrelated", "aligned"),
     "first2>aligned": ("first2", "aligned"),
 }
-
-
-@pytest.fixture(scope="module")
-def tiny(request, tmp_path_factory):
-    return make_tiny_set(request, tmp_path_factory)
 
 
 @pytest.fixture(scope="module")
@@ -121,6 +117,7 @@ def test_local_transport_exact(tiny, stage_sets, name, delay):
         assert out.counters.runs_speculative > 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(HIERARCHIES))
 @pytest.mark.parametrize("head_layers", [0, 1])
 @pytest.mark.parametrize("lag", [0, 1, 2, 4])
@@ -311,6 +308,7 @@ def mpi_run(n_ranks, tiny, drafts_args, split, *extra, n_predict=N_MPI):
     return launch.json
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name,split", [("aligned", "0,1"), ("unrelated>aligned", "0,1"),
                                         ("first2>aligned", "0,0.5,0.5"),
                                         ("unrelated", "0.25,0.75"),
@@ -453,6 +451,7 @@ def n_ranks_of(split: str) -> int:
     return len(target.split(",")) + len(drafts)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name,split", [("aligned", "0,1/1"), ("unrelated>aligned", "0,1/1/1"),
                                         ("first2>aligned", "0.5,0.5/1/1"),
                                         ("unrelated", "1/1"),

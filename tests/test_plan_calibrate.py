@@ -9,10 +9,11 @@ import logging
 
 import pytest
 
-from mpi_util import MPIEXEC, PIPEINFER, PYTHON, launch, run_pipeinfer
-from test_cluster import CLUSTER, needs_cgroups
 from pipeinfer.plan.cost import STEP_SIZES
 from pipeinfer.plan.profile import load
+from support.cluster import CLUSTER, needs_cgroups
+from support.mixed_quants import write_mixed
+from support.mpi_util import MPIEXEC, PIPEINFER, PYTHON, launch, run_pipeinfer
 
 TIMEOUT = 120
 
@@ -43,6 +44,7 @@ def test_two_rank_calibration_writes_a_well_formed_profile(profile2, tiny_model)
     assert f"profile: {path}" in out.stdout
 
 
+@pytest.mark.slow
 @needs_cgroups
 def test_calibration_records_each_rank_s_cpu_quota(tiny_model, tmp_path):
     # the simulator charges a head with little more than a core for its loop: it must know
@@ -92,6 +94,7 @@ def _profile_with_a_slow_rank(path, model, slow: int, n: int = 3):
     Profile(ModelId(model.name, content_digest(model)[:32], 4), None, nodes).save(path)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("slow, layers", [(2, [2, 2, 0]), (1, [2, 0, 2])])
 def test_a_rank_left_out_of_the_chain(tiny_model, tmp_path, slow, layers):
     path = tmp_path / f"slow{slow}.json"
@@ -109,20 +112,14 @@ def test_a_rank_left_out_of_the_chain(tiny_model, tmp_path, slow, layers):
 @pytest.fixture(scope="module")
 def convertible_draft(tmp_path_factory):
     """A tiny draft with Q8_0/Q5 matrices: `run` loads its compact (Q4_0) copy by default."""
-    from test_compact import _copy_with, _mixed_type
-    import gguf
-    import numpy as np
     from pipeinfer.model.tinymodel import write_tiny_llama
+
     d = tmp_path_factory.mktemp("convertible")
     f32 = write_tiny_llama(d / "f32.gguf", n_layer=2, seed=5)
-
-    def requant(t):
-        q = _mixed_type(t.name)
-        return None if q == gguf.GGMLQuantizationType.F32 else \
-            gguf.quants.quantize(np.array(t.data), q)
-    return _copy_with(f32, d / "mixed-draft.gguf", requant)
+    return write_mixed(f32, d / "mixed-draft.gguf")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("flag,compacted", [([], True), (["--no-compact-draft"], False)])
 def test_calibration_times_the_draft_run_will_load(tiny_model, convertible_draft, tmp_path,
                                                    flag, compacted):

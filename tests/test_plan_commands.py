@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from mpi_util import PIPEINFER, launch
+from support.mpi_util import PIPEINFER, launch
 from pipeinfer.plan import header_only
 from pipeinfer.plan.profile import ModelId, NodeFigures, Profile
 from pipeinfer.model.stage_cache import content_digest

@@ -9,7 +9,7 @@ import json
 
 import numpy as np
 
-from mpi_util import PIPEINFER, launch
+from support.mpi_util import PIPEINFER, launch
 from pipeinfer.model.draft_vocab import read_kept, reduced_draft
 from pipeinfer.model.stage import Stage, StageConfig
 from pipeinfer.model.stage_cache import content_digest

@@ -13,8 +13,8 @@ from pipeinfer.schedule.actions import DraftJob
 from pipeinfer.schedule.events import DraftReady
 from pipeinfer.schedule.pipeinfer import PipeInfer
 from pipeinfer.schedule.ramp import Ramp
-from test_guard import EDITED
-from test_ngram import PROMPT, ScriptedModel, drive, make
+from support.ngram_script import EDITED, PROMPT, drive, make
+from support.scripted_executor import ScriptedModel
 
 
 def test_ramp_grows_per_run_started_and_starts_short_after_a_break():

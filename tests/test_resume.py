@@ -7,19 +7,18 @@ real llama.cpp, every strategy that serves."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
-from mpi_util import MPIEXEC, PYTHON, launch, mpi_env
+from support import JOBS_DIR
+from support.mpi_util import MPIEXEC, PYTHON, launch, mpi_env
 
-HERE = Path(__file__).resolve().parent
 CUTS = [1, 2, 5, 9, 16]
 N = 24
 
 
 def resumed_runs(model, strategy: str, draft, plan, n_ranks: int = 3, timeout: float = 240):
-    cmd = [str(MPIEXEC), "-n", str(n_ranks), str(PYTHON), str(HERE / "resume_job.py"),
+    cmd = [str(MPIEXEC), "-n", str(n_ranks), str(PYTHON), str(JOBS_DIR / "resume_job.py"),
            str(model), strategy, str(draft) if draft else "-", json.dumps(plan)]
     result = launch(cmd, timeout=timeout, env=mpi_env())
     assert result.rc == 0 and not result.timed_out, result.describe()
@@ -42,6 +41,7 @@ def test_greedy_and_seeded_resume_exactly(tiny_model, tiny_draft_aligned, strate
     assert_resumes(resumed_runs(tiny_model, strategy, draft, plan))
 
 
+@pytest.mark.slow
 @pytest.mark.smollm2
 def test_smollm2_pipeinfer_resumes_exactly(smollm2):
     plan = [["The three most important inventions are", N, 0.0, 0, CUTS],

@@ -23,7 +23,7 @@ from pathlib import Path
 import gguf
 import pytest
 
-from mpi_util import Launch, launch, mpi_command, mpmd_command, run_args
+from support.mpi_util import Launch, launch, mpi_command, mpmd_command, run_args
 from support import fault_env
 
 PROMPT = "def robust():"
@@ -122,6 +122,7 @@ def bad(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str,
     return files
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind, fragments", [
     ("directory", ["is not readable"]),
     ("fifo", ["is not readable"]),
@@ -180,6 +181,7 @@ def test_speculation_needs_a_draft(tiny_model, cache_env, strategy) -> None:
 
 # --- layer split and rank count ----------------------------------------------------------------
 
+@pytest.mark.slow
 @pytest.mark.parametrize("split, fragments", [
     ("-0.5,1.5", ["--layer-split", "fractions must be finite and non-negative"]),
     ("0.5,nan", ["--layer-split", "fractions must be finite and non-negative"]),
@@ -211,6 +213,7 @@ def test_bad_option_on_one_rank_only(tiny_model, cache_env) -> None:
 
 # --- prompt, -n and -c ------------------------------------------------------------------------
 
+@pytest.mark.slow
 @pytest.mark.parametrize("extra, fragments", [
     (["-n", "-5"], ["-n must be positive (got -5)"]),
     (["-n", "20", "-c", "16"], ["the context (-c 16) cannot hold the", "plus 20 to generate"]),
@@ -222,6 +225,7 @@ def test_bad_lengths(tiny_model, cache_env, extra, fragments) -> None:
     assert_fails(res, elapsed, *fragments, case=" ".join(extra))
 
 
+@pytest.mark.slow
 def test_prompt_file_read_by_the_head_only(tiny_model, cache_env, tmp_path) -> None:
     """-f: only rank 0 reads the prompt file (workers' hosts need no copy); a missing one is
     reported once."""
@@ -264,6 +268,7 @@ def test_csv_in_missing_directory(tiny_model, cache_env, tmp_path) -> None:
                  case="csv missing dir")
 
 
+@pytest.mark.slow
 def test_concurrent_runs_share_a_fresh_cache(tiny_model, tmp_path) -> None:
     """Two jobs slicing the same model into the same empty cache at the same time."""
     env = {"PIPEINFER_CACHE": str(tmp_path / "cache")}
@@ -459,6 +464,7 @@ def test_killed_message() -> None:
         "was killed by signal 11 (SIGSEGV, core dumped); ending the job")
 
 
+@pytest.mark.slow
 def test_sigint_mid_generation(long_job) -> None:
     j = long_job(3)
     j.wait_generating()
@@ -474,6 +480,7 @@ def test_sigint_mid_generation(long_job) -> None:
     print(f"\n[SIGINT mid-generation] rc={rc}, over {elapsed:.2f} s after the signal")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("delay", [0.3, 0.6, 1.0])
 def test_sigint_during_startup(long_job, delay) -> None:
     """SIGINT while ranks import, start MPI or load stages: never a hang or a traceback."""
@@ -497,6 +504,7 @@ def _faulty(tiny_model, cache_env, fault: str, *extra: str):
     return job(3, tiny_model, PROMPT, "--ignore-eos", *extra, n_predict=200, env=env)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fault, fragments", [
     ("decode:0:40", ["pipeinfer: error: internal error: RuntimeError: injected fault in decode",
                      "(run with -v for the traceback)"]),
@@ -513,6 +521,7 @@ def test_internal_error(tiny_model, cache_env, fault, fragments) -> None:
     assert_fails(res, elapsed, *fragments, case=f"fault {fault}")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fault", ["decode:0:40", "decode:2:40", "load:1:0"])
 def test_verbose_shows_tracebacks(tiny_model, cache_env, fault) -> None:
     res, elapsed = _faulty(tiny_model, cache_env, fault, "-v")
@@ -525,6 +534,7 @@ def test_verbose_shows_tracebacks(tiny_model, cache_env, fault) -> None:
 
 # --- limits reached during generation ---------------------------------------------------------
 
+@pytest.mark.slow
 def test_kv_cache_limit_stops_with_valid_output(tiny_model, tiny_draft_unrelated,
                                                 cache_env) -> None:
     ref = assert_ok(job(2, tiny_model, PROMPT, "--ignore-eos", n_predict=80, env=cache_env)[0])

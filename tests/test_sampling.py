@@ -19,19 +19,16 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import mpi_util
+from support import mpi_util
 from pipeinfer.model.sampling import Sampler, SamplingParams
 from pipeinfer.model.stage import Stage, StageConfig
 from pipeinfer.schedule.options import SpecOptions
-from test_speculation_unit import (N_BATCH, N_CTX, PROMPT, Rig, ScriptedDraft,
-                                   SteppedTransport, draft_plans, make_tiny_set)
+from support.rig import Rig
+from support.scripted_draft import ScriptedDraft, draft_plans
+from support.stepped_transport import SteppedTransport
+from support.tiny_set import N_BATCH, N_CTX, PROMPT
 
 SPEC_STRATEGIES = ("speculative", "pipeinfer")
-
-
-@pytest.fixture(scope="module")
-def tiny(request, tmp_path_factory):
-    return make_tiny_set(request, tmp_path_factory)
 
 
 def softmax(x: np.ndarray, temp: float = 1.0) -> np.ndarray:
@@ -229,6 +226,7 @@ def test_seeded_runs_reproducible(rigs, strategy):
     assert runs[0] != runs[2]
 
 
+@pytest.mark.slow
 def test_seeded_cli_reproducible_and_matches_iterative(tiny):
     """The real command (3 MPI ranks, head holding no layers) at --temp 0.8."""
     common = ["-md", str(tiny.aligned), "--temp", "0.8", "-s", "11", "--ignore-eos",
@@ -324,6 +322,7 @@ def test_pit_detects_wrong_distribution(tiny):
     assert stat > chi2_critical(df)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("strategy", SPEC_STRATEGIES)
 def test_token_distribution_matches_target(tiny, rigs, strategy):
     """Over N_SEEDS seeds (temp 1, no top-k/top-p): the first generated token (sampled from

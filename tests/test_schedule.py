@@ -5,7 +5,8 @@ cutoff rises per speculative run started, resets when a speculative run is accep
 once per failed draft attempt and stops at its floor; micro-batches end early exactly when a
 stage would idle; invalidated and superfluous runs are cancelled; the non-continuous ablation
 never has two speculative runs in flight. The "target" here is a scripted greedy model: the
-token after position p is TARGET[p]; results carry argmaxes, as greedy workers send them.
+token after position p is TARGET[p]; results carry argmaxes, as greedy workers send them
+(support/schedule_script.py).
 """
 
 from __future__ import annotations
@@ -13,63 +14,15 @@ from __future__ import annotations
 import random
 import sys
 
-import numpy as np
 import pytest
 
-from pipeinfer.schedule.partition_pool import PartitionPool
 from pipeinfer.schedule import actions as A
 from pipeinfer.schedule.cutoff import Cutoff
-from pipeinfer.schedule.events import (Cancel, DraftInterrupted, DraftReady, ResultArrived,
-                                       Start, Tick)
-from pipeinfer.schedule.generation import Generation, Request
+from pipeinfer.schedule.events import Cancel, DraftInterrupted, DraftReady, Start, Tick
 from pipeinfer.schedule.iterative import Iterative
-from pipeinfer.schedule.options import Limits, SpecOptions
 from pipeinfer.schedule.pipeinfer import PipeInfer
 from pipeinfer.schedule.speculative import Speculative
-from pipeinfer.schedule.transaction import RunResult
-
-PROMPT = (5, 6, 7, 8)
-TARGET = list(PROMPT) + [10 + i for i in range(200)]  # the target's greedy continuation
-
-
-def make(cls=PipeInfer, n_predict=40, n_stages=3, **opts):
-    opts.setdefault("p_recovery", 0.05)
-    spec = SpecOptions(**opts)
-    gen = Generation(Request(PROMPT, n_predict, 512), lambda t: False)
-    pool = PartitionPool(spec.partitions, spec.n_parallel)
-    return cls(gen, None, Limits(64, 512, 2048, n_stages), spec, pool)
-
-
-def result_for(start: A.StartRun, target=TARGET) -> ResultArrived:
-    """What a greedy pipeline returns for a run: per output row, the target's token after
-    that row's position (whatever the row's token was: the core checks the path)."""
-    rows = [target[p + 1] for p, out in zip(start.tx.positions, start.tx.logit_rows) if out]
-    return ResultArrived(start.run_id, RunResult(start.run_id, None, np.array(rows)))
-
-
-def of(actions, kind):
-    return [a for a in actions if isinstance(a, kind)]
-
-
-class Script:
-    """Feeds events, remembers runs in flight (oldest first) and the cutoff over time."""
-
-    def __init__(self, sched):
-        self.sched, self.flight, self.cutoffs, self.log = sched, [], [], []
-
-    def step(self, event):
-        actions = self.sched.step(event)
-        self.log.append((event, actions))
-        self.flight += of(actions, A.StartRun)
-        self.cutoffs += [a.value for a in of(actions, A.PolicyChanged) if a.name == "cutoff"]
-        return actions
-
-    def finish_oldest(self):
-        return self.step(result_for(self.flight.pop(0)))
-
-    def prefill(self):
-        self.step(Start())
-        return self.finish_oldest()
+from support.schedule_script import PROMPT, Script, TARGET, make, of
 
 
 def test_cutoff_policy_alone():

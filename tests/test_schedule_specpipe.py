@@ -29,7 +29,7 @@ from pipeinfer.schedule.options import Limits, SpecOptions
 from pipeinfer.schedule.specpipe import SpecPipe
 from pipeinfer.schedule.tree_draft import StartTreeDraft, TreeDraftReady
 from pipeinfer.schedule.transaction import KvOpType, RunResult
-from test_schedule import PROMPT, TARGET, of, result_for
+from support.schedule_script import PROMPT, TARGET, of, result_for
 
 V = 1024
 P = len(PROMPT)   # the root of the first tree: the first generated token

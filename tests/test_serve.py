@@ -9,8 +9,6 @@ tests/test_serve_in_job.py."""
 
 from __future__ import annotations
 
-import json
-import os
 import re
 import signal
 import subprocess
@@ -21,22 +19,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from support.serving import AUTH, KEY, Server, openai_client, serving  # noqa: F401
-from test_chat_template import llama_chat_tokens
-from test_pipeline_mpi import llama_greedy
+from support.serve_oracle import N_CTX, chat_tokens, expected
+from support.serving import AUTH, KEY, Server, serving
 
-pytestmark = pytest.mark.smollm2
-
-N_CTX = 512
-
-
-def open_tokenizer(model):
-    """A module fixture's tokenizer of `model`, closed when the module is done."""
-    from pipeinfer.model.tokenizer import Tokenizer
-
-    tok = Tokenizer(model)
-    yield tok
-    tok.close()
+pytestmark = [pytest.mark.slow, pytest.mark.smollm2]
 
 
 @pytest.fixture(scope="module")
@@ -46,20 +32,6 @@ def server(smollm2, tmp_path_factory):
                  "--api-key", KEY, "--queue", "4", "--alias", "smollm2", "--parallel", "4",
                  "--no-cache-prompt")   # every answer is compared with a fresh evaluation
     yield from serving(srv)
-
-
-def expected(model, tokenizer, prompt_tokens: list[int], n: int) -> tuple[str, int, str]:
-    """llama.cpp's greedy answer as the server gives it: (text, tokens, finish reason)."""
-    tokens = llama_greedy(model, prompt_tokens, n, n_ctx=N_CTX, repack=True)
-    end = next((i + 1 for i, t in enumerate(tokens) if tokenizer.is_eog(t)), None)
-    tokens = tokens[:end] if end else tokens
-    return tokenizer.detokenize(tokens), len(tokens), "stop" if end else "length"
-
-
-def chat_tokens(tokenizer, messages) -> list[int]:
-    """The chat's prompt as llama-cpp-python renders the GGUF's Jinja template (as
-    llama-server does with --jinja); `tokenizer` is the model's."""
-    return llama_chat_tokens(tokenizer.path, messages)
 
 
 def test_health_models_and_loading(server):

@@ -19,12 +19,13 @@ import numpy as np
 import openai
 import pytest
 
-from llama_oracle import chunked_states, token_states
 from pipeinfer.engine.head.embedding_job import MEAN, pool
 from pipeinfer.model import models
-from test_serve import AUTH, KEY, N_CTX, Server, chat_tokens, expected, openai_client, serving
+from support.llama_oracle import chunked_states, token_states
+from support.serve_oracle import N_CTX, chat_tokens, expected
+from support.serving import AUTH, KEY, Server, openai_client, serving
 
-pytestmark = pytest.mark.smollm2
+pytestmark = [pytest.mark.slow, pytest.mark.smollm2]
 
 TEXTS = ["The quick brown fox jumps over the lazy dog.",
          "Pipelined speculation keeps every stage busy."]

@@ -14,10 +14,11 @@ import threading
 import httpx
 import pytest
 
-from llama_oracle import Chain, KeptConversation, chain_greedy, completion_logprobs
-from test_serve import AUTH, KEY, N_CTX, Server, chat_tokens, expected, serving
+from support.llama_oracle import Chain, KeptConversation, chain_greedy, completion_logprobs
+from support.serve_oracle import N_CTX, assert_schema_answer_exact, chat_tokens, expected
+from support.serving import AUTH, KEY, Server, metric, serving
 
-pytestmark = pytest.mark.smollm2
+pytestmark = [pytest.mark.slow, pytest.mark.smollm2]
 
 REPEATING = "apple, pear, plum, apple, pear, plum, apple, pear,"
 
@@ -155,7 +156,7 @@ def test_routes_without_v1_models_by_id_and_cors(server):
         "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 3})
     assert r.status_code == 200 and r.json()["object"] == "chat.completion"
     assert httpx.get(url + "/models", headers=AUTH).json()["data"][0]["id"] == "smollm2"
-    assert httpx.get(url + "/v1/health").json() == {"status": "ok"}   # no key needed
+    assert httpx.get(url + "/v1/health").json()["status"] == "ok"   # no key needed
     assert httpx.get(url + "/v1/models/smollm2", headers=AUTH).json()["id"] == "smollm2"
     r = httpx.get(url + "/v1/models/gpt-4", headers=AUTH)
     assert r.status_code == 404 and r.json()["error"]["type"] == "not_found_error"
@@ -292,12 +293,6 @@ def test_a_conversation_reuses_its_earlier_turns(server, client, smollm2, tokeni
     assert f"pipeinfer_prompt_tokens_cached_total {float(total)}" in metrics
 
 
-def metric(server, name: str) -> float:
-    text = httpx.get(server.url + "/metrics", headers=AUTH).text
-    return float(next(line.split()[1] for line in text.splitlines()
-                      if line.startswith(name + " ")))
-
-
 def test_forced_tokens_are_free_drafts_and_the_answer_stays_exact(server, client, smollm2,
                                                                   tokenizer):
     """Under a JSON schema the text the grammar forces (braces, quotes, keys) is drafted
@@ -312,25 +307,6 @@ def test_forced_tokens_are_free_drafts_and_the_answer_stays_exact(server, client
     free = metric(server, "pipeinfer_drafted_free_tokens_total")
     assert_schema_answer_exact(client, smollm2, tokenizer, ask, schema, 60)
     assert metric(server, "pipeinfer_drafted_free_tokens_total") > free
-
-
-def assert_schema_answer_exact(client, smollm2, tokenizer, ask, schema, n: int,
-                               repack: bool = True):
-    """The server's greedy answer to `ask` under `schema` is llama.cpp's with its grammar
-    sampler, one token per decode (at most `n` tokens; `repack`: the server's weight layout).
-    Returns the server's answer."""
-    from llama_cpp.llama_grammar import json_schema_to_gbnf
-
-    got = client.chat.completions.create(
-        model="smollm2", messages=ask, max_tokens=n, temperature=0,
-        response_format={"type": "json_schema",
-                         "json_schema": {"name": "answer", "schema": schema}})
-    tokens, _ = chain_greedy(smollm2, chat_tokens(tokenizer, ask), n,
-                             Chain(grammar=json_schema_to_gbnf(json.dumps(schema))),
-                             n_ctx=N_CTX, repack=repack)
-    end = next((i for i, t in enumerate(tokens) if tokenizer.is_eog(t)), len(tokens))
-    assert got.choices[0].message.content == tokenizer.detokenize(tokens[:end])
-    return got
 
 
 class Person(__import__("pydantic").BaseModel):

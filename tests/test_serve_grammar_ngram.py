@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import pytest
 
-from test_serve import KEY, N_CTX, Server, openai_client, serving
-from test_serve_fields import assert_schema_answer_exact, metric
+from support.serve_oracle import N_CTX, assert_schema_answer_exact
+from support.serving import KEY, Server, metric, openai_client, serving
 
-pytestmark = pytest.mark.smollm2
+pytestmark = [pytest.mark.slow, pytest.mark.smollm2]
 
 SCHEMA = {"type": "object", "properties": {"people": {
     "type": "array", "minItems": 3, "maxItems": 3, "items": {

@@ -16,10 +16,10 @@ import time
 import httpx
 import pytest
 
+from support.serve_oracle import N_CTX, expected
 from support.serving import Server
-from test_serve import N_CTX, expected
 
-pytestmark = pytest.mark.smollm2
+pytestmark = [pytest.mark.slow, pytest.mark.smollm2]
 
 
 def test_serves_exactly_without_failover_and_ends_on_sigterm(smollm2, tokenizer, tmp_path):

@@ -16,8 +16,8 @@ from pipeinfer.model.tokenizer import Tokenizer
 from pipeinfer.serve import tool_formats
 from pipeinfer.api.tool_calls import GENERIC
 from pipeinfer.serve.tool_formats import GENERIC_SYSTEM
-from test_pipeline_mpi import llama_greedy
-from test_serve import AUTH, KEY, Server, openai_client, serving
+from support.llama_oracle import llama_greedy
+from support.serving import AUTH, KEY, Server, openai_client, serving
 
 N_CTX = 1024
 NO_SYSTEM = (   # the tiny model's ChatML template, refusing the system role
@@ -65,6 +65,7 @@ def test_the_prompt_has_the_system_text_before_the_users(tokenizer):
         template.render(ASK)
 
 
+@pytest.mark.slow
 def test_a_system_message_is_folded_when_served(server, model, tokenizer):
     client = openai_client(server, 120)
     prompt = tokenizer.tokenize(FOLDED)
@@ -78,6 +79,7 @@ def test_a_system_message_is_folded_when_served(server, model, tokenizer):
         tokenizer.piece(t) for t in tokens[:end]]
 
 
+@pytest.mark.slow
 def test_the_generic_tool_format_s_system_message_is_folded_too(server, tokenizer):
     """Tools with this template: the generic format (serve/tool_formats.py) asks for JSON in
     a system message of its own, folded with the request's into the user's message."""

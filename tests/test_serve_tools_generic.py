@@ -14,13 +14,14 @@ import json
 import openai
 import pytest
 
-from llama_oracle import Chain, chain_greedy
 from pipeinfer.serve import tool_formats
 from pipeinfer.api.tool_calls import GENERIC, ToolChoice, extract_generic
-from streamed_calls import add_up, sdk_stream
-from test_serve import KEY, N_CTX, Server, chat_tokens, expected, serving
+from support.llama_oracle import Chain, chain_greedy
+from support.serve_oracle import N_CTX, chat_tokens, expected
+from support.serving import KEY, Server, serving
+from support.streamed_calls import add_up, sdk_stream
 
-pytestmark = pytest.mark.smollm2
+pytestmark = [pytest.mark.slow, pytest.mark.smollm2]
 
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "Get the current weather in a city",

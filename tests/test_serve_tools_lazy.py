@@ -17,14 +17,16 @@ import json
 
 import pytest
 
-from cached_models import cached_models
-from llama_oracle import Chain, chain_greedy
 from pipeinfer.serve import tool_formats
 from pipeinfer.api.hermes_calls import parse_hermes
 from pipeinfer.api.tool_calls import NATIVE, OPEN, ToolChoice
-from streamed_calls import add_up, chunk_deltas
-from test_chat_template import llama_chat_tokens
-from test_serve import KEY, Server, open_tokenizer, openai_client, serving
+from support.cached_models import cached_models
+from support.llama_oracle import Chain, chain_greedy, llama_chat_tokens
+from support.serve_oracle import open_tokenizer
+from support.serving import KEY, Server, openai_client, serving
+from support.streamed_calls import add_up, chunk_deltas
+
+pytestmark = pytest.mark.slow
 
 N_CTX = 1024
 WEATHER = [{"type": "function", "function": {

@@ -16,7 +16,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import mpi_util
+from support import mpi_util
 from pipeinfer.engine.drafting.drafter import Drafter
 from pipeinfer.engine.head.pipeline import Pipeline
 from pipeinfer.model.sampling import SamplingParams
@@ -25,15 +25,11 @@ from pipeinfer.schedule.options import SpecOptions
 from pipeinfer.schedule.specpipe_tree import BeamTree
 from pipeinfer.schedule.transaction import DecodeTx
 from pipeinfer.engine.worker.local import LocalTransport
-from test_speculation_unit import (N_BATCH, N_PREDICT, PROMPT, Rig, SteppedTransport,
-                                   make_tiny_set)
+from support.rig import Rig
+from support.stepped_transport import SteppedTransport
+from support.tiny_set import N_BATCH, N_PREDICT, PROMPT, greedy_reference
 
 DRAFTS = ("aligned", "unrelated")
-
-
-@pytest.fixture(scope="module")
-def tiny(request, tmp_path_factory):
-    return make_tiny_set(request, tmp_path_factory)
 
 
 def run_specpipe(tiny, draft: str, *, width=4, k=2, head_layers=1, n_workers=2,
@@ -97,6 +93,7 @@ def _continue_from_seq0(rig, out, expected: int) -> None:
     assert int(np.argmax(result.logits[-1])) == expected
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("draft", DRAFTS)
 @pytest.mark.parametrize("delay", [0, 1, 3])
 def test_local_transport_exact(tiny, draft, delay):
@@ -106,6 +103,7 @@ def test_local_transport_exact(tiny, draft, delay):
         assert out.counters.flushes > 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("draft", DRAFTS)
 @pytest.mark.parametrize("head_layers", [0, 1])
 @pytest.mark.parametrize("lag", [0, 2])
@@ -121,6 +119,7 @@ def test_stepped_pipeline_exact(tiny, draft, head_layers, lag, abort):
         assert c.tree_hits > 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("width,k", [(1, 1), (2, 3), (6, 2)])
 def test_tree_shapes_exact(tiny, width, k):
     for draft in DRAFTS:
@@ -255,10 +254,10 @@ N_MPI = 40
 
 @pytest.fixture(scope="module")
 def reference(tiny):
-    from test_speculation_unit import greedy_reference
     return greedy_reference(tiny.target, tiny.prompt, N_MPI)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("draft", DRAFTS)
 @pytest.mark.parametrize("split", ["1", "0,1", "0.5,0.5", "0,0.5,0.5",
                                    "0.25,0.25,0.25,0.25"])

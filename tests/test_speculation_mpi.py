@@ -14,9 +14,11 @@ from pathlib import Path
 
 import pytest
 
-import mpi_util
+from support import mpi_util
 from pipeinfer.model.partition import StageRange
-from test_speculation_unit import PROMPT, greedy_reference, make_tiny_set
+from support.tiny_set import PROMPT, greedy_reference
+
+pytestmark = pytest.mark.slow
 
 SPEC_STRATEGIES = ("speculative", "pipeinfer")
 N_TINY = 40
@@ -25,11 +27,6 @@ SPLITS = ["1", "0,1", "0.5,0.5", "0,0.5,0.5", "0.25,0.25,0.25,0.25"]
 SMOL_PROMPT = "The three most important inventions of the 20th century are"
 N_SMOL = 48
 SMOL_DRAFT_LAYERS = 12
-
-
-@pytest.fixture(scope="module")
-def tiny(request, tmp_path_factory):
-    return make_tiny_set(request, tmp_path_factory)
 
 
 def run(n_ranks: int, model, *args, n_predict: int = N_TINY, prompt: str = PROMPT,
@@ -156,7 +153,7 @@ def test_long_run_aligned_draft_branching(tiny, reference):
 def test_branching_stress_exact(tiny, reference):
     """Always draft, always branch (3 branches), many small runs in flight: the most KV
     traffic per token (the f32 tiny model departs from its reference here, see
-    make_tiny_set)."""
+    support/tiny_set.make_tiny_set)."""
     result = run(4, tiny.target, "-md", tiny.unrelated, "--strategy", "pipeinfer",
                  "--layer-split", "0,0.3,0.3,0.4", "-pa", "0", "-pr", "0", "-pd", "0",
                  "-np", "3", "-ps", "0", "--draft", "2", "--max-runs", "4", n_predict=300,

@@ -194,6 +194,7 @@ def test_tiny_chain_equals_whole(tiny_setup: Setup, fractions, scenario):
     assert_identical(SCENARIOS[scenario](chain, tiny_setup.tokens), tiny_setup.reference(scenario))
 
 
+@pytest.mark.slow
 @pytest.mark.smollm2
 @pytest.mark.parametrize("scenario", list(SCENARIOS))
 @pytest.mark.parametrize("fractions", SMOL_SPLITS, ids=split_id)
@@ -338,6 +339,7 @@ def test_cancel_mid_decode_final_stage(wide_model: Path):
         check_cancel(stage, lambda a, n: {"tokens": toks[a:a + n]}, 8, 256)
 
 
+@pytest.mark.slow
 def test_cancel_mid_decode_middle_stage(wide_model: Path, tmp_path: Path):
     """A non-final slice (activations in, activations out through the eval callback)."""
     m = json.loads(split_model(wide_model, partition(6, [0.0, 0.5, 0.5]), tmp_path).read_text())
@@ -347,6 +349,7 @@ def test_cancel_mid_decode_middle_stage(wide_model: Path, tmp_path: Path):
         check_cancel(stage, lambda a, n: {"embd": x[a:a + n]}, 8, 256)
 
 
+@pytest.mark.slow
 @pytest.mark.smollm2
 def test_cancel_mid_decode_smollm2(smollm2: Path):
     toks = [int(t) for t in np.random.default_rng(1).integers(0, 49152, 200)]
@@ -355,6 +358,7 @@ def test_cancel_mid_decode_smollm2(smollm2: Path):
         check_cancel(stage, lambda a, n: {"tokens": toks[a:a + n]}, 8, 128)
 
 
+@pytest.mark.slow
 def test_cancel_before_decode(wide_model: Path):
     toks = [int(t) for t in np.random.default_rng(1).integers(0, 500, 300)]
     with Stage(wide_model, BIG) as stage:
@@ -437,6 +441,7 @@ def _turns(stage: Stage, toks: list[int], holes: bool, compact: bool) -> list[np
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.smollm2
 def test_compaction_puts_kept_cells_where_a_fresh_cache_has_them(smol_setup: Setup):
     """Cells of sequence 0 with holes between them (dropped sequences), compacted: a following

@@ -104,6 +104,7 @@ def test_plot_timeline_writes_png(tmp_path):
     assert str(png) in result.stdout
 
 
+@pytest.mark.slow
 def test_many_runs_draw(tmp_path):
     """A few hundred runs: thin bars, no labels, still one picture (and quickly)."""
     runs = [(i, T0 + 0.03 * i, i % 4 != 0, 1 + i % 4, {2: "skipped"} if i % 7 == 3 else {})

@@ -147,6 +147,7 @@ def test_other_tensor_types_load(model_dir: Path, qtype) -> None:
     assert len(set(greedy(llm, ids, 32))) >= 8
 
 
+@pytest.mark.slow
 def test_draft_alignment_tracks_noise(model_dir: Path, target_path: Path, reference) -> None:
     # Measured (2 prompts x 64 tokens, several model/noise seeds): noise 0.01 ~0.95,
     # 0.02 ~0.9, 0.1 ~0.6, unrelated ~0.0. Thresholds leave a wide margin.

@@ -21,7 +21,7 @@ from pipeinfer.api.hermes_calls import HermesStream, parse_hermes
 from pipeinfer.api.json_scan import JsonScan
 from pipeinfer.api.responses import Reply
 from pipeinfer.api.tool_calls import GENERIC, NATIVE, GenericStream, extract_generic
-from streamed_calls import add_up, splits, streamed
+from support.streamed_calls import add_up, splits, streamed
 
 ARGS = '{"q": "caf\\u00e9 \\"x\\" \u00e9\\\\", "n": [1, 2.5e3, {"}": "]"}], "ok": true}'
 BLOCK = '<tool_call>\n{"name": "search", "arguments": ' + ARGS + '}\n</tool_call>'

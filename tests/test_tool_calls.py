@@ -8,7 +8,7 @@ import json
 
 from pipeinfer.api.tool_calls import (GENERIC, NATIVE, GenericStream, extract_generic, parse,
                                       response_so_far, stream)
-from streamed_calls import add_up
+from support.streamed_calls import add_up
 
 CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
 

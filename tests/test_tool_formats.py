@@ -14,7 +14,8 @@ from pipeinfer.model.grammar import GrammarError
 from pipeinfer.model.tokenizer import Tokenizer
 from pipeinfer.serve import tool_formats
 from pipeinfer.api.tool_calls import GENERIC, NATIVE, ToolChoice
-from test_chat_template import _qwen, llama_chat_tokens
+from support.cached_models import cached_models
+from support.llama_oracle import llama_chat_tokens
 
 pytestmark = pytest.mark.smollm2
 
@@ -41,7 +42,7 @@ def smol(smollm2):
 
 @pytest.fixture(scope="module")
 def qwen():
-    tok = Tokenizer(_qwen())
+    tok = Tokenizer(cached_models("qwen-coder-0.5b")[0])
     yield tok
     tok.close()
 

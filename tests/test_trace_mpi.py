@@ -15,7 +15,7 @@ import time
 import numpy as np
 import pytest
 
-from mpi_util import PYTHON, launch, mpi_command
+from support.mpi_util import PYTHON, launch, mpi_command
 from pipeinfer.model.stage import StageAborted
 from pipeinfer.schedule.transaction import DecodeTx
 from pipeinfer.engine.worker.local import LocalTransport
@@ -65,6 +65,7 @@ def test_clock_offsets(tmp_path, skew):
 WORKER_SCRIPT = """
 import json, pathlib, sys, time
 import numpy as np
+from pipeinfer.engine.transport.clock_sync import clock_offsets
 from pipeinfer.engine.transport.mpi import HeadTransport, WorkerLink, world
 from pipeinfer.model.stage import StageAborted
 from pipeinfer.engine.transport.wire import Tag, decode_header, encode_meta
@@ -89,7 +90,7 @@ def tx(run, n, speculative):
 out = pathlib.Path(sys.argv[1])
 if world()[0] == 0:
     link = HeadTransport(N_VOCAB)
-    offsets = link.clock_offsets()
+    offsets = clock_offsets(link)
     t_first = time.monotonic()
     link.send_decode(tx(0, 2, False), np.zeros((2, 8), dtype=np.float32))
     skipped = tx(1, 1, True)
@@ -110,7 +111,7 @@ if world()[0] == 0:
                                "results": results, "spans": stats[0]["spans"]}))
 else:
     link = WorkerLink()
-    link.clock_offsets()
+    clock_offsets(link)
     Worker(link, FakeStage()).run()
 """
 

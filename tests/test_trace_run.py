@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from mpi_util import run_pipeinfer
+from support.mpi_util import run_pipeinfer
 
 ROOT = Path(__file__).resolve().parent.parent
 N_PREDICT = 24
@@ -21,6 +21,7 @@ def _records(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("strategy, ranks", [("pipeinfer", 3), ("iterative", 2),
                                              ("specpipe", 3), ("pipespec", 3)])
 def test_trace_of_a_real_run(tiny_model, tiny_draft_aligned, tmp_path, strategy, ranks):

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from mpi_util import MPIEXEC, PYTHON, launch, mpmd_command
+from support.mpi_util import MPIEXEC, PYTHON, launch, mpmd_command
 from pipeinfer.engine.transport import wakeup, wakeup_net
 from pipeinfer.engine.transport.backoff import MAX_SLEEP_S, WOKEN_MAX_SLEEP_S, IdleBackoff
 from pipeinfer.engine.transport.wakeup import Channel, Wakeups
@@ -202,10 +202,10 @@ WAKE_JOB = textwrap.dedent('''
     samples the worker's CPU time from /proc over SECONDS; `pickup`: rank 0 leaves the worker
     idle for a while, sends it a busy probe and sleeps until the answer wakes it, repeatedly."""
     import json, os, sys, time
-    from pipeinfer.engine import wakeup, wakeup_net
-    from pipeinfer.engine.backoff import IdleBackoff
-    from pipeinfer.engine.mpi_transport import HeadTransport, Link, WorkerLink
-    from pipeinfer.engine.worker import Worker
+    from pipeinfer.engine.transport import wakeup, wakeup_net
+    from pipeinfer.engine.transport.backoff import IdleBackoff
+    from pipeinfer.engine.transport.mpi import HeadTransport, Link, WorkerLink
+    from pipeinfer.engine.worker.loop import Worker
 
     MODE, SECONDS, WAKE = sys.argv[1], float(sys.argv[2]), sys.argv[3] == "wake"
     TICK = os.sysconf("SC_CLK_TCK")
@@ -261,6 +261,7 @@ def _wake_job(tmp_path: Path, mode: str, seconds: float, wake: str = "wake",
     return res.json
 
 
+@pytest.mark.slow
 def test_an_idle_worker_uses_next_to_no_cpu(tmp_path: Path) -> None:
     out = _wake_job(tmp_path, "idle", IDLE_SECONDS)
     assert out["heard"] == [1]
@@ -280,6 +281,7 @@ def _pickups(tmp_path: Path, envs: tuple[dict, dict] | None = None) -> tuple[dic
     return out, pickup
 
 
+@pytest.mark.slow
 def test_an_idle_worker_picks_a_message_up_at_once(tmp_path: Path) -> None:
     """Round trips head -> worker -> head after idle gaps of 50 ms to 2 s: two pick-ups (the
     worker's, then the head's) and the worker's answer, well within the worker's sleep."""
@@ -289,6 +291,7 @@ def test_an_idle_worker_picks_a_message_up_at_once(tmp_path: Path) -> None:
     assert pickup[-2] < PICKUP_MAX_S, f"round trips {[f'{p * 1e3:.2f} ms' for p in pickup]}"
 
 
+@pytest.mark.slow
 def test_ranks_of_different_hosts_pick_messages_up_at_once(tmp_path: Path) -> None:
     """As test_an_idle_worker_picks_a_message_up_at_once, but each rank on a machine of its
     own (PIPEINFER_HOST_ID, as cluster.py's nodes): the wake-ups go over UDP."""
@@ -299,6 +302,7 @@ def test_ranks_of_different_hosts_pick_messages_up_at_once(tmp_path: Path) -> No
     assert pickup[-2] < PICKUP_MAX_S, f"round trips {[f'{p * 1e3:.2f} ms' for p in pickup]}"
 
 
+@pytest.mark.slow
 def test_an_idle_worker_of_another_host_uses_next_to_no_cpu(tmp_path: Path) -> None:
     envs = ({wakeup.HOST_VAR: "host-a"}, {wakeup.HOST_VAR: "host-b"})
     out = _wake_job(tmp_path, "idle", IDLE_SECONDS, envs=envs)
@@ -306,6 +310,7 @@ def test_an_idle_worker_of_another_host_uses_next_to_no_cpu(tmp_path: Path) -> N
     assert out["cpu"] < IDLE_CPU_MAX, f"the idle worker used {out['cpu']:.1%} of a core"
 
 
+@pytest.mark.slow
 def test_a_worker_that_cannot_be_reached_polls(tmp_path: Path) -> None:
     """The worker's advertised address does not reach it: it is not woken by the head and
     falls back to polling (5 ms ceiling), and the job still answers every probe."""

@@ -15,10 +15,14 @@ from pathlib import Path
 
 import pytest
 
-from mpi_util import PYTHON, launch, mpi_env, run_args, run_pipeinfer
 from support import fault_env
-from test_cluster import CLUSTER, needs_cgroups
-from test_pipeline_mpi import llama_greedy
+from support.cluster import CLUSTER, needs_cgroups
+from support.llama_oracle import llama_greedy
+from support.mpi_util import PYTHON, launch, mpi_env, run_args, run_pipeinfer
+
+pytestmark = pytest.mark.slow
+
+
 
 PROMPT = "def main():\n    return"
 N = 12
@@ -221,7 +225,7 @@ def test_calibrate_and_auto_split_without_model_on_workers(tmp_path: Path, tiny8
     cmd = [str(PYTHON), str(CLUSTER), "--nodes", "3", "--cpu", "1", "--disks", "private",
            "--disk-root", str(disks), "--"]
     env = mpi_env({"PIPEINFER_CACHE": str(tmp_path / "cache0")})
-    from mpi_util import PIPEINFER
+    from support.mpi_util import PIPEINFER
 
     calibrated = launch(cmd + [str(PIPEINFER), "calibrate", "-m", str(tiny8), "--profile",
                                str(tmp_path / "profile.json")], timeout=180, env=env)
@@ -260,7 +264,7 @@ def test_serve_without_model_on_workers_is_exact(tmp_path: Path, smollm2: Path):
     """`serve` starts the same way: the workers receive their slices, answers stay exact."""
     import httpx
 
-    from test_serve import Server
+    from support.serving import Server
 
     launcher = [str(PYTHON), str(CLUSTER), "--nodes", "3", "--cpu", "1", "--disks", "private",
                 "--disk-root", str(tmp_path / "disks"), "--"]

@@ -2,7 +2,8 @@
 before it starts is skipped without touching the stage, one cancelled while it computes is
 aborted from another thread and leaves the cache as before, cancellations of finished runs
 are ignored, KV operations apply in order, and every decode is counted and leaves a span.
-LocalTransport's stages go through the same core."""
+LocalTransport's stages and the tests' SteppedTransport (tests/support/stepped_transport.py)
+go through the same core."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ from pipeinfer.engine.transport.wire import (decode_header, decode_kv_ops, decod
                                              encode_kv_ops, encode_meta)
 from pipeinfer.schedule.transaction import DecodeTx, seq_compact, seq_cp, seq_keep, seq_rm
 from pipeinfer.engine.worker.local import LocalTransport
+from support.stepped_transport import SteppedTransport
 
 CFG = StageConfig(n_ctx=512, n_batch=256, n_seq_max=4, n_threads=1)
 N_EMBD, N_PREFIX, N_BIG = 512, 8, 256
@@ -214,6 +216,37 @@ def test_local_transport_stages_follow_the_core():
                         ["computed", "skipped", "skipped"]]
     assert [s["rank"] for s in stats] == [1, 2, 3]
     assert all(set(s) == STATS_KEYS | {"rank", "spans"} for s in stats)
+
+
+class Cancellable(StandIn):
+    """A stand-in whose cancel() aborts the run's decode, as Stage.cancel does."""
+
+    def cancel(self, run_id):
+        self.aborts.add(run_id)
+
+
+def test_stepped_transport_stages_follow_the_core():
+    """The tests' stepped pipeline: a cancellation of the run a stage is computing aborts it
+    there (through the core: Stage.cancel while the run is active), a run not started yet is
+    skipped, a run done is not touched; downstream stages skip what was aborted upstream."""
+    stages = [Cancellable(), Cancellable()]
+    transport = SteppedTransport(stages, script=[1, 1, 2, 0], abort=True)
+    x = np.zeros((1, 4), dtype=np.float32)
+    for run_id in range(3):
+        transport.send_decode(tx(run_id, run_id, 1), x)
+    assert transport.poll_result() is None             # stage 1 computed run 0
+    assert transport.poll_result() is None             # ... and run 1
+    assert transport.poll_result().run_id == 0         # stage 2 computed run 0
+    # stage 2 computes run 1 now, stage 1 run 2; run 0 is done everywhere, run 3 not sent
+    transport.send_cancel([0, 1, 3])
+    transport.send_decode(tx(3, 3, 1), x)
+    assert transport.poll_result() is None             # (script: nothing moves)
+    results = [transport.poll_result() for _ in range(4)]   # ticks, the script exhausted
+    assert [(r.run_id, r.cancelled) for r in results if r] == [(1, True), (2, False), (3, True)]
+    outcomes = [[span[3] for span in s["spans"]] for s in transport.shutdown()]
+    assert outcomes == [["computed", "computed", "computed", "skipped"],
+                        ["computed", "aborted", "computed", "skipped"]]
+    assert stages[1].aborts == {1} and stages[0].aborts == set()
 
 
 def test_the_slot_travels_with_decodes_and_kv_ops():

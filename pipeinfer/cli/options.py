@@ -128,7 +128,7 @@ def size_options(command):
     """-c, -b and -t: the context, the largest batch, the threads per rank."""
     return _group(command, [
         click.option("-c", "--ctx-size", "n_ctx", default=JOB.n_ctx,
-                     type=click.IntRange(2, None),
+                     type=click.IntRange(1, None),
                      help="Context size in tokens: prompt + completion of one generation."),
         click.option("-b", "--batch-size", "n_batch", default=JOB.n_batch,
                      type=click.IntRange(1, None),

@@ -31,7 +31,7 @@ def _read_prompt(prompt_file: str) -> str:
 @click.option("-p", "--prompt", default=None, help="Prompt text.")
 @click.option("-f", "--file", "prompt_file", type=click.Path(dir_okay=False), default=None,
               help="Read the prompt from this file instead.")
-@click.option("-n", "--n-predict", default=REQUEST.n_predict, type=click.IntRange(1, None),
+@click.option("-n", "--n-predict", default=REQUEST.n_predict, type=int,
               help="Tokens to generate.")
 @size_options
 @sampling_options("")

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import httpx
 
-import mpi_util
+from support import mpi_util
 
 KEY = "test-key"
 AUTH = {"Authorization": f"Bearer {KEY}"}
@@ -102,6 +102,13 @@ def serving(srv: Server, timeout: float = 150):
         yield srv
     finally:
         srv.kill()
+
+
+def metric(server: Server, name: str) -> float:
+    """The value /metrics gives for `name` (a metric without labels)."""
+    text = httpx.get(server.url + "/metrics", headers=AUTH).text
+    return float(next(line.split()[1] for line in text.splitlines()
+                      if line.startswith(name + " ")))
 
 
 def openai_client(srv: Server, timeout: float = 120):

@@ -45,8 +45,16 @@ def _stage_faults(kind: str, n: int) -> None:
 
 
 class _Unreadable:
+    """The file rank 0 reads weights from, failing from now on (its other methods work)."""
+
+    def __init__(self, file):
+        self.file = file
+
     def read(self, n):
         raise OSError(5, "Input/output error (injected)")
+
+    def __getattr__(self, name):
+        return getattr(self.file, name)
 
 
 def _transfer_faults() -> None:
@@ -62,7 +70,7 @@ def _transfer_faults() -> None:
         if delay:
             time.sleep(delay)
         if fail is not None and self._next == int(fail) and self._file is not None:
-            self._file = _Unreadable()
+            self._file = _Unreadable(self._file)
         buf = original(self, n)
         if corrupt and self._next == int(corrupt) and left[0] > 0:
             left[0] -= 1

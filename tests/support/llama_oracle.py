@@ -1,8 +1,9 @@
-"""Single-node llama.cpp (llama-cpp-python) as the oracle of what the server computes beyond
-plain greedy decoding: tokens chosen through llama.cpp's own sampler chain (logit bias, then
-the penalties sampler fed the prompt first, as llama-server feeds it, then greedy), one token
-per decode as `llama_greedy` does, and each position's logprobs from the raw logits
-(llama-cpp-python's Llama.logits_to_logprobs)."""
+"""Single-node llama.cpp (llama-cpp-python) as the oracle of what pipeinfer computes: greedy
+decoding (`llama_greedy`), a chat's prompt as llama-cpp-python renders the GGUF's template
+(`llama_chat_tokens`), and beyond plain greedy decoding, tokens chosen through llama.cpp's
+own sampler chain (logit bias, then the penalties sampler fed the prompt first, as
+llama-server feeds it, then greedy), one token per decode as `llama_greedy` does, and each
+position's logprobs from the raw logits (llama-cpp-python's Llama.logits_to_logprobs)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,59 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
+_REFERENCE: dict[tuple, list[int]] = {}   # answers computed already: tests ask again
+
+
+def llama_greedy(model: Path, prompt_tokens: list[int], n: int, n_ctx: int = 2048,
+                 repack: bool = True) -> list[int]:
+    """n greedy tokens from llama-cpp-python's Llama (1 thread), not stopping at EOS.
+
+    flash_attn=True: llama.cpp's own default is flash attention "auto" (on, for CPU), which is
+    what pipeinfer's stages get; llama-cpp-python alone turns it off by default, and the other
+    attention kernel rounds differently (SmolLM2 then departs at the 23rd token of
+    test_pipeline_mpi's SMOL_PROMPT)."""
+    key = (str(model), tuple(prompt_tokens), n, n_ctx, repack)
+    if key not in _REFERENCE:
+        from llama_cpp import Llama
+
+        from pipeinfer.model.llama_lib import llama_repacking
+
+        with llama_repacking(repack):  # the target stages' layout (README, --repack)
+            llm = Llama(model_path=str(model), n_ctx=n_ctx, n_threads=1, flash_attn=True,
+                        verbose=False)
+        out: list[int] = []
+        for token in llm.generate(prompt_tokens, temp=0.0, repeat_penalty=1.0):
+            out.append(int(token))
+            if len(out) >= n:
+                break
+        llm.close()
+        _REFERENCE[key] = out
+    return _REFERENCE[key]
+
+
+_ORACLES: dict[str, tuple] = {}   # per model: its vocabulary and its template's formatter
+
+
+def llama_chat_tokens(model: Path, messages: list[dict], tools: list | None = None) -> list[int]:
+    """llama-cpp-python's prompt for `messages` with the GGUF's template: its
+    Jinja2ChatFormatter with the BOS / EOS texts it reads from the vocabulary, tokenized as
+    its chat handler does (no BOS added: the template's own special tokens are parsed)."""
+    from llama_cpp import Llama
+    from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+
+    if str(model) not in _ORACLES:
+        llm = Llama(model_path=str(model), vocab_only=True, verbose=False)
+        bos, eos = llm.token_bos(), llm.token_eos()
+        formatter = Jinja2ChatFormatter(
+            template=llm.metadata["tokenizer.chat_template"],
+            eos_token=llm._model.token_get_text(eos) if eos != -1 else "",
+            bos_token=llm._model.token_get_text(bos) if bos != -1 else "")
+        _ORACLES[str(model)] = (llm, formatter)
+    llm, formatter = _ORACLES[str(model)]
+    result = formatter(messages=messages, tools=tools)
+    return llm.tokenize(result.prompt.encode("utf-8"), add_bos=not result.added_special,
+                        special=True)
 
 
 @dataclass(frozen=True)
