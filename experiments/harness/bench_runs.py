@@ -16,13 +16,11 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent
-
-from cluster_run import run_cluster  # noqa: E402
-from cpu_quota import PERIOD_US, CpuQuotas, QuotaError  # noqa: E402
-from peer_output import PeerOutputError, parse_completion, parse_speculative  # noqa: E402
-from peers import PeerCluster, last_line  # noqa: E402
+from . import CLUSTER, ROOT
+from .cluster_run import run_cluster
+from .cpu_quota import PERIOD_US, CpuQuotas, QuotaError
+from .peer_output import PeerOutputError, parse_completion, parse_speculative
+from .peers import PeerCluster, last_line
 
 
 @dataclass(frozen=True)
@@ -124,7 +122,7 @@ def run_peer(spec: RunSpec, bin_dir: Path) -> dict:
 
 
 def _links(job: str, spec: RunSpec):
-    from cluster import LINK_PRESETS, Links
+    from .cluster import LINK_PRESETS, Links
     rate, delay, jitter = LINK_PRESETS[spec.link]
     links = Links(job, spec.nodes, rate, delay, jitter)
     links.create()
@@ -139,7 +137,7 @@ def pipeinfer_command(spec: RunSpec) -> list[str]:
         cmd += ["--layer-split", ",".join(repr(f) for f in spec.split)]
     if spec.uses_draft:
         cmd += ["-md", spec.draft]
-    return [sys.executable, str(HERE / "cluster.py"), "--nodes", str(spec.nodes),
+    return [sys.executable, str(CLUSTER), "--nodes", str(spec.nodes),
             "--cpu", f"{spec.cpu:g}", "--period-us", str(PERIOD_US), "--link", spec.link,
             "--", *cmd]
 

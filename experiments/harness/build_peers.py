@@ -24,7 +24,7 @@ import sys
 import tarfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from . import ROOT
 # The binaries bench_peers.py runs: target name -> file name (they agree in this version).
 PEERS = ("ggml-rpc-server", "llama-completion", "llama-speculative", "llama-server", "llama-bench")
 

@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Emulate a small cluster on one machine: every MPI rank gets its own CPU quota (cgroups) and,
 optionally, its own network namespace joined to the others by shaped links (rate, delay, jitter).
 
@@ -7,7 +6,7 @@ optionally, its own network namespace joined to the others by shaped links (rate
 
 N ranks on two cores then behave like N slow nodes instead of fighting over the cores. Links
 shape each rank's egress (a round trip costs 2 x delay): with tc netem on veth pairs where the
-kernel has netem, else with a userspace forwarder between TAP devices (experiments/linkhub.py,
+kernel has netem, else with a userspace forwarder between TAP devices (linkhub.py,
 a thread of this process). Everything created (cgroups, namespaces, veths, TAP devices) is
 removed afterwards, also on failure, Ctrl-C or SIGTERM. Needs root (cgroup v1 `cpu` controller
 or cgroup v2 `cpu.max`; iproute2 for links).
@@ -27,12 +26,8 @@ import uuid
 from contextlib import ExitStack
 from pathlib import Path
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import cluster_hosts  # noqa: E402  (beside this script)
-import cluster_shim  # noqa: E402
-import linkhub  # noqa: E402
-import node_disks  # noqa: E402
-from cpu_quota import PERIOD_US, CpuQuotas, QuotaError, parse_cpus  # noqa: E402
+from . import CLUSTER, cluster_hosts, cluster_shim, linkhub, node_disks
+from .cpu_quota import PERIOD_US, CpuQuotas, QuotaError, parse_cpus
 
 LINK_PRESETS = {"gigabit": ("1gbit", "0.2ms", "0ms"), "slow": ("100mbit", "1ms", "0ms")}
 SUBNET = "10.77.0"
@@ -237,7 +232,7 @@ def launch(args: argparse.Namespace) -> int:
     mpiexec = args.mpiexec or shutil.which("mpiexec", path=str(Path(sys.executable).parent)) \
         or shutil.which("mpiexec")
     env = dict(os.environ)
-    shim = [sys.executable, os.path.abspath(__file__), "_rank"]
+    shim = [sys.executable, str(CLUSTER), "_rank"]
     links = None
     with ExitStack() as cleanup:
         for signum in STOP_SIGNALS:
@@ -365,6 +360,3 @@ def main(argv: list[str] | None = None) -> int:
     except Terminated as err:
         return 128 + err.args[0]
 
-
-if __name__ == "__main__":
-    sys.exit(main())

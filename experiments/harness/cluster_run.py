@@ -4,7 +4,7 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from . import ROOT
 
 # cluster.py's own cleanup after SIGTERM: the job's ranks (10 s), its cgroups and links.
 STOP_GRACE_S = 30

@@ -10,9 +10,8 @@ import signal
 import sys
 from pathlib import Path
 
-import cluster_hosts
-import node_disks
-from cpu_quota import join_quota
+from . import cluster_hosts, node_disks
+from .cpu_quota import join_quota
 
 
 def rank_shim(args: argparse.Namespace) -> None:

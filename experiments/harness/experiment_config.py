@@ -39,7 +39,7 @@ import shlex
 import tomllib
 from dataclasses import dataclass, field
 
-from cpu_quota import PERIOD_US  # (beside this module)
+from .cpu_quota import PERIOD_US
 from pathlib import Path
 
 BASE_STRATEGIES = ("iterative", "speculative", "pipeinfer")  # the paper's, the default order

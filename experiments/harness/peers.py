@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from cpu_quota import CpuQuotas, join_quota
+from .cpu_quota import CpuQuotas, join_quota
 
 BASE_PORT = 50152
 
