@@ -17,7 +17,6 @@ from pathlib import Path
 import click
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 PROMPT = "def quicksort(items):\n    \"\"\"Sort a list of numbers.\"\"\"\n"
 

@@ -31,7 +31,10 @@ from pathlib import Path
 
 import httpx
 
-HERE = Path(__file__).resolve().parent
+if not __package__:   # run as `python experiments/NAME.py`: the repository on the path
+    sys.path[0] = str(Path(__file__).resolve().parents[1])
+
+from experiments.harness import CLUSTER  # noqa: E402
 PIPEINFER = Path(sys.executable).parent / "pipeinfer"
 PROMPTS = ["Write a Python function that parses a CSV file of transactions and returns the "
            "total amount per category, sorted by amount.",
@@ -85,7 +88,7 @@ class Front:
             cmd += ["-md", args.draft, "--strategy", args.strategy]
         if not args.small:
             cmd += ["--hosts", ",".join(f"node{i}" for i in range(args.nodes)), "--mpiexec",
-                    f"{sys.executable} {HERE / 'cluster.py'} --cpu {args.cpu} --link gigabit "
+                    f"{sys.executable} {CLUSTER} --cpu {args.cpu} --link gigabit "
                     f"--state {state} --as-mpiexec"]
         self.log = log
         self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=open(log, "w"),

@@ -35,18 +35,16 @@ import time
 import uuid
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(HERE))
+if not __package__:   # run as `python experiments/NAME.py`: the repository on the path
+    sys.path[0] = str(Path(__file__).resolve().parents[1])
 
-import build_peers  # noqa: E402
-from bench_peers import CODE_PROMPT, render_prompt  # noqa: E402
-from bench_runs import RunSpec, _links, peer_command  # noqa: E402
-from cluster import LINK_PRESETS  # noqa: E402
-from cluster_run import stop  # noqa: E402
-from cpu_quota import PERIOD_US, CpuQuotas, host_cpu  # noqa: E402
-from peers import PeerCluster, last_line, peak_rss_mb  # noqa: E402
+from experiments.bench_peers import CODE_PROMPT, render_prompt  # noqa: E402
+from experiments.harness import CLUSTER, ROOT, build_peers  # noqa: E402
+from experiments.harness.bench_runs import RunSpec, _links, peer_command  # noqa: E402
+from experiments.harness.cluster import LINK_PRESETS  # noqa: E402
+from experiments.harness.cluster_run import stop  # noqa: E402
+from experiments.harness.cpu_quota import PERIOD_US, CpuQuotas, host_cpu  # noqa: E402
+from experiments.harness.peers import PeerCluster, last_line, peak_rss_mb  # noqa: E402
 
 SENT = re.compile(r"sent ([\d.]+) MB of weights in ([\d.]+) s")
 LINK_MB_S = {"gigabit": 125.0, "slow": 12.5}
@@ -64,7 +62,7 @@ def first_byte(proc: subprocess.Popen, timeout: float, watch=None) -> float | No
 
 
 def pipeinfer_start(args, disks: Path, prompt: str, env: dict | None = None) -> dict:
-    cmd = [sys.executable, str(HERE / "cluster.py"), "--nodes", str(args.nodes), "--cpu",
+    cmd = [sys.executable, str(CLUSTER), "--nodes", str(args.nodes), "--cpu",
            f"{args.cpu:g}", "--period-us", str(PERIOD_US), "--link", args.link, "--disks",
            "private", "--disk-root", str(disks), "--", str(Path(sys.executable).parent /
                                                         "pipeinfer"),

@@ -35,13 +35,11 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(HERE))
+if not __package__:   # run as `python experiments/NAME.py`: the repository on the path
+    sys.path[0] = str(Path(__file__).resolve().parents[1])
 
-import build_peers  # noqa: E402
-from bench_runs import RunSpec, run_peer, run_pipeinfer, write_row  # noqa: E402
+from experiments.harness import build_peers  # noqa: E402
+from experiments.harness.bench_runs import RunSpec, run_peer, run_pipeinfer, write_row  # noqa: E402
 
 CODE_PROMPT = ("Write a Python function that parses a CSV file of transactions (date, amount, "
                "category) and returns the total amount per category, sorted by amount.")

@@ -25,7 +25,6 @@ from collections import defaultdict
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent))
 
 from pipeinfer.plan import header_only, modelled  # noqa: E402
 from pipeinfer.plan.acceptance import accept_rate  # noqa: E402

@@ -23,12 +23,10 @@ import pytest
 
 from mpi_util import PIPEINFER, PYTHON, launch, run_pipeinfer
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "experiments"))
-import linkhub  # noqa: E402  (experiments/linkhub.py: cluster.py's userspace links)
-from cpu_quota import CGROUP_V1, CGROUP_V2, QuotaError, controller  # noqa: E402
+from experiments.harness import CLUSTER, linkhub
+from experiments.harness.cpu_quota import CGROUP_V1, CGROUP_V2, QuotaError, controller
 
-CLUSTER = ROOT / "experiments" / "cluster.py"
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def _why_no_cgroups() -> str | None:

@@ -204,9 +204,6 @@ def test_plot_orders_settings_by_node_count(tmp_path):
 def test_plot_scaling_chart_from_fixed_cpu_per_node(tmp_path):
     """bench_peers --cpu-per-node rows (settings Nn-0.25c): scaling.png, a line per system,
     llama.cpp's speculative decoding at its best draft max per node count."""
-    import sys
-
-    sys.path.insert(0, str(PLOT.parent))
     from plot import scaling_series
 
     from pipeinfer.results import read_rows

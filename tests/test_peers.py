@@ -1,7 +1,7 @@
 """The head-to-head against llama.cpp's RPC backend (experiments/bench_peers.py): reading what
 llama.cpp's programs print (outputs captured from real runs, tests/data/peers), the build's
 refusal without tools, a peer that crashes or hangs, and a smoke run of the whole bench with
-the smallest model on 2 nodes when the peer binaries are built (experiments/build_peers.py;
+the smallest model on 2 nodes when the peer binaries are built (experiments/harness/build_peers.py;
 skipped otherwise: building them takes about 15 minutes)."""
 
 from __future__ import annotations
@@ -18,14 +18,13 @@ from pathlib import Path
 
 import pytest
 
+from experiments import bench_peers
+from experiments.harness import bench_runs, build_peers
+from experiments.harness.peer_output import PeerOutputError, parse_completion, parse_speculative
+from test_cluster import _why_no_cgroups
+
 ROOT = Path(__file__).resolve().parents[1]
 DATA = Path(__file__).resolve().parent / "data" / "peers"
-sys.path.insert(0, str(ROOT / "experiments"))
-import bench_peers  # noqa: E402
-import build_peers  # noqa: E402
-from peer_output import PeerOutputError, parse_completion, parse_speculative  # noqa: E402
-
-from test_cluster import _why_no_cgroups  # noqa: E402
 
 
 def test_completion_output_is_read():
@@ -75,7 +74,7 @@ def peer_bin(session_cache, monkeypatch) -> Path:
     monkeypatch.setenv("PIPEINFER_CACHE", str(_real_cache(session_cache)))
     directory = build_peers.peer_dir()
     if not build_peers.built(directory):
-        pytest.skip(f"llama.cpp peers not built ({directory}): python experiments/build_peers.py")
+        pytest.skip(f"llama.cpp peers not built ({directory}): python -m experiments.harness.build_peers")
     why = _why_no_cgroups()
     if why:
         pytest.skip(why)
@@ -83,8 +82,8 @@ def peer_bin(session_cache, monkeypatch) -> Path:
 
 
 def _cluster_run(bin_dir: Path, command: list[str], timeout: float):
-    from cpu_quota import PERIOD_US, CpuQuotas
-    from peers import PeerCluster
+    from experiments.harness.cpu_quota import PERIOD_US, CpuQuotas
+    from experiments.harness.peers import PeerCluster
     quotas = CpuQuotas(uuid.uuid4().hex[:6], [1.0, 1.0], PERIOD_US)
     quotas.create()
     try:
@@ -159,7 +158,7 @@ def test_bench_smoke_two_nodes(peer_bin, smollm2, session_cache, tmp_path):
 
 def _emulation_leftovers(marker: str) -> tuple[set[str], set[int]]:
     """The emulation's cgroups now, and the processes whose command line holds `marker`."""
-    from cpu_quota import controller
+    from experiments.harness.cpu_quota import controller
     cgroups = {p.name for p in controller()[0].glob("pipeinfer-*")}
     found = subprocess.run(["pgrep", "-f", marker], capture_output=True, text=True)
     return cgroups, {int(pid) for pid in found.stdout.split()}
@@ -184,7 +183,6 @@ def test_a_hung_pipeinfer_run_is_stopped_with_its_cluster(smollm2, session_cache
     why = _why_no_cgroups()
     if why:
         pytest.skip(why)
-    import bench_runs
     monkeypatch.setenv("PIPEINFER_CACHE", str(_real_cache(session_cache)))
     marker = f"Once upon a time {uuid.uuid4().hex}"
     before = _emulation_leftovers(marker)

@@ -1,5 +1,5 @@
-"""How often pipeinfer's greedy path needs the full grammar mask (issue 33 item 2; the
-engines themselves are compared by bench_constraints.py).
+"""How often pipeinfer's greedy path needs the full grammar mask (`bench_constraints.py
+--greedy-path`; the engines themselves are compared by bench_constraints.py's default run).
 
 pipeinfer's greedy sampler (model/sampling.py, Sampler._allowed_best) first asks the grammar
 whether the unconstrained argmax is allowed (one candidate) and masks the whole vocabulary
@@ -13,13 +13,10 @@ sampler) on bench_turns.py's JSON schema:
           positions the unconstrained argmax was not allowed (where pipeinfer pays the mask),
           with the time the checks and the masks took.
 
-Run with pipeinfer's environment and this tree on the path, under `flock /tmp/cpu.lock`:
-  PYTHONPATH=. flock /tmp/cpu.lock .venv/bin/python experiments/bench_constraints_greedy.py
 """
 
 from __future__ import annotations
 
-import argparse
 import time
 from pathlib import Path
 
@@ -28,7 +25,7 @@ import numpy as np
 from pipeinfer.model.grammar import json_grammar
 from pipeinfer.model.tokenizer import Tokenizer
 
-from json_task import ANSWER, JSON_ASK, SCHEMA  # (beside this script)
+from .json_task import ANSWER, JSON_ASK, SCHEMA
 
 MODEL = Path.home() / ".cache/pipeinfer/models/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf"
 
@@ -49,9 +46,9 @@ def replay(tok: Tokenizer, gbnf: str) -> None:
           f"over 1000: {int((sizes > 1000).sum())}")
 
 
-def greedy(tok: Tokenizer, gbnf: str, n_max: int) -> None:
+def greedy(tok: Tokenizer, gbnf: str, n_max: int, model: Path = MODEL) -> None:
     import llama_cpp
-    llm = llama_cpp.Llama(str(MODEL), n_ctx=1024, n_threads=1, n_threads_batch=1,
+    llm = llama_cpp.Llama(str(model), n_ctx=1024, n_threads=1, n_threads_batch=1,
                           verbose=False)
     prompt = tok.chat_tokens([{"role": "user", "content": JSON_ASK}])
     g = tok.grammar(gbnf)
@@ -94,17 +91,9 @@ def greedy(tok: Tokenizer, gbnf: str, n_max: int) -> None:
     print("text: " + text)
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--n", type=int, default=300, help="most tokens generated")
-    ap.add_argument("--no-greedy", action="store_true", help="the replay only (no model run)")
-    args = ap.parse_args()
-    tok = Tokenizer(MODEL)
+def run(n: int, model: Path = MODEL) -> None:
+    """Both counts: the replay, then a greedy generation of at most `n` tokens."""
+    tok = Tokenizer(model)
     gbnf = json_grammar(SCHEMA)
     replay(tok, gbnf)
-    if not args.no_greedy:
-        greedy(tok, gbnf, args.n)
-
-
-if __name__ == "__main__":
-    main()
+    greedy(tok, gbnf, n, model)
