@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""How long a failure interrupts `pipeinfer serve --ranks N` (issue 32): clients streaming
+"""How long a failure interrupts `pipeinfer serve --ranks N`: clients streaming
 answers, a worker killed (or a host lost) once every answer has --kill-at tokens; the time to
 the first token after the kill, for every client, and its phases: detect (the kill until
 /health says recovering), relaunch + reload (until a new job takes requests), rebuild (the

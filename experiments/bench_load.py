@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Time from launch to the first token when only node 0 holds the model files (issue 31), on the
+"""Time from launch to the first token when only node 0 holds the model files, on the
 emulated cluster with separate disks and shaped links, pipeinfer against llama.cpp's RPC backend
 in one run:
 
@@ -18,7 +18,7 @@ Per repeat, in this order (each system's second start right after its first):
 - llama.cpp RPC with -c, first start (empty tensor caches) and second start (cached).
 Launch to first token: from starting the job (pipeinfer's mpiexec; llama-completion, the
 rpc-servers already listening) to the first byte of generated text on its stdout. Peak RSS per
-node comes with every row. Prints a table of medians and the ratios the issue's goals name.
+node comes with every row. Prints a table of medians and their ratios.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""What memory a node really needs (issue 31): the same pipeinfer job without memory limits and
+"""What memory a node really needs: the same pipeinfer job without memory limits and
 under per-node limits (experiments/cluster.py --mem, a memory cgroup per rank), each start with
 a cold page cache, repeats interleaved, in one run:
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """`--layer-split auto` against the even split on emulated clusters, and the simulator's
-prediction of every run, in one script run (issue 20's goals).
+prediction of every run, in one script run.
 
 Per setting: `pipeinfer calibrate` under the setting's quotas writes a profile; then K
 interleaved repeats of every strategy with the even split and with `--layer-split auto

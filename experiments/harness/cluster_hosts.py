@@ -1,5 +1,5 @@
 """cluster.py as an mpiexec the front of `pipeinfer serve --ranks N --mpiexec ...` launches
-through (issue 32): named hosts (node0, node1, ...) that can go away and come back.
+through: named hosts (node0, node1, ...) that can go away and come back.
 
     python experiments/cluster.py --cpu 0.5 --link gigabit --state DIR --as-mpiexec \\
         -n 3 -hosts node0,node1,node3 CMD ...
