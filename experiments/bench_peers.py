@@ -5,9 +5,14 @@ the same with llama.cpp's speculative decoding (llama-speculative, the draft on 
 --draft-max sweep), and pipeinfer iterative, speculative and pipeinfer with default flags.
 
     python experiments/bench_peers.py --nodes 2,4,8 -k 3 -n 128 --out peers.csv
-    python plot.py peers.csv --out figures/          # peers.png among the charts
-    python experiments/bench_peers.py --nodes 2,3,4,6,8 --cpu-per-node 0.25 -k 3 --out s.csv
-    python plot.py s.csv --out figures/              # scaling.png: t/s against nodes
+    python experiments/bench_peers.py --nodes 2,4,8 --cpu-per-node 0.25 -k 3 --out scaling.csv
+    python experiments/bench_peers.py --replot peers.csv     # the table and chart again
+
+Besides the CSV, each run writes the results pages' table and chart beside it: CSV.md (median
+t/s per system and node count, the runs in brackets, and the ratios) and CSV.png (grouped bars,
+or t/s against nodes when every node has the same CPU: --cpu-per-node); with --memory also
+CSV-memory.md and CSV-memory.png (each node's peak resident memory per system). --replot CSV
+draws them again from a CSV without running anything.
 
 Every system gets the same nodes: N nodes share --cpu-total cores evenly (2 cores: 2 x 1,
 4 x 0.5, 8 x 0.25), or each has --cpu-per-node cores, one CPU quota per node (experiments/cluster.py's cgroups), 1 thread per
@@ -38,7 +43,7 @@ from pathlib import Path
 if not __package__:   # run as `python experiments/NAME.py`: the repository on the path
     sys.path[0] = str(Path(__file__).resolve().parents[1])
 
-from experiments.harness import build_peers  # noqa: E402
+from experiments.harness import build_peers, charts, peer_report  # noqa: E402
 from experiments.harness.bench_runs import RunSpec, run_peer, run_pipeinfer, write_row  # noqa: E402
 
 CODE_PROMPT = ("Write a Python function that parses a CSV file of transactions (date, amount, "
@@ -129,6 +134,31 @@ def _scaling(by_nodes: dict) -> None:
                                                for n, r in zip(counts, ratios)))
 
 
+def write_report(csv_path: Path, memory: bool, title: str | None) -> None:
+    """The results pages' table and chart from a results CSV, beside it (CSV.md, CSV.png; with
+    memory also CSV-memory.md and CSV-memory.png)."""
+    results = peer_report.load(csv_path)
+    stem = csv_path.with_suffix("")
+    if peer_report.is_scaling(results):
+        table = peer_report.scaling_table(results)
+        charts.scaling_chart(results, stem.with_suffix(".png"), title or "Speed as nodes are added")
+    else:
+        table = peer_report.speed_table(results)
+        charts.peers_chart(results, stem.with_suffix(".png"),
+                           title or "pipeinfer and llama.cpp RPC: generation speed")
+    stem.with_suffix(".md").write_text(table)
+    written = [stem.with_suffix(".md"), stem.with_suffix(".png")]
+    if memory:
+        memory_path = Path(f"{stem}-memory")
+        memory_path.with_suffix(".md").write_text(peer_report.memory_table(results))
+        charts.memory_chart(results, memory_path.with_suffix(".png"),
+                            title or "Peak resident memory per node")
+        written += [memory_path.with_suffix(".md"), memory_path.with_suffix(".png")]
+    print(table)
+    for path in written:
+        print(f"wrote {path}")
+
+
 def _stopped(signum, frame):
     """SIGTERM ends the bench as Ctrl-C does: through every cleanup on the way out (the
     rpc-servers, the nodes' cgroups, a pipeinfer run's cluster.py; Python's default would
@@ -165,7 +195,15 @@ def main(argv: list[str] | None = None) -> int:
                              "slice for slice")
     parser.add_argument("--out", default="peers.csv", help="results CSV (appended)")
     parser.add_argument("--timeout", type=float, default=900, help="seconds per run")
+    parser.add_argument("--memory", action="store_true",
+                        help="also the table and chart of each node's peak resident memory")
+    parser.add_argument("--title", help="the chart's title")
+    parser.add_argument("--replot", type=Path, metavar="CSV",
+                        help="run nothing: draw the table and chart of this CSV again")
     args = parser.parse_args(argv)
+    if args.replot:
+        write_report(args.replot, args.memory, args.title)
+        return 0
     systems = args.systems.split(",")
     unknown = [s for s in systems if s not in PEER_SYSTEMS + PIPEINFER_SYSTEMS + EXTRA_SYSTEMS]
     if unknown:
@@ -200,6 +238,7 @@ def main(argv: list[str] | None = None) -> int:
                          f"{r.get('accept_rate')}, RSS {r.get('peak_rss_mb')}")
                       + f" ({time.time() - t0:.0f} s)", flush=True)
     summarize(results)
+    write_report(Path(args.out), args.memory, args.title)
     return 0
 
 
