@@ -60,6 +60,8 @@ def exact_sizes(model: Path, repack: bool, max_batch: int) -> list[tuple[int, bo
               help="A model name of the cache (pipeinfer models list) or a GGUF path.")
 @click.option("--max-batch", default=12, show_default=True, type=click.IntRange(1, 64))
 def main(model: str, max_batch: int) -> None:
+    """Which batch sizes give every token the logits one-token decoding gives it, with
+    llama.cpp's repacked weights and with the plain layout (the run sizes `--exact` keeps)."""
     from pipeinfer.model.models import resolve_model
 
     path = resolve_model(model, fetch_missing=False)

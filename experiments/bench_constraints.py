@@ -1,5 +1,5 @@
-"""Constraint engines compared on speed per token over Qwen2.5's 151,936-token vocabulary
-: llama.cpp's grammar sampler (what pipeinfer uses, model/grammar.py),
+"""Constraint engines compared on speed per token over Qwen2.5's 151,936-token vocabulary:
+llama.cpp's grammar sampler (what pipeinfer uses, model/grammar.py),
 llguidance, xgrammar and outlines-core.
 
 A fixed valid answer to bench_turns.py's JSON schema (a list of 5 objects of 4 fields) is
