@@ -134,20 +134,21 @@ def _scaling(by_nodes: dict) -> None:
                                                for n, r in zip(counts, ratios)))
 
 
-def write_report(csv_path: Path, memory: bool, title: str | None) -> None:
-    """The results pages' table and chart from a results CSV, beside it (CSV.md, CSV.png; with
-    memory also CSV-memory.md and CSV-memory.png)."""
+def write_report(csv_path: Path, memory: bool, title: str | None,
+                 chart: Path | None = None) -> None:
+    """The results pages' table and chart from a results CSV, beside it (CSV.md, CSV.png or
+    `chart`; with memory also CSV-memory.md and CSV-memory.png)."""
     results = peer_report.load(csv_path)
     stem = csv_path.with_suffix("")
+    chart = chart or stem.with_suffix(".png")
     if peer_report.is_scaling(results):
         table = peer_report.scaling_table(results)
-        charts.scaling_chart(results, stem.with_suffix(".png"), title or "Speed as nodes are added")
+        charts.scaling_chart(results, chart, title or "Speed as nodes are added")
     else:
         table = peer_report.speed_table(results)
-        charts.peers_chart(results, stem.with_suffix(".png"),
-                           title or "pipeinfer and llama.cpp RPC: generation speed")
+        charts.peers_chart(results, chart, title or "pipeinfer and llama.cpp RPC: generation speed")
     stem.with_suffix(".md").write_text(table)
-    written = [stem.with_suffix(".md"), stem.with_suffix(".png")]
+    written = [stem.with_suffix(".md"), chart]
     if memory:
         memory_path = Path(f"{stem}-memory")
         memory_path.with_suffix(".md").write_text(peer_report.memory_table(results))
@@ -198,11 +199,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--memory", action="store_true",
                         help="also the table and chart of each node's peak resident memory")
     parser.add_argument("--title", help="the chart's title")
+    parser.add_argument("--chart", type=Path, help="where the chart goes (default: CSV.png)")
     parser.add_argument("--replot", type=Path, metavar="CSV",
                         help="run nothing: draw the table and chart of this CSV again")
     args = parser.parse_args(argv)
     if args.replot:
-        write_report(args.replot, args.memory, args.title)
+        write_report(args.replot, args.memory, args.title, args.chart)
         return 0
     systems = args.systems.split(",")
     unknown = [s for s in systems if s not in PEER_SYSTEMS + PIPEINFER_SYSTEMS + EXTRA_SYSTEMS]
@@ -238,7 +240,7 @@ def main(argv: list[str] | None = None) -> int:
                          f"{r.get('accept_rate')}, RSS {r.get('peak_rss_mb')}")
                       + f" ({time.time() - t0:.0f} s)", flush=True)
     summarize(results)
-    write_report(Path(args.out), args.memory, args.title)
+    write_report(Path(args.out), args.memory, args.title, args.chart)
     return 0
 
 
