@@ -139,6 +139,9 @@ def write_report(csv_path: Path, memory: bool, title: str | None,
     """The results pages' table and chart from a results CSV, beside it (CSV.md, CSV.png or
     `chart`; with memory also CSV-memory.md and CSV-memory.png)."""
     results = peer_report.load(csv_path)
+    if not peer_report.medians(results):
+        print(f"bench_peers: no run of {csv_path} has figures: no table, no chart")
+        return
     stem = csv_path.with_suffix("")
     chart = chart or stem.with_suffix(".png")
     if peer_report.is_scaling(results):

@@ -378,3 +378,18 @@ def test_no_test_loads_a_script_through_sys_path():
     offenders = [p.name for p in (ROOT / "tests").rglob("*.py")
                  if re.search(r"sys\.path\.(insert|append)|sys\.path\s*\+?=", p.read_text())]
     assert not offenders, offenders
+
+
+def test_failover_chart_is_drawn_from_the_token_times(tmp_path):
+    """bench_failover.py --replot: the first repeat's tokens per second per client, from the
+    streams.csv a run keeps (the kill as client -1), without running anything."""
+    streams = tmp_path / "streams.csv"
+    lines = ["scenario,repeat,client,t_s", "worker,0,-1,3.000"]
+    lines += [f"worker,0,{c},{t / 5:.3f}" for c in range(2) for t in range(15)]   # to 2.8 s
+    lines += [f"worker,0,{c},{6 + t / 5:.3f}" for c in range(2) for t in range(10)]  # resumed
+    lines += ["worker,1,-1,1.0", "worker,1,0,0.5"]   # a second repeat: not drawn
+    streams.write_text("\n".join(lines) + "\n")
+    result = launch([PYTHON, EXPERIMENTS / "bench_failover.py", "--replot", streams])
+    assert result.rc == 0, result.describe()
+    assert (tmp_path / "failover.png").read_bytes().startswith(PNG_SIGNATURE)
+    assert f"wrote {tmp_path / 'failover.png'}" in result.stdout

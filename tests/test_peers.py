@@ -154,6 +154,47 @@ def test_bench_smoke_two_nodes(peer_bin, smollm2, session_cache, tmp_path):
                            str(figures)], capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert plot.returncode == 0, plot.stderr
     assert (figures / "peers.png").stat().st_size > 0
+    table = out.with_suffix(".md").read_text()   # the results page's table, beside the CSV
+    assert "| 2 x 1 core |" in table and "pipeinfer / best peer" in table
+    assert out.with_suffix(".png").stat().st_size > 0
+    out.with_suffix(".md").unlink()
+    replot = subprocess.run([sys.executable, str(ROOT / "experiments" / "bench_peers.py"),
+                             "--replot", str(out)], capture_output=True, text=True, timeout=300)
+    assert replot.returncode == 0, replot.stderr
+    assert out.with_suffix(".md").read_text() == table
+
+
+def _write_peer_rows(path: Path, rows: list[tuple[str, int, float, float, str]]) -> None:
+    """bench_peers CSV rows: (variant, nodes, cores each, t/s, peak RSS per node)."""
+    with open(path, "w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["strategy", "ranks", "speed_tps", "peak_rss_mb", "error", "label"])
+        for variant, nodes, cpu, tps, rss in rows:
+            writer.writerow([variant, nodes, tps, rss, "",
+                             f"pair=p;prompt=code;setting={nodes}n-{cpu:g}c;variant={variant}"])
+
+
+def test_replot_draws_the_table_and_charts_from_a_csv(tmp_path):
+    """--replot: medians per system and node count, llama.cpp's speculative decoding at its
+    best draft max, the ratios, each node's memory; a chart for each; nothing is run."""
+    out = tmp_path / "peers.csv"
+    _write_peer_rows(out, [("llama-rpc", 4, 0.5, tps, "1300,340,330,450") for tps in (3.0, 3.2, 3.1)]
+                     + [("llama-rpc-spec-d4", 4, 0.5, 2.0, ""), ("llama-rpc-spec-d8", 4, 0.5, 2.5, "")]
+                     + [("pipeinfer", 4, 0.5, tps, "530,360,350,490") for tps in (6.0, 6.4, 6.2)]
+                     + [("pipeinfer", 8, 0.25, 4.0, "530,200,190,190,190,190,190,350")])
+    done = subprocess.run([sys.executable, str(ROOT / "experiments" / "bench_peers.py"),
+                           "--replot", str(out), "--memory"], capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr
+    table = out.with_suffix(".md").read_text().splitlines()
+    assert table[0].startswith("| nodes | llama.cpp RPC | RPC + its spec (best) | pipeinfer |")
+    assert table[2] == ("| 4 x 0.5 core | 3.10 (3.00 / 3.20 / 3.10) | 2.50 (2.50) d8 | "
+                        "6.20 (6.00 / 6.40 / 6.20) | **2.00x** | - |")
+    assert table[3].startswith("| 8 x 0.25 core | - | - | 4.00 (4.00) |")
+    memory = (tmp_path / "peers-memory.md").read_text()
+    assert "| 4 | llama.cpp RPC | 1300 / 340 / 330 / 450 |" in memory
+    for png in ("peers.png", "peers-memory.png"):
+        assert (tmp_path / png).read_bytes().startswith(b"\x89PNG")
 
 
 def _emulation_leftovers(marker: str) -> tuple[set[str], set[int]]:
