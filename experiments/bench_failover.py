@@ -169,7 +169,7 @@ def disturbed(front: Front, args, scenario: str, state: Path) -> dict:
             "total": first - t_kill, "ranks_after": ranks}
 
 
-def main() -> int:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--scenario", default="worker,host", help="worker, host, or both")
     parser.add_argument("-K", type=int, default=3)
@@ -190,6 +190,11 @@ def main() -> int:
                         "draw the first repeat's tokens per second (DIR/failover.png)")
     parser.add_argument("--replot", type=Path, metavar="CSV",
                         help="run nothing: draw the chart of a streams.csv again (beside it)")
+    return parser
+
+
+def main() -> int:
+    parser = _parser()
     args = parser.parse_args()
     if args.replot:
         return replot(args.replot)

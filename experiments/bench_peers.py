@@ -171,8 +171,7 @@ def _stopped(signum, frame):
     raise SystemExit(128 + signum)
 
 
-def main(argv: list[str] | None = None) -> int:
-    signal.signal(signal.SIGTERM, _stopped)
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="qwen-coder-1.5b")
     parser.add_argument("--draft", default="qwen-coder-0.5b")
@@ -182,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cpu-per-node", type=float, default=None,
                         help="cores of every node whatever their number (instead of "
                              "--cpu-total): the machines a user adds, e.g. --nodes 2,3,4,6,8 "
-                             "--cpu-per-node 0.25; plot.py draws scaling.png from the CSV")
+                             "--cpu-per-node 0.25; the chart is then t/s against nodes")
     parser.add_argument("-n", type=int, default=128, help="tokens to generate")
     parser.add_argument("-k", type=int, default=3, help="repeats (interleaved)")
     parser.add_argument("--systems", default=",".join(PEER_SYSTEMS + PIPEINFER_SYSTEMS),
@@ -205,6 +204,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--chart", type=Path, help="where the chart goes (default: CSV.png)")
     parser.add_argument("--replot", type=Path, metavar="CSV",
                         help="run nothing: draw the table and chart of this CSV again")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    signal.signal(signal.SIGTERM, _stopped)
+    parser = _parser()
     args = parser.parse_args(argv)
     if args.replot:
         write_report(args.replot, args.memory, args.title, args.chart)
