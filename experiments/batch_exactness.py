@@ -11,13 +11,11 @@ greedy decoding exactly when all its runs use exact batch sizes.
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import click
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 PROMPT = "def quicksort(items):\n    \"\"\"Sort a list of numbers.\"\"\"\n"
 
@@ -61,6 +59,8 @@ def exact_sizes(model: Path, repack: bool, max_batch: int) -> list[tuple[int, bo
               help="A model name of the cache (pipeinfer models list) or a GGUF path.")
 @click.option("--max-batch", default=12, show_default=True, type=click.IntRange(1, 64))
 def main(model: str, max_batch: int) -> None:
+    """Which batch sizes give every token the logits one-token decoding gives it, with
+    llama.cpp's repacked weights and with the plain layout (the run sizes `--exact` keeps)."""
     from pipeinfer.model.models import resolve_model
 
     path = resolve_model(model, fetch_missing=False)

@@ -1,5 +1,5 @@
-"""Constraint engines compared on speed per token over Qwen2.5's 151,936-token vocabulary
-(issue 33 item 2): llama.cpp's grammar sampler (what pipeinfer uses, model/grammar.py),
+"""Constraint engines compared on speed per token over Qwen2.5's 151,936-token vocabulary:
+llama.cpp's grammar sampler (what pipeinfer uses, model/grammar.py),
 llguidance, xgrammar and outlines-core.
 
 A fixed valid answer to bench_turns.py's JSON schema (a list of 5 objects of 4 fields) is
@@ -49,7 +49,10 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 import numpy as np  # noqa: E402
 import llama_cpp  # noqa: E402
 
-from json_task import ANSWER, SCHEMA  # noqa: E402  (beside this script)
+if not __package__:   # run as `python experiments/NAME.py`: the repository on the path
+    sys.path[0] = str(Path(__file__).resolve().parents[1])
+
+from experiments.harness.json_task import ANSWER, SCHEMA  # noqa: E402
 
 MODEL = Path.home() / ".cache/pipeinfer/models/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf"
 ENGINES = ("llama.cpp", "llguidance-json", "llguidance-gbnf", "xgrammar-json", "xgrammar-gbnf",
@@ -408,6 +411,11 @@ def parse_args():
     ap.add_argument("-k", type=int, default=3, help="replays of the answer per engine")
     ap.add_argument("--positions", default="0,1,10,20,40,60,80,100,123",
                     help="positions (0 = before the first token) whose allowed counts print")
+    ap.add_argument("--greedy-path", action="store_true",
+                    help="instead of the engines: how often pipeinfer's greedy path needs the "
+                         "full mask (llama.cpp's sampler; a greedy generation of at most -n "
+                         "tokens of --model, which must then be the whole model)")
+    ap.add_argument("-n", type=int, default=300, help="--greedy-path: most tokens generated")
     ap.add_argument("--diff", action="store_true",
                     help="also print which tokens llama.cpp and each engine disagree on, "
                          "at those positions")
@@ -416,6 +424,9 @@ def parse_args():
 
 def main():
     args = parse_args()
+    if args.greedy_path:
+        from experiments.harness.constraints_greedy import run
+        return run(args.n, args.model)
     cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo")
                 if line.startswith("model name")), platform.processor())
     print(f"# host: {cpu}, {os.cpu_count()} cores; python {platform.python_version()}; "

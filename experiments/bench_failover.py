@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""How long a failure interrupts `pipeinfer serve --ranks N` (issue 32): clients streaming
+"""How long a failure interrupts `pipeinfer serve --ranks N`: clients streaming
 answers, a worker killed (or a host lost) once every answer has --kill-at tokens; the time to
 the first token after the kill, for every client, and its phases: detect (the kill until
 /health says recovering), relaunch + reload (until a new job takes requests), rebuild (the
@@ -7,6 +7,12 @@ KV cache of the prompt and the tokens sent, until the last client's first new to
 answer is compared with the undisturbed one (taken first, on the same server).
 
     flock /tmp/cpu.lock python experiments/bench_failover.py --scenario worker,host -K 3
+    python experiments/bench_failover.py --replot streams.csv     # the chart again
+
+--out DIR also keeps every client's token arrival times (DIR/streams.csv: scenario, repeat,
+client, seconds since the clients started; the kill as client -1) and draws the first
+repeat's tokens per second per client across the kill (DIR/failover.png); --replot CSV draws
+that chart again from such a file without running anything.
 
 Defaults: 4 emulated nodes of half a core on gigabit links (experiments/cluster.py
 --as-mpiexec), Qwen2.5-Coder 1.5B + 0.5B with --strategy pipeinfer, 4 clients streaming
@@ -31,7 +37,11 @@ from pathlib import Path
 
 import httpx
 
-HERE = Path(__file__).resolve().parent
+if not __package__:   # run as `python experiments/NAME.py`: the repository on the path
+    sys.path[0] = str(Path(__file__).resolve().parents[1])
+
+from experiments.harness import CLUSTER, charts  # noqa: E402
+
 PIPEINFER = Path(sys.executable).parent / "pipeinfer"
 PROMPTS = ["Write a Python function that parses a CSV file of transactions and returns the "
            "total amount per category, sorted by amount.",
@@ -85,7 +95,7 @@ class Front:
             cmd += ["-md", args.draft, "--strategy", args.strategy]
         if not args.small:
             cmd += ["--hosts", ",".join(f"node{i}" for i in range(args.nodes)), "--mpiexec",
-                    f"{sys.executable} {HERE / 'cluster.py'} --cpu {args.cpu} --link gigabit "
+                    f"{sys.executable} {CLUSTER} --cpu {args.cpu} --link gigabit "
                     f"--state {state} --as-mpiexec"]
         self.log = log
         self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=open(log, "w"),
@@ -131,6 +141,7 @@ def run_clients(front: Front, args) -> list[Client]:
 
 def disturbed(front: Front, args, scenario: str, state: Path) -> dict:
     before = front.wait_ready()
+    t0 = time.monotonic()
     clients = run_clients(front, args)
     while any(len(c.chunks) < args.kill_at and c.is_alive() for c in clients):
         time.sleep(0.01)
@@ -153,12 +164,12 @@ def disturbed(front: Front, args, scenario: str, state: Path) -> dict:
         c.join(1800)
     firsts = [c.first_after(t_kill) for c in clients]
     first = max(f for f in firsts if f is not None) if all(firsts) else float("nan")
-    return {"clients": clients, "detect": (detect or ready) - t_kill,
+    return {"clients": clients, "t0": t0, "t_kill": t_kill, "detect": (detect or ready) - t_kill,
             "relaunch": ready - (detect or ready), "rebuild": first - ready,
             "total": first - t_kill, "ranks_after": ranks}
 
 
-def main() -> int:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--scenario", default="worker,host", help="worker, host, or both")
     parser.add_argument("-K", type=int, default=3)
@@ -175,7 +186,18 @@ def main() -> int:
                              "the front's, is kept in the run's directory, printed at the end)")
     parser.add_argument("--small", action="store_true",
                         help="SmolLM2, 3 ranks on this machine (the tests' server)")
+    parser.add_argument("--out", type=Path, help="keep the token times (DIR/streams.csv) and "
+                        "draw the first repeat's tokens per second (DIR/failover.png)")
+    parser.add_argument("--replot", type=Path, metavar="CSV",
+                        help="run nothing: draw the chart of a streams.csv again (beside it)")
+    return parser
+
+
+def main() -> int:
+    parser = _parser()
     args = parser.parse_args()
+    if args.replot:
+        return replot(args.replot)
     if args.small:
         args.model, args.draft, args.nodes = "smollm2", None, 3
     scenarios = [s for s in args.scenario.split(",") if s]
@@ -187,7 +209,7 @@ def main() -> int:
           if args.small else f"nodes x {args.cpu} core") + f", {args.clients} clients x "
           f"{args.n} tokens, kill at {args.kill_at}; K={args.K}", flush=True)
     rows = {s: [] for s in scenarios}
-    reference = None
+    reference, streams = None, []
     for k in range(args.K):
         for scenario in scenarios:
             state = work / f"{scenario}{k}"
@@ -201,6 +223,7 @@ def main() -> int:
             finally:
                 front.stop()
             clients = row.pop("clients")
+            streams.append((scenario, k, row.pop("t0"), row.pop("t_kill"), clients))
             row["completed"] = sum(c.done and c.error is None for c in clients)
             row["exact"] = sum(c.text == r for c, r in zip(clients, reference))
             rows[scenario].append(row)
@@ -209,6 +232,39 @@ def main() -> int:
                 for key, value in row.items()), flush=True)
     _summary(rows, args)
     print(f"# the fronts' logs: {work}/*/front.log")
+    if args.out:
+        args.out.mkdir(parents=True, exist_ok=True)
+        write_streams(args.out / "streams.csv", streams)
+        return replot(args.out / "streams.csv")
+    return 0
+
+
+def write_streams(path: Path, streams: list) -> None:
+    """Every chunk's arrival (one token each), seconds since the clients started; the kill as
+    client -1."""
+    with open(path, "w") as out:
+        out.write("scenario,repeat,client,t_s\n")
+        for scenario, k, t0, t_kill, clients in streams:
+            out.write(f"{scenario},{k},-1,{t_kill - t0:.3f}\n")
+            for i, c in enumerate(clients):
+                out.writelines(f"{scenario},{k},{i},{at - t0:.3f}\n" for at, _ in c.chunks)
+
+
+def replot(path: Path) -> int:
+    """failover.png beside a streams.csv: the first scenario's first repeat."""
+    import csv
+    rows = list(csv.DictReader(open(path)))
+    first = (rows[0]["scenario"], rows[0]["repeat"])
+    sel = [r for r in rows if (r["scenario"], r["repeat"]) == first]
+    kill = next(float(r["t_s"]) for r in sel if r["client"] == "-1")
+    streams = {}
+    for r in sel:
+        if r["client"] != "-1":
+            streams.setdefault(int(r["client"]), []).append(float(r["t_s"]))
+    out = path.with_name("failover.png")
+    charts.failover_chart(streams, kill, out, f"{len(streams)} streams, a {first[0]} lost "
+                          "(tokens per second, 1 s bins)")
+    print(f"wrote {out}")
     return 0
 
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Time from launch to the first token when only node 0 holds the model files (issue 31), on the
+"""Time from launch to the first token when only node 0 holds the model files, on the
 emulated cluster with separate disks and shaped links, pipeinfer against llama.cpp's RPC backend
 in one run:
 
@@ -18,7 +18,7 @@ Per repeat, in this order (each system's second start right after its first):
 - llama.cpp RPC with -c, first start (empty tensor caches) and second start (cached).
 Launch to first token: from starting the job (pipeinfer's mpiexec; llama-completion, the
 rpc-servers already listening) to the first byte of generated text on its stdout. Peak RSS per
-node comes with every row. Prints a table of medians and the ratios the issue's goals name.
+node comes with every row. Prints a table of medians and their ratios.
 """
 
 from __future__ import annotations
@@ -35,18 +35,16 @@ import time
 import uuid
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(HERE))
+if not __package__:   # run as `python experiments/NAME.py`: the repository on the path
+    sys.path[0] = str(Path(__file__).resolve().parents[1])
 
-import build_peers  # noqa: E402
-from bench_peers import CODE_PROMPT, render_prompt  # noqa: E402
-from bench_runs import RunSpec, _links, peer_command  # noqa: E402
-from cluster import LINK_PRESETS  # noqa: E402
-from cluster_run import stop  # noqa: E402
-from cpu_quota import PERIOD_US, CpuQuotas, host_cpu  # noqa: E402
-from peers import PeerCluster, last_line, peak_rss_mb  # noqa: E402
+from experiments.bench_peers import CODE_PROMPT, render_prompt  # noqa: E402
+from experiments.harness import CLUSTER, ROOT, build_peers  # noqa: E402
+from experiments.harness.bench_runs import RunSpec, _links, peer_command  # noqa: E402
+from experiments.harness.cluster import LINK_PRESETS  # noqa: E402
+from experiments.harness.cluster_run import stop  # noqa: E402
+from experiments.harness.cpu_quota import PERIOD_US, CpuQuotas, host_cpu  # noqa: E402
+from experiments.harness.peers import PeerCluster, last_line, peak_rss_mb  # noqa: E402
 
 SENT = re.compile(r"sent ([\d.]+) MB of weights in ([\d.]+) s")
 LINK_MB_S = {"gigabit": 125.0, "slow": 12.5}
@@ -64,7 +62,7 @@ def first_byte(proc: subprocess.Popen, timeout: float, watch=None) -> float | No
 
 
 def pipeinfer_start(args, disks: Path, prompt: str, env: dict | None = None) -> dict:
-    cmd = [sys.executable, str(HERE / "cluster.py"), "--nodes", str(args.nodes), "--cpu",
+    cmd = [sys.executable, str(CLUSTER), "--nodes", str(args.nodes), "--cpu",
            f"{args.cpu:g}", "--period-us", str(PERIOD_US), "--link", args.link, "--disks",
            "private", "--disk-root", str(disks), "--", str(Path(sys.executable).parent /
                                                         "pipeinfer"),

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""What memory a node really needs (issue 31): the same pipeinfer job without memory limits and
+"""What memory a node really needs: the same pipeinfer job without memory limits and
 under per-node limits (experiments/cluster.py --mem, a memory cgroup per rank), each start with
 a cold page cache, repeats interleaved, in one run:
 
@@ -26,12 +26,12 @@ import sys
 import tempfile
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent
-sys.path.insert(0, str(HERE))
+if not __package__:   # run as `python experiments/NAME.py`: the repository on the path
+    sys.path[0] = str(Path(__file__).resolve().parents[1])
 
-from cluster_run import run_cluster  # noqa: E402
-from cpu_quota import host_cpu  # noqa: E402
+from experiments.harness import CLUSTER  # noqa: E402
+from experiments.harness.cluster_run import run_cluster  # noqa: E402
+from experiments.harness.cpu_quota import host_cpu  # noqa: E402
 
 PROMPT = "Write a Python function that reverses a linked list."
 PEAKS = re.compile(r"peak memory per node \(MB\): ([\d., ?]+); limits [^;]+; times at the limit "
@@ -39,7 +39,7 @@ PEAKS = re.compile(r"peak memory per node \(MB\): ([\d., ?]+); limits [^;]+; tim
 
 
 def run(args, limits: str, mmap: bool) -> dict:
-    cmd = [sys.executable, str(HERE / "cluster.py"), "--nodes", str(args.nodes), "--cpu",
+    cmd = [sys.executable, str(CLUSTER), "--nodes", str(args.nodes), "--cpu",
            str(args.cpu), "--mem", limits, "--drop-caches"]
     if args.disk_root:  # only node 0 has the model files: the others receive their slices
         cmd += ["--disks", "private", "--disk-root", args.disk_root]
@@ -67,7 +67,6 @@ def run(args, limits: str, mmap: bool) -> dict:
 
 def oracle(model: str, prompt: list[int], n: int) -> list[int]:
     """llama.cpp's greedy tokens on one node (llama-cpp-python, the stages' weight layout)."""
-    sys.path.insert(0, str(ROOT))
     from llama_cpp import Llama
 
     from pipeinfer.model.llama_lib import llama_repacking

@@ -5,9 +5,14 @@ the same with llama.cpp's speculative decoding (llama-speculative, the draft on 
 --draft-max sweep), and pipeinfer iterative, speculative and pipeinfer with default flags.
 
     python experiments/bench_peers.py --nodes 2,4,8 -k 3 -n 128 --out peers.csv
-    python plot.py peers.csv --out figures/          # peers.png among the charts
-    python experiments/bench_peers.py --nodes 2,3,4,6,8 --cpu-per-node 0.25 -k 3 --out s.csv
-    python plot.py s.csv --out figures/              # scaling.png: t/s against nodes
+    python experiments/bench_peers.py --nodes 2,4,8 --cpu-per-node 0.25 -k 3 --out scaling.csv
+    python experiments/bench_peers.py --replot peers.csv     # the table and chart again
+
+Besides the CSV, each run writes the results pages' table and chart beside it: CSV.md (median
+t/s per system and node count, the runs in brackets, and the ratios) and CSV.png (grouped bars,
+or t/s against nodes when every node has the same CPU: --cpu-per-node); with --memory also
+CSV-memory.md and CSV-memory.png (each node's peak resident memory per system). --replot CSV
+draws them again from a CSV without running anything.
 
 Every system gets the same nodes: N nodes share --cpu-total cores evenly (2 cores: 2 x 1,
 4 x 0.5, 8 x 0.25), or each has --cpu-per-node cores, one CPU quota per node (experiments/cluster.py's cgroups), 1 thread per
@@ -35,13 +40,11 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(HERE))
+if not __package__:   # run as `python experiments/NAME.py`: the repository on the path
+    sys.path[0] = str(Path(__file__).resolve().parents[1])
 
-import build_peers  # noqa: E402
-from bench_runs import RunSpec, run_peer, run_pipeinfer, write_row  # noqa: E402
+from experiments.harness import build_peers, charts, peer_report  # noqa: E402
+from experiments.harness.bench_runs import RunSpec, run_peer, run_pipeinfer, write_row  # noqa: E402
 
 CODE_PROMPT = ("Write a Python function that parses a CSV file of transactions (date, amount, "
                "category) and returns the total amount per category, sorted by amount.")
@@ -131,6 +134,35 @@ def _scaling(by_nodes: dict) -> None:
                                                for n, r in zip(counts, ratios)))
 
 
+def write_report(csv_path: Path, memory: bool, title: str | None,
+                 chart: Path | None = None) -> None:
+    """The results pages' table and chart from a results CSV, beside it (CSV.md, CSV.png or
+    `chart`; with memory also CSV-memory.md and CSV-memory.png)."""
+    results = peer_report.load(csv_path)
+    if not peer_report.medians(results):
+        print(f"bench_peers: no run of {csv_path} has figures: no table, no chart")
+        return
+    stem = csv_path.with_suffix("")
+    chart = chart or stem.with_suffix(".png")
+    if peer_report.is_scaling(results):
+        table = peer_report.scaling_table(results)
+        charts.scaling_chart(results, chart, title or "Speed as nodes are added")
+    else:
+        table = peer_report.speed_table(results)
+        charts.peers_chart(results, chart, title or "pipeinfer and llama.cpp RPC: generation speed")
+    stem.with_suffix(".md").write_text(table)
+    written = [stem.with_suffix(".md"), chart]
+    if memory:
+        memory_path = Path(f"{stem}-memory")
+        memory_path.with_suffix(".md").write_text(peer_report.memory_table(results))
+        charts.memory_chart(results, memory_path.with_suffix(".png"),
+                            title or "Peak resident memory per node")
+        written += [memory_path.with_suffix(".md"), memory_path.with_suffix(".png")]
+    print(table)
+    for path in written:
+        print(f"wrote {path}")
+
+
 def _stopped(signum, frame):
     """SIGTERM ends the bench as Ctrl-C does: through every cleanup on the way out (the
     rpc-servers, the nodes' cgroups, a pipeinfer run's cluster.py; Python's default would
@@ -139,8 +171,7 @@ def _stopped(signum, frame):
     raise SystemExit(128 + signum)
 
 
-def main(argv: list[str] | None = None) -> int:
-    signal.signal(signal.SIGTERM, _stopped)
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="qwen-coder-1.5b")
     parser.add_argument("--draft", default="qwen-coder-0.5b")
@@ -150,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cpu-per-node", type=float, default=None,
                         help="cores of every node whatever their number (instead of "
                              "--cpu-total): the machines a user adds, e.g. --nodes 2,3,4,6,8 "
-                             "--cpu-per-node 0.25; plot.py draws scaling.png from the CSV")
+                             "--cpu-per-node 0.25; the chart is then t/s against nodes")
     parser.add_argument("-n", type=int, default=128, help="tokens to generate")
     parser.add_argument("-k", type=int, default=3, help="repeats (interleaved)")
     parser.add_argument("--systems", default=",".join(PEER_SYSTEMS + PIPEINFER_SYSTEMS),
@@ -167,7 +198,22 @@ def main(argv: list[str] | None = None) -> int:
                              "slice for slice")
     parser.add_argument("--out", default="peers.csv", help="results CSV (appended)")
     parser.add_argument("--timeout", type=float, default=900, help="seconds per run")
+    parser.add_argument("--memory", action="store_true",
+                        help="also the table and chart of each node's peak resident memory")
+    parser.add_argument("--title", help="the chart's title")
+    parser.add_argument("--chart", type=Path, help="where the chart goes (default: CSV.png)")
+    parser.add_argument("--replot", type=Path, metavar="CSV",
+                        help="run nothing: draw the table and chart of this CSV again")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    signal.signal(signal.SIGTERM, _stopped)
+    parser = _parser()
     args = parser.parse_args(argv)
+    if args.replot:
+        write_report(args.replot, args.memory, args.title, args.chart)
+        return 0
     systems = args.systems.split(",")
     unknown = [s for s in systems if s not in PEER_SYSTEMS + PIPEINFER_SYSTEMS + EXTRA_SYSTEMS]
     if unknown:
@@ -202,6 +248,7 @@ def main(argv: list[str] | None = None) -> int:
                          f"{r.get('accept_rate')}, RSS {r.get('peak_rss_mb')}")
                       + f" ({time.time() - t0:.0f} s)", flush=True)
     summarize(results)
+    write_report(Path(args.out), args.memory, args.title, args.chart)
     return 0
 
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """`--layer-split auto` against the even split on emulated clusters, and the simulator's
-prediction of every run, in one script run (issue 20's goals).
+prediction of every run, in one script run.
 
 Per setting: `pipeinfer calibrate` under the setting's quotas writes a profile; then K
 interleaved repeats of every strategy with the even split and with `--layer-split auto
@@ -24,10 +24,12 @@ import sys
 import time
 from pathlib import Path
 
-from cluster_run import failure, run_cluster
-from cpu_quota import host_cpu
+if not __package__:   # run as `python experiments/NAME.py`: the repository on the path
+    sys.path[0] = str(Path(__file__).resolve().parents[1])
 
-HERE = Path(__file__).resolve().parent
+from experiments.harness import CLUSTER  # noqa: E402
+from experiments.harness.cluster_run import failure, run_cluster  # noqa: E402
+from experiments.harness.cpu_quota import host_cpu  # noqa: E402
 BIN = Path(sys.executable).parent
 PROMPT = ("Write a Python function that parses a CSV file of transactions (date, amount, "
           "category) and returns the total amount per category, sorted by amount.")
@@ -41,7 +43,7 @@ SETTINGS = {
 
 def cluster(setting: dict, args, *command: str) -> str:
     """The standard output of `command` run on the setting's emulated cluster."""
-    launch = [sys.executable, str(HERE / "cluster.py"), *setting["cluster"]]
+    launch = [sys.executable, str(CLUSTER), *setting["cluster"]]
     if "--nodes" not in setting["cluster"]:
         launch += ["--nodes", str(setting["nodes"])]
     if args.link != "none":

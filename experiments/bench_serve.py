@@ -38,13 +38,12 @@ from pathlib import Path
 
 import httpx
 
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent
-sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(ROOT))
+if not __package__:   # run as `python experiments/NAME.py`: the repository on the path
+    sys.path[0] = str(Path(__file__).resolve().parents[1])
 
-from cpu_quota import PERIOD_US, CpuQuotas, host_cpu  # noqa: E402
-from peers import PeerCluster, last_line  # noqa: E402
+from experiments.harness import CLUSTER, ROOT  # noqa: E402
+from experiments.harness.cpu_quota import PERIOD_US, CpuQuotas, host_cpu  # noqa: E402
+from experiments.harness.peers import PeerCluster, last_line  # noqa: E402
 
 PROMPTS = (
     "Write a Python function that parses a CSV file of transactions (date, amount, category) "
@@ -167,7 +166,7 @@ class PipeinferServer:
         serve = [str(Path(sys.executable).parent / "pipeinfer"), "serve", "-m", args.model,
                  *flags, "--layer-split", split, "--parallel", str(args.clients), "--port", "0",
                  "-c", str(getattr(args, "ctx", 2048))]
-        self.command = [sys.executable, str(HERE / "cluster.py"), "--nodes", str(args.nodes),
+        self.command = [sys.executable, str(CLUSTER), "--nodes", str(args.nodes),
                         "--cpu", f"{args.cpu:g}", "--period-us", str(PERIOD_US), "--", *serve]
         self.log = Path(f"/tmp/pipeinfer-bench-serve-{os.getpid()}.log")
 
@@ -366,7 +365,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     bin_dir = None
     if "llama-server" in systems:
-        import build_peers
+        from experiments.harness import build_peers
         bin_dir = build_peers.build(os.cpu_count() or 2) / "bin"
     print(f"host: {host_cpu()}; {args.nodes} nodes x {args.cpu:g} core, {args.model} + {args.draft}, "
           f"{args.n} tokens a request, {args.clients} clients", flush=True)

@@ -26,12 +26,16 @@ import os
 import statistics
 import sys
 import textwrap
+from pathlib import Path
 
 import httpx
 
-from bench_serve import (PIPEINFER_SYSTEMS, LlamaServer, PipeinferServer, host_cpu,
-                         stream_chat)  # (puts the repo on sys.path)
-from json_task import JSON_ASK, SCHEMA
+if not __package__:   # run as `python experiments/NAME.py`: the repository on the path
+    sys.path[0] = str(Path(__file__).resolve().parents[1])
+
+from experiments.bench_serve import (PIPEINFER_SYSTEMS, LlamaServer,  # noqa: E402
+                                     PipeinferServer, host_cpu, stream_chat)
+from experiments.harness.json_task import JSON_ASK, SCHEMA  # noqa: E402
 
 QUESTIONS = (
     "Explain briefly what this class does and which of its options matter most.",
@@ -191,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
     if "turns" in scenarios:
         bin_dir = None
         if "llama-server" in args.systems:
-            import build_peers
+            from experiments.harness import build_peers
             bin_dir = build_peers.build(os.cpu_count() or 2) / "bin"
         summarize_turns(run_turns(args, bin_dir))
     if "json" in scenarios:

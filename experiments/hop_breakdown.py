@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Where a token's time goes between the stages of a plain pipeline (issue 34, per-hop cost):
+"""Where a token's time goes between the stages of a plain pipeline (the cost per hop):
 reads a `pipeinfer run --strategy iterative --trace FILE` trace and prints, per hop, the median
 gap between one stage's end and the next one's start (send, wake-up, receive and the Python
 around the decode call), each stage's median compute, and the head's turnaround (result taken

@@ -33,11 +33,13 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from experiment_config import (OVERRIDABLE, Config, ConfigError, Pair, Prompt, Setting, Variant,
-                               load_config)
+if not __package__:   # run as `python experiments/NAME.py`: the repository on the path
+    sys.path[0] = str(Path(__file__).resolve().parents[1])
 
-HERE = Path(__file__).resolve().parent
-CLUSTER = HERE / "cluster.py"
+from experiments.harness import CLUSTER  # noqa: E402
+from experiments.harness.experiment_config import (  # noqa: E402
+    OVERRIDABLE, Config, ConfigError, Pair, Prompt, Setting, Variant, load_config)
+
 BIN = Path(sys.executable).parent
 
 

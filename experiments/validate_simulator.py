@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """The simulator against measured runs: every emulated setting of a results CSV (default: the
-paper protocol's experiments/reference/paper-512-k3/results.csv), code prompt, per strategy:
+paper protocol's docs/results/xeon-paper-protocol/results.csv), code prompt, per strategy:
 the measured mean t/s and the simulator's prediction on the same nodes (N x 2/N core, or the
 heterogeneous quotas), link, split and length, with this machine's measured layer times.
 Prints a table and draws predicted against measured (--chart PNG).
@@ -19,20 +19,18 @@ from __future__ import annotations
 import argparse
 import csv
 import statistics
-import sys
 import tempfile
 from collections import defaultdict
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent))
+ROOT = Path(__file__).resolve().parents[1]
 
 from pipeinfer.plan import header_only, modelled  # noqa: E402
 from pipeinfer.plan.acceptance import accept_rate  # noqa: E402
 from pipeinfer.plan.inputs import ClusterSpec, cluster  # noqa: E402
 from pipeinfer.plan.simulate import SimConfig, simulate  # noqa: E402
 
-REFERENCE = HERE / "reference" / "paper-512-k3" / "results.csv"
+REFERENCE = ROOT / "docs" / "results" / "xeon-paper-protocol" / "results.csv"
 HET = [0.6, 0.6, 0.6, 0.2]
 
 
@@ -150,8 +148,8 @@ def main() -> None:
     parser.add_argument("--model", default="qwen-coder-1.5b")
     parser.add_argument("--draft", default="qwen-coder-0.5b")
     parser.add_argument("--compact-draft", action="store_true",
-                        help="the runs loaded the compact draft (run's default since issue 19; "
-                             "the reference CSV of 2026-11-23 predates it)")
+                        help="the runs loaded the compact draft (run's default; the paper "
+                             "protocol's published CSV predates it)")
     parser.add_argument("--sweep", action="store_true")
     parser.add_argument("--sweep-accept", type=float, default=0.8)
     parser.add_argument("--chart", default=None)

@@ -13,20 +13,18 @@ import signal
 import socket
 import statistics
 import subprocess
-import sys
 import textwrap
 import time
 from pathlib import Path
 
 import pytest
 
+from experiments.harness import linkhub
+from experiments.harness.cpu_quota import CGROUP_V1, CGROUP_V2
 from support.cluster import CLUSTER, NO_NETNS, needs_cgroups, needs_netns
 from support.mpi_util import PIPEINFER, PYTHON, launch, run_pipeinfer
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "experiments"))
-import linkhub  # noqa: E402  (experiments/linkhub.py: cluster.py's userspace links)
-from cpu_quota import CGROUP_V1, CGROUP_V2  # noqa: E402
 
 
 def netns_list() -> list[str]:

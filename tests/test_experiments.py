@@ -4,6 +4,7 @@ the smoke config through the real mpiexec on the tiny models, then plot.py on it
 from __future__ import annotations
 
 import csv
+import re
 import textwrap
 from pathlib import Path
 
@@ -341,3 +342,53 @@ def test_missing_model_variable_is_a_clear_error(tmp_path):
                     env={"PIPEINFER_TEST_UNSET_VAR": ""})
     assert result.rc == 2
     assert "PIPEINFER_TEST_UNSET_VAR" in result.stderr and "--set target=" in result.stderr
+
+
+# --- experiments/ as a tool: a few entry points with --help, a harness package -------------
+EXPERIMENTS = ROOT / "experiments"
+ENTRY_POINTS = sorted(p for p in EXPERIMENTS.glob("*.py") if p.name != "__init__.py")
+
+
+def test_experiments_is_a_few_entry_points_and_no_dated_files():
+    """At most about 15 scripts at the top (the harness is a package below them), and no
+    file or folder named by a date anywhere under experiments/ (results pages hold those)."""
+    assert 0 < len(ENTRY_POINTS) <= 15, [p.name for p in ENTRY_POINTS]
+    dated = [str(p) for p in EXPERIMENTS.rglob("*") if re.search(r"20\d\d-\d\d-\d\d", p.name)]
+    assert not dated, dated
+    assert not (EXPERIMENTS / "reference").exists()
+
+
+@pytest.mark.parametrize("script", ENTRY_POINTS, ids=lambda p: p.name)
+def test_every_entry_point_answers_help(script, tmp_path):
+    """`--help` works from any directory (the script puts the repository on its path)."""
+    result = launch([PYTHON, script, "--help"], cwd=tmp_path, timeout=120)
+    assert result.rc == 0, result.describe()
+    assert "usage:" in result.stdout.lower() and "Traceback" not in result.stderr
+
+
+def test_the_peers_build_answers_help_as_a_module():
+    result = launch([PYTHON, "-m", "experiments.harness.build_peers", "--help"], cwd=ROOT)
+    assert result.rc == 0, result.describe()
+    assert "usage:" in result.stdout
+
+
+def test_no_test_loads_a_script_through_sys_path():
+    """Tests import the benchmarks' harness and scripts as packages (pytest's pythonpath)."""
+    offenders = [p.name for p in (ROOT / "tests").rglob("*.py")
+                 if re.search(r"sys\.path\.(insert|append)|sys\.path\s*\+?=", p.read_text())]
+    assert not offenders, offenders
+
+
+def test_failover_chart_is_drawn_from_the_token_times(tmp_path):
+    """bench_failover.py --replot: the first repeat's tokens per second per client, from the
+    streams.csv a run keeps (the kill as client -1), without running anything."""
+    streams = tmp_path / "streams.csv"
+    lines = ["scenario,repeat,client,t_s", "worker,0,-1,3.000"]
+    lines += [f"worker,0,{c},{t / 5:.3f}" for c in range(2) for t in range(15)]   # to 2.8 s
+    lines += [f"worker,0,{c},{6 + t / 5:.3f}" for c in range(2) for t in range(10)]  # resumed
+    lines += ["worker,1,-1,1.0", "worker,1,0,0.5"]   # a second repeat: not drawn
+    streams.write_text("\n".join(lines) + "\n")
+    result = launch([PYTHON, EXPERIMENTS / "bench_failover.py", "--replot", streams])
+    assert result.rc == 0, result.describe()
+    assert (tmp_path / "failover.png").read_bytes().startswith(PNG_SIGNATURE)
+    assert f"wrote {tmp_path / 'failover.png'}" in result.stdout

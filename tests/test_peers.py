@@ -1,7 +1,7 @@
 """The head-to-head against llama.cpp's RPC backend (experiments/bench_peers.py): reading what
 llama.cpp's programs print (outputs captured from real runs, tests/data/peers), the build's
 refusal without tools, a peer that crashes or hangs, and a smoke run of the whole bench with
-the smallest model on 2 nodes when the peer binaries are built (experiments/build_peers.py;
+the smallest model on 2 nodes when the peer binaries are built (experiments/harness/build_peers.py;
 skipped otherwise: building them takes about 15 minutes)."""
 
 from __future__ import annotations
@@ -18,14 +18,13 @@ from pathlib import Path
 
 import pytest
 
+from experiments import bench_peers
+from experiments.harness import bench_runs, build_peers
+from experiments.harness.peer_output import PeerOutputError, parse_completion, parse_speculative
+from support.cluster import why_no_cgroups
+
 ROOT = Path(__file__).resolve().parents[1]
 DATA = Path(__file__).resolve().parent / "data" / "peers"
-sys.path.insert(0, str(ROOT / "experiments"))
-import bench_peers  # noqa: E402
-import build_peers  # noqa: E402
-from peer_output import PeerOutputError, parse_completion, parse_speculative  # noqa: E402
-
-from support.cluster import why_no_cgroups  # noqa: E402
 
 
 def test_completion_output_is_read():
@@ -75,7 +74,7 @@ def peer_bin(session_cache, monkeypatch) -> Path:
     monkeypatch.setenv("PIPEINFER_CACHE", str(_real_cache(session_cache)))
     directory = build_peers.peer_dir()
     if not build_peers.built(directory):
-        pytest.skip(f"llama.cpp peers not built ({directory}): python experiments/build_peers.py")
+        pytest.skip(f"llama.cpp peers not built ({directory}): python -m experiments.harness.build_peers")
     why = why_no_cgroups()
     if why:
         pytest.skip(why)
@@ -83,8 +82,8 @@ def peer_bin(session_cache, monkeypatch) -> Path:
 
 
 def _cluster_run(bin_dir: Path, command: list[str], timeout: float):
-    from cpu_quota import PERIOD_US, CpuQuotas
-    from peers import PeerCluster
+    from experiments.harness.cpu_quota import PERIOD_US, CpuQuotas
+    from experiments.harness.peers import PeerCluster
     quotas = CpuQuotas(uuid.uuid4().hex[:6], [1.0, 1.0], PERIOD_US)
     quotas.create()
     try:
@@ -155,11 +154,52 @@ def test_bench_smoke_two_nodes(peer_bin, smollm2, session_cache, tmp_path):
                            str(figures)], capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert plot.returncode == 0, plot.stderr
     assert (figures / "peers.png").stat().st_size > 0
+    table = out.with_suffix(".md").read_text()   # the results page's table, beside the CSV
+    assert "| 2 x 1 core |" in table and "pipeinfer / best peer" in table
+    assert out.with_suffix(".png").stat().st_size > 0
+    out.with_suffix(".md").unlink()
+    replot = subprocess.run([sys.executable, str(ROOT / "experiments" / "bench_peers.py"),
+                             "--replot", str(out)], capture_output=True, text=True, timeout=300)
+    assert replot.returncode == 0, replot.stderr
+    assert out.with_suffix(".md").read_text() == table
+
+
+def _write_peer_rows(path: Path, rows: list[tuple[str, int, float, float, str]]) -> None:
+    """bench_peers CSV rows: (variant, nodes, cores each, t/s, peak RSS per node)."""
+    with open(path, "w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["strategy", "ranks", "speed_tps", "peak_rss_mb", "error", "label"])
+        for variant, nodes, cpu, tps, rss in rows:
+            writer.writerow([variant, nodes, tps, rss, "",
+                             f"pair=p;prompt=code;setting={nodes}n-{cpu:g}c;variant={variant}"])
+
+
+def test_replot_draws_the_table_and_charts_from_a_csv(tmp_path):
+    """--replot: medians per system and node count, llama.cpp's speculative decoding at its
+    best draft max, the ratios, each node's memory; a chart for each; nothing is run."""
+    out = tmp_path / "peers.csv"
+    _write_peer_rows(out, [("llama-rpc", 4, 0.5, tps, "1300,340,330,450") for tps in (3.0, 3.2, 3.1)]
+                     + [("llama-rpc-spec-d4", 4, 0.5, 2.0, ""), ("llama-rpc-spec-d8", 4, 0.5, 2.5, "")]
+                     + [("pipeinfer", 4, 0.5, tps, "530,360,350,490") for tps in (6.0, 6.4, 6.2)]
+                     + [("pipeinfer", 8, 0.25, 4.0, "530,200,190,190,190,190,190,350")])
+    done = subprocess.run([sys.executable, str(ROOT / "experiments" / "bench_peers.py"),
+                           "--replot", str(out), "--memory"], capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr
+    table = out.with_suffix(".md").read_text().splitlines()
+    assert table[0].startswith("| nodes | llama.cpp RPC | RPC + its spec (best) | pipeinfer |")
+    assert table[2] == ("| 4 x 0.5 core | 3.10 (3.00 / 3.20 / 3.10) | 2.50 (2.50) d8 | "
+                        "6.20 (6.00 / 6.40 / 6.20) | **2.00x** | - |")
+    assert table[3].startswith("| 8 x 0.25 core | - | - | 4.00 (4.00) |")
+    memory = (tmp_path / "peers-memory.md").read_text()
+    assert "| 4 | llama.cpp RPC | 1300 / 340 / 330 / 450 |" in memory
+    for png in ("peers.png", "peers-memory.png"):
+        assert (tmp_path / png).read_bytes().startswith(b"\x89PNG")
 
 
 def _emulation_leftovers(marker: str) -> tuple[set[str], set[int]]:
     """The emulation's cgroups now, and the processes whose command line holds `marker`."""
-    from cpu_quota import controller
+    from experiments.harness.cpu_quota import controller
     cgroups = {p.name for p in controller()[0].glob("pipeinfer-*")}
     found = subprocess.run(["pgrep", "-f", marker], capture_output=True, text=True)
     return cgroups, {int(pid) for pid in found.stdout.split()}
@@ -184,7 +224,6 @@ def test_a_hung_pipeinfer_run_is_stopped_with_its_cluster(smollm2, session_cache
     why = why_no_cgroups()
     if why:
         pytest.skip(why)
-    import bench_runs
     monkeypatch.setenv("PIPEINFER_CACHE", str(_real_cache(session_cache)))
     marker = f"Once upon a time {uuid.uuid4().hex}"
     before = _emulation_leftovers(marker)

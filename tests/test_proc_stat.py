@@ -1,15 +1,12 @@
-"""experiments/proc_stat.py, what the CPU-sampling scripts read of a job's ranks in /proc."""
+"""experiments/harness/proc_stat.py, what the CPU-sampling scripts read of a job's ranks in /proc."""
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
 import time
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "experiments"))
-from proc_stat import rank_of, thread_cpu  # noqa: E402
+from experiments.harness.proc_stat import rank_of, thread_cpu
 
 # A second thread spins for 0.3 s of CPU, then waits to be read.
 CHILD = """
