@@ -83,7 +83,7 @@ def tiny_models(name: str) -> str:
     if kind not in ("target", "draft"):
         raise ConfigError(f"unknown built-in model {name!r} (tiny:target or tiny:draft)")
     import gguf
-    from pipeinfer.model import tinymodel
+    from tests.support import tinymodel
     root = Path(tempfile.gettempdir()) / f"pipeinfer-tiny-models-{os.getuid()}"
     root.mkdir(exist_ok=True)
     target = root / "tiny-q8.gguf"

@@ -18,7 +18,8 @@ from pathlib import Path
 import gguf
 import pytest
 
-from pipeinfer.model import models, tinymodel
+from pipeinfer.model import models
+from support import tinymodel
 from support.ngram_runs import CODE_PROMPT, N_CODE, oracle, run
 from support.serving import openai_client
 from support.tiny_set import TinySet, make_tiny_set

@@ -19,7 +19,7 @@ PROMPT = "def main():"
 @pytest.fixture(scope="module")
 def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """A good tiny model and broken variants of it (same metadata, so the same partition)."""
-    from pipeinfer.model.tinymodel import write_tiny_llama
+    from support.tinymodel import write_tiny_llama
 
     root = tmp_path_factory.mktemp("bad-models")
     good = write_tiny_llama(root / "good.gguf", n_layer=4, seed=3)
@@ -34,7 +34,7 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 def _wrong_shape_copy(src: Path, dst: Path, victim: str) -> Path:
     """Copy of `src` where tensor `victim` has a shape llama.cpp rejects at load time: the file
     is a well-formed GGUF (it passes pipeinfer's checks); only llama.cpp's loader refuses it."""
-    from pipeinfer.model.tinymodel import copy_gguf
+    from support.tinymodel import copy_gguf
 
     def wrong(t):
         if t.name != victim:

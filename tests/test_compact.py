@@ -17,7 +17,8 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as Q
 
-from pipeinfer.model import compact, draft_cache, models, tinymodel
+from pipeinfer.model import compact, draft_cache, models
+from support import tinymodel
 from pipeinfer.model.compact import compact_copy, converts
 from pipeinfer.model.gguf_header import read_header
 from pipeinfer.model.models import ModelError, resolve_model

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from pipeinfer.engine.drafting.drafter import Drafter, DraftParams
-from pipeinfer.model import tinymodel
+from support import tinymodel
 from pipeinfer.model.draft_vocab import (DraftVocabError, choose_kept, read_kept, reduced_draft,
                                          write_reduced)
 from pipeinfer.model.draft_vocab_stage import DraftVocab, ReducedStage

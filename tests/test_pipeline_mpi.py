@@ -29,7 +29,7 @@ TINY_LAYERS = 8
 @pytest.fixture(scope="module")
 def tiny8(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny random llama with 8 layers, so that uneven splits give every rank work."""
-    from pipeinfer.model.tinymodel import write_tiny_llama
+    from support.tinymodel import write_tiny_llama
 
     return write_tiny_llama(tmp_path_factory.mktemp("mpi-models") / "tiny8.gguf",
                             n_layer=TINY_LAYERS, seed=7)

@@ -71,7 +71,7 @@ def test_auto_split_measures_then_reuses_the_profile(tiny_model, tmp_path):
 
 
 def test_a_profile_of_another_model_is_refused(profile2, tmp_path):
-    from pipeinfer.model.tinymodel import write_tiny_llama
+    from support.tinymodel import write_tiny_llama
     other = write_tiny_llama(tmp_path / "other.gguf", n_layer=4, seed=11)
     out = run_pipeinfer(2, other, "x", "--layer-split", "auto", "--profile", profile2[0],
                         n_predict=4, timeout=TIMEOUT)
@@ -112,7 +112,7 @@ def test_a_rank_left_out_of_the_chain(tiny_model, tmp_path, slow, layers):
 @pytest.fixture(scope="module")
 def convertible_draft(tmp_path_factory):
     """A tiny draft with Q8_0/Q5 matrices: `run` loads its compact (Q4_0) copy by default."""
-    from pipeinfer.model.tinymodel import write_tiny_llama
+    from support.tinymodel import write_tiny_llama
 
     d = tmp_path_factory.mktemp("convertible")
     f32 = write_tiny_llama(d / "f32.gguf", n_layer=2, seed=5)

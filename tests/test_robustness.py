@@ -96,7 +96,7 @@ CHANGED_TOKEN = 300
 
 @pytest.fixture(scope="module")
 def bad(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    from pipeinfer.model.tinymodel import copy_gguf, write_tiny_llama
+    from support.tinymodel import copy_gguf, write_tiny_llama
 
     root = tmp_path_factory.mktemp("robust-models")
     data = tiny_model.read_bytes()

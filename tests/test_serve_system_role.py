@@ -11,7 +11,7 @@ import gguf
 import httpx
 import pytest
 
-from pipeinfer.model import tinymodel
+from support import tinymodel
 from pipeinfer.model.tokenizer import Tokenizer
 from pipeinfer.serve import tool_formats
 from pipeinfer.api.tool_calls import GENERIC

@@ -21,7 +21,7 @@ from pipeinfer.model.models import ModelError
 from pipeinfer.model.partition import StageRange, partition
 from pipeinfer.model.slicing import (SliceError, model_info, open_model, read_model, split_model,
                                write_stage)
-from pipeinfer.model.tinymodel import copy_gguf
+from support.tinymodel import copy_gguf
 
 PIPEINFER = Path(sys.executable).with_name("pipeinfer")
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipeinfer.model import tinymodel
+from support import tinymodel
 from pipeinfer.model.embedding import Embedder
 from pipeinfer.model.llama_lib import LlamaError
 from pipeinfer.model.partition import partition

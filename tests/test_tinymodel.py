@@ -1,4 +1,4 @@
-"""Tests for pipeinfer.model.tinymodel: tiny random llama GGUFs loaded by real llama.cpp."""
+"""Tests for support.tinymodel (the tests' models): tiny random llama GGUFs loaded by real llama.cpp."""
 
 from pathlib import Path
 
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import llama_cpp
-from pipeinfer.model import tinymodel as tm
+from support import tinymodel as tm
 
 PROMPTS = ["The quick brown fox jumps over the lazy dog.", "def main():\n    return"]
 N_GEN = 64

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from pipeinfer.model import tinymodel, vocab_check
+from pipeinfer.model import vocab_check
+from support import tinymodel
 from pipeinfer.model.tokenizer import Tokenizer
 
 

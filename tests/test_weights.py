@@ -31,7 +31,7 @@ SPLIT = "0.2,0.4,0.4"
 
 @pytest.fixture(scope="module")
 def tiny8(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from pipeinfer.model.tinymodel import write_tiny_llama
+    from support.tinymodel import write_tiny_llama
 
     return write_tiny_llama(tmp_path_factory.mktemp("weights-models") / "tiny8.gguf",
                             n_layer=8, seed=7)
@@ -76,7 +76,7 @@ def test_slices_travel_and_stay_exact(tmp_path: Path, tiny8: Path):
 def test_draft_rank_receives_its_model(tmp_path: Path, tiny8: Path):
     """A draft model on a rank of its own (`/1`) travels like a slice: rank 2 receives the
     whole draft file, a second start transfers nothing, the output is llama.cpp's."""
-    from pipeinfer.model.tinymodel import write_tiny_llama
+    from support.tinymodel import write_tiny_llama
 
     draft = write_tiny_llama(tmp_path / "draft.gguf", n_layer=2, seed=3)
     disks = tmp_path / "disks"

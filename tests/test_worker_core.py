@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipeinfer.model import tinymodel
+from support import tinymodel
 from pipeinfer.engine.worker.core import StageCore
 from pipeinfer.model.partition import partition
 from pipeinfer.model.slicing import split_model

@@ -7,5 +7,4 @@ llama_lib.py (the ctypes boundary) -> stage.py (a slice evaluated by llama.cpp;
 stage_loading.py loads one on a thread). On the head: tokenizer.py (with chat_template.py
 and grammar.py), embedding.py (token embeddings), sampling.py. The draft's files:
 draft_cache.py (compact.py's Q4_0 copy), draft_vocab.py and draft_vocab_stage.py (a reduced
-vocabulary), vocab_check.py (the same vocabulary as the target). tinymodel.py: tiny random
-models for tests."""
+vocabulary), vocab_check.py (the same vocabulary as the target)."""

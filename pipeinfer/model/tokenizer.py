@@ -63,9 +63,6 @@ class Tokenizer:
     def is_eog(self, token: int) -> bool:
         return bool(llama_cpp.llama_vocab_is_eog(self._vocab, token))
 
-    def token_text(self, token: int) -> str:
-        return self.piece(token).decode("utf-8", "replace")
-
     def metadata(self, key: str) -> str | None:
         """A GGUF metadata value as text (None if the file has no such key)."""
         size = 256

@@ -12,6 +12,8 @@ logprobs, chat prompts, hidden states) -> serve_oracle (the same as a server ans
 ngram_runs and reduced_drafts (the n-gram and reduced-draft exactness runs' settings);
 cached_models (models used only when cached).
 
+Models: tinymodel (tiny random-weight GGUF files llama.cpp loads, written on the spot).
+
 In-process pipelines: tiny_set (tiny models, their slices and greedy reference) -> rig (a
 strategy on real stages in one process) <- stepped_transport (worker stages with scripted
 timing, on the worker's own StageCore) and scripted_draft (drafts that follow a script);

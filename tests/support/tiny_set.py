@@ -14,7 +14,7 @@ import numpy as np
 from pipeinfer.model.partition import StageRange
 from pipeinfer.model.slicing import model_info, open_model, write_stage
 from pipeinfer.model.stage import Stage, StageConfig
-from pipeinfer.model.tinymodel import write_tiny_llama
+from support.tinymodel import write_tiny_llama
 from pipeinfer.model.tokenizer import Tokenizer
 
 PROMPT = "the number of people in the world"
