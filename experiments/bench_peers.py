@@ -24,6 +24,10 @@ last one fewer, with the output matrix), for comparing node memory slice for sli
 prompt is the coding prompt in the target's chat template, greedy, -n tokens with EOS ignored.
 Repeats are interleaved (rep, then node count, then system) so the ratios compare like with
 like on a noisy machine. Peak resident memory per node is kept for every run (peak_rss_mb).
+--prompt-tokens N sends a long prompt instead (a Python source file cut to N tokens, then the
+coding question): the summary's prefill column (prompt tokens over the time to the first
+token: llama-completion's prompt evaluation, pipeinfer's prefill_tps) compares how fast each
+system takes a prompt in, e.g. --prompt-tokens 1700 -n 16 for what coding tools send.
 
 The peers are built by experiments/build_peers.py (once, cached); if that fails, one line says
 why and the pipeinfer rows still run. A peer that crashes or hangs gets a row saying so.
@@ -60,6 +64,27 @@ def render_prompt(model: str, text: str) -> str:
 
     tokenizer = Tokenizer(resolve_model(model))
     try:
+        return tokenizer.apply_chat_template(text)
+    finally:
+        tokenizer.close()
+
+
+def long_prompt(model: str, n_tokens: int) -> str:
+    """The coding question after a source file cut to `n_tokens` tokens of `model`'s (the
+    standard library's difflib, a file every Python has), in the chat template."""
+    import difflib
+    import inspect
+
+    from pipeinfer.model.models import resolve_model
+    from pipeinfer.model.tokenizer import Tokenizer
+
+    tokenizer = Tokenizer(resolve_model(model))
+    try:
+        source = tokenizer.tokenize(inspect.getsource(difflib), add_special=False)
+        if len(source) < n_tokens:
+            raise SystemExit(f"bench_peers: --prompt-tokens {n_tokens}: the source file has "
+                             f"only {len(source)} tokens")
+        text = "```python\n" + tokenizer.detokenize(source[:n_tokens]) + "\n```\n" + CODE_PROMPT
         return tokenizer.apply_chat_template(text)
     finally:
         tokenizer.close()
@@ -106,7 +131,9 @@ def summarize(results: dict) -> None:
             rss = max((max(r.get("peak_rss_mb") or [0]) for r in runs), default=0)
             errors = [r["error"] for r in runs if r.get("error")]
             speeds = " ".join(f"{r['speed_tps']:.2f}" for r in runs if r.get("speed_tps"))
+            prefill = _median(runs, "prefill_tps")
             print(f"  {variant:22} {'-' if tps is None else f'{tps:6.2f}':>6} t/s"
+                  f"  prefill {'-' if prefill is None else f'{prefill:6.1f}':>6} t/s"
                   f"  max node RSS {rss:6.0f} MB  runs: {speeds}"
                   + (f"  errors: {errors[0]}" if errors else ""))
         peers = {v: t for v, (t, _) in table.items() if v.startswith("llama-rpc") and t}
@@ -117,7 +144,22 @@ def summarize(results: dict) -> None:
             print(f"  pipeinfer / best peer ({best[0]}): {pipe / best[1]:.2f}x")
         if rpc and it:
             print(f"  pipeinfer iterative / llama-rpc: {it / rpc:.2f}x")
+        _prefill_ratios(table)
     _scaling(by_nodes)
+
+
+def _median(runs: list[dict], key: str) -> float | None:
+    values = [r[key] for r in runs if r.get(key)]
+    return statistics.median(values) if values else None
+
+
+def _prefill_ratios(table: dict) -> None:
+    """Each pipeinfer system's prefill speed over llama.cpp RPC's prompt evaluation."""
+    rpc = _median(table.get("llama-rpc", (None, []))[1], "prefill_tps")
+    for variant in PIPEINFER_SYSTEMS:
+        mine = _median(table.get(variant, (None, []))[1], "prefill_tps")
+        if rpc and mine:
+            print(f"  prefill {variant} / llama-rpc: {mine / rpc:.2f}x")
 
 
 def _scaling(by_nodes: dict) -> None:
@@ -183,6 +225,9 @@ def _parser() -> argparse.ArgumentParser:
                              "--cpu-total): the machines a user adds, e.g. --nodes 2,3,4,6,8 "
                              "--cpu-per-node 0.25; the chart is then t/s against nodes")
     parser.add_argument("-n", type=int, default=128, help="tokens to generate")
+    parser.add_argument("--prompt-tokens", type=int, default=0,
+                        help="a long prompt: a source file cut to this many tokens before the "
+                             "coding question (default 0: the question alone)")
     parser.add_argument("-k", type=int, default=3, help="repeats (interleaved)")
     parser.add_argument("--systems", default=",".join(PEER_SYSTEMS + PIPEINFER_SYSTEMS),
                         help="comma-separated, of: " + ", ".join(PEER_SYSTEMS + PIPEINFER_SYSTEMS
@@ -225,7 +270,8 @@ def main(argv: list[str] | None = None) -> int:
     bin_dir = peer_binaries(systems)
     if bin_dir is None:
         systems = [s for s in systems if s not in PEER_SYSTEMS]
-    prompt = render_prompt(args.model, CODE_PROMPT)
+    prompt = (long_prompt(args.model, args.prompt_tokens) if args.prompt_tokens
+              else render_prompt(args.model, CODE_PROMPT))
     n_layer = target_layers(args.model)
     results = defaultdict(list)
     for rep in range(args.k):
