@@ -14,6 +14,12 @@ logits for every row against a single token (what verifying a speculated micro-b
 with the same alternation, and the time `pipeinfer split` needs for a 3-way split.
 
     .venv/bin/python experiments/bench_stage.py [--models smollm2,qwen-coder-1.5b] [--reps 5]
+
+With `--hops TRACE` it measures nothing and prints instead where a token's time went between
+the stages of a plain pipeline, read from a `pipeinfer run --strategy iterative --trace TRACE`
+(experiments/harness/hops.py):
+
+    .venv/bin/python experiments/bench_stage.py --hops trace.jsonl [--skip 2]
 """
 
 from __future__ import annotations
@@ -35,6 +41,11 @@ from pipeinfer.model.models import resolve_model
 from pipeinfer.model.partition import StageRange, partition
 from pipeinfer.model.slicing import model_info, read_model, split_model, write_stage
 from pipeinfer.model.stage import Stage, StageConfig
+
+if not __package__:   # run as `python experiments/NAME.py`: the repository on the path
+    sys.path[0] = str(Path(__file__).resolve().parents[1])
+
+from experiments.harness import hops  # noqa: E402
 
 N_CTX = 512
 N_PREFIX = 64          # decode positions start here, as in DESIGN.md section 10
@@ -235,6 +246,15 @@ def bench_old_reader(name: str) -> None:
           f"{time.perf_counter() - t0:6.2f} s")
 
 
+def print_hops(trace: str, skip: int) -> int:
+    segments = hops.breakdown(*hops.load(trace), skip)
+    if not segments:
+        print("bench_stage --hops: no complete runs in the trace", file=sys.stderr)
+        return 1
+    print(hops.report(segments))
+    return 0
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", default="smollm2,qwen-coder-1.5b")
@@ -243,7 +263,13 @@ def main() -> None:
                     help="model whose batch-n vs batch-1 cost is measured")
     ap.add_argument("--old-reader", default="smollm2",
                     help="models to time gguf.GGUFReader on ('' for none)")
+    ap.add_argument("--hops", metavar="TRACE",
+                    help="print the cost per hop of an iterative run's trace, measure nothing")
+    ap.add_argument("--skip", type=int, default=2,
+                    help="with --hops: generated runs left out first")
     args = ap.parse_args()
+    if args.hops:
+        sys.exit(print_hops(args.hops, args.skip))
     silence_llama()
     print(f"llama.cpp: {llama_lib.system_info().strip()}")
     print(f"AMX compiled: {llama_lib.amx_compiled()} (repacking "

@@ -12,8 +12,8 @@ llama.cpp's own programs, the systems pipeinfer is compared with: build_peers (b
 machine, cached) -> peers (rpc-servers on the emulated nodes) -> peer_output (what they print,
 read back). bench_runs runs one system once and writes its CSV row; charts draws the figures
 of the results pages from those CSVs; proc_stat samples a job's CPU from /proc;
-experiment_config reads the paper protocol's TOML configs; json_task is the structured-output
-benchmarks' task.
+hops reads the cost per hop out of a run's trace; experiment_config reads the paper protocol's
+TOML configs; json_task is the structured-output benchmarks' task.
 """
 
 from pathlib import Path

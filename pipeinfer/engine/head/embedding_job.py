@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ...schedule.counters import Counters
 from ...schedule.events import Cancel, ResultArrived
 from ...schedule.generation import CANONICAL_SEQ
 from ...schedule.transaction import DecodeTx, seq_clear
@@ -65,6 +66,7 @@ class EmbeddingJob:
         self._runs: list[list[int]] = []        # each input's run ids, in order
         self.in_flight = 0
         self.finished = self.cancelled = False
+        self.counters = Counters()   # no speculation: all zero (the console's pulse adds them up)
 
     # (what lanes.py and the serve loop read of a driver, its scheduler and generation)
     @property

@@ -1,23 +1,19 @@
-#!/usr/bin/env python3
-"""Where a token's time goes between the stages of a plain pipeline (the cost per hop):
-reads a `pipeinfer run --strategy iterative --trace FILE` trace and prints, per hop, the median
-gap between one stage's end and the next one's start (send, wake-up, receive and the Python
-around the decode call), each stage's median compute, and the head's turnaround (result taken
-in -> next run sent).
-
-    python experiments/hop_breakdown.py trace.jsonl [--skip 2]
+"""Where a token's time goes between the stages of a plain pipeline (the cost per hop), read
+from a `pipeinfer run --strategy iterative --trace FILE` trace: per hop, the median gap
+between one stage's end and the next one's start (send, wake-up, receive and the Python around
+the decode call), each stage's median compute, and the head's turnaround (result taken in ->
+next run sent).
 
 Spans of every rank are in the head's clock (offsets measured at start-up, to within half a
-round trip). Runs are the generated tokens' runs (the prefill and the first --skip runs left
-out); a run whose spans are not one per stage is skipped.
+round trip). Runs are the generated tokens' runs (the prefill and the first `skip` runs left
+out); a run whose spans are not one per stage is skipped. `experiments/bench_stage.py --hops`
+prints it.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
-import sys
 from collections import defaultdict
 
 
@@ -72,20 +68,3 @@ def report(segments: dict[str, list[float]]) -> str:
         lines.append(f"{label:18} {med * 1e3:10.2f} {p90 * 1e3:8.2f} {len(values):5d}")
     lines.append(f"{'sum of hop medians':18} {hops * 1e3:10.2f}")
     return "\n".join(lines)
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("trace")
-    parser.add_argument("--skip", type=int, default=2, help="generated runs left out first")
-    args = parser.parse_args(argv)
-    segments = breakdown(*load(args.trace), args.skip)
-    if not segments:
-        print("hop_breakdown: no complete runs in the trace", file=sys.stderr)
-        return 1
-    print(report(segments))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
