@@ -10,7 +10,7 @@ from pathlib import Path
 import click
 
 from .. import strategies
-from ..config.serving import ServeConfig
+from ..config.serving import CACHE_MODES, OFF, ServeConfig
 from ..job import supervisor
 from .commands import Failure, RankedCommand, checked_value, setup_logging, verbosity_options
 from .options import (AUTO_SPLIT_HELP, PROFILE_HELP, SPLIT_HELP, model_options,
@@ -102,13 +102,18 @@ SERVE_HELP = """Serve the model over HTTP with an OpenAI-compatible API. Two way
                    "and the web console's page and files, which hold no data (401 "
                    "otherwise; the console asks for the key once and keeps it in the "
                    "browser). Also from $PIPEINFER_API_KEY.", show_default=False)
-@click.option("--cache-prompt/--no-cache-prompt", default=SERVE.cache_prompt,
-              help="Whether requests that do not say `cache_prompt` reuse the longest prefix "
-                   "of their prompt that a slot keeps from its last request (its KV cells on "
-                   "every rank) and evaluate only the rest, as llama-server does. Greedy "
-                   "answers then equal llama.cpp's with that prefix kept (the rest evaluated "
-                   "in the same batches), which may differ in the last bits of the logits "
-                   "from a fresh evaluation of the whole prompt.")
+@click.option("--cache-prompt", "cache_prompt", default=SERVE.cache_prompt,
+              type=click.Choice(CACHE_MODES),
+              help="What a request (unless it says `\"cache_prompt\": false`) reuses of "
+                   "the prompt prefix a slot keeps from its last request (its KV cells on "
+                   "every rank), evaluating only the rest. exact: the prefix cut to the last "
+                   "whole prompt chunk (--prefill-chunk) an earlier prompt computed, the "
+                   "cells a fresh evaluation gives, so every answer is the one without the "
+                   "cache. llama-server: the whole common prefix, as llama-server does, "
+                   "answers from a conversation's earlier answers' cells (decode runs): "
+                   "faster, but an answer may then differ from a fresh evaluation's. off: "
+                   "nothing.")
+@click.option("--no-cache-prompt", "cache_prompt", flag_value=OFF, hidden=True)
 @click.option("--cors-origin", "cors_origins", multiple=True,
               help="An origin (scheme://host[:port]) whose browser pages may call the API "
                    "(CORS); repeat for several. [default: any origin, *]")
@@ -156,7 +161,8 @@ SERVE_HELP = """Serve the model over HTTP with an OpenAI-compatible API. Two way
 @click.option("--channel", default=None, hidden=True)   # the front's address (serve/link.py)
 @verbosity_options("-v: progress of every rank, the head's scheduling and tracebacks; -vv: "
                    "also llama.cpp's log.", "Only notices and errors on stderr.")
-def serve(model, draft, compact_draft, draft_vocab, alias, n_ctx, n_batch, threads, split,
+def serve(model, draft, compact_draft, draft_vocab, alias, n_ctx, n_batch, prefill_chunk,
+          threads, split,
           profile, strategy, temp, top_k, top_p, seed, host, port, queue_size, parallel,
           busy_strategy, api_key, cache_prompt, cors_origins, ranks, hostfile, host_list,
           mpiexec, max_restarts, stall_timeout, trace_path, channel, verbose, quiet,
@@ -173,7 +179,8 @@ def serve(model, draft, compact_draft, draft_vocab, alias, n_ctx, n_batch, threa
     parallel = _parallel(parallel, strategy)
     defaults = SamplingParams(temp, top_k, top_p, seed)
     cfg = JobConfig(model, tuple(draft), strategy, split=split[0], profile=profile,
-                    threads=threads, n_ctx=n_ctx, n_batch=n_batch, compact_draft=compact_draft,
+                    threads=threads, n_ctx=n_ctx, n_batch=n_batch, prefill_chunk=prefill_chunk,
+                    compact_draft=compact_draft,
                     draft_vocab=draft_vocab, full_logits=True, slots=parallel,
                     busy_strategy=_busy(busy_strategy, strategy, parallel),
                     request=RequestConfig(sampling=defaults), output=OutputConfig(verbose=verbose),

@@ -35,6 +35,7 @@ from .embedding_job import EMBEDDING, EmbeddingJob
 from .generate import Drafting, driver_for
 from ..drafting.grammar_drafts import GrammarDrafter, GrammarTrack, Probe, free_drafts_on
 from .pipeline import Pipeline
+from ...config.serving import OFF
 from .prompt_cache import PromptCache
 from ...model.grammar import Grammar
 from ...model.stage import MAX_OUTPUTS
@@ -143,7 +144,7 @@ class Lanes:
                            for k in range(cfg.slots)] if isinstance(drafter, Drafter)
                           else [drafter] * cfg.slots)
         self._free = list(range(cfg.slots))
-        self.cache = PromptCache(cfg.slots)
+        self.cache = PromptCache(cfg.slots, cfg.chunk)
         self._probe: Probe | None = None     # the vocabulary's one-character tokens (grammars)
         self._owners: dict[int, Lane] = {}   # run id in flight -> its lane
         self._share = PipelineShare(self)
@@ -160,13 +161,13 @@ class Lanes:
 
     def start(self, request: Request, sampling: SamplingParams, owner: Any,
               on_token: Callable[[int], None], observe: LogitObserver | None = None,
-              cache_prompt: bool = False, constraint: Constraint | None = None) -> Lane:
+              cache: str = OFF, constraint: Constraint | None = None) -> Lane:
         """A generation of `request` in a free slot (its prefill goes out now); `observe`
         sees each generated position's logits and the token chosen (model/sampling.py);
-        `cache_prompt`: the slot keeping the longest prefix of its prompt is taken and the
-        prefix is not evaluated again (prompt_cache.py); `constraint`: a grammar its tokens
+        `cache`: what of the prefix a slot keeps may spare evaluating it again
+        (prompt_cache.py: EXACT, LLAMA_SERVER or OFF); `constraint`: a grammar its tokens
         keep to."""
-        slot, cached = self.cache.pick(self._free, request.prompt, cache_prompt)
+        slot, cached = self.cache.pick(self._free, request.prompt, cache)
         self._free.remove(slot)
         head = self.head
         pipe = SlotPipeline(self.pipe, slot, self._owners)
@@ -189,7 +190,7 @@ class Lanes:
     def start_embedding(self, inputs: list[list[int]], owner: Any, pooling: str) -> Lane:
         """An embedding request in a free slot (the least recently used: its kept cells are
         dropped), its runs out now (embedding_job.py)."""
-        slot, _ = self.cache.pick(self._free, (), False)
+        slot, _ = self.cache.pick(self._free, (), OFF)
         self._free.remove(slot)
         pipe = SlotPipeline(self.pipe, slot, self._owners)
         pipe.kv(self.cache.take(slot, 0))
@@ -238,6 +239,14 @@ class Lanes:
         busy = any(not lane.finished for lane in self.active)
         return self.cfg.busy_strategy if busy and self.cfg.busy_strategy else self.cfg.strategy
 
+    def _release(self, lane: Lane) -> list:
+        """The KV operations leaving `lane`'s slot with only the cells worth keeping."""
+        if lane.strategy == EMBEDDING:
+            return self.cache.release(lane.slot, [], 0, 0)
+        request = lane.gen.request
+        return self.cache.release(lane.slot, kept_tokens(lane), len(request.prompt),
+                                  request.cached)
+
     def cancel(self, lane: Lane) -> None:
         """End `lane`'s generation now (its runs in flight are drained all the same)."""
         if not lane.finished:
@@ -266,9 +275,7 @@ class Lanes:
             self.active.remove(lane)
             if lane.driver.drafts is not None:
                 lane.driver.drafts.close()
-            kept = kept_tokens(lane) if lane.strategy != EMBEDDING else []
-            lane.driver.pipe.kv(self.cache.release(   # (the lane's SlotPipeline: its slot)
-                lane.slot, kept))
+            lane.driver.pipe.kv(self._release(lane))   # (the lane's SlotPipeline: its slot)
             drafter = self._drafters[lane.slot]
             if isinstance(drafter, Drafter):
                 if kept and _keeps_draft_context(lane.strategy):
