@@ -278,7 +278,7 @@ class Lanes:
             lane.driver.pipe.kv(self._release(lane))   # (the lane's SlotPipeline: its slot)
             drafter = self._drafters[lane.slot]
             if isinstance(drafter, Drafter):
-                if kept and _keeps_draft_context(lane.strategy):
+                if self.cache.slots[lane.slot].tokens and _keeps_draft_context(lane.strategy):
                     drafter.stage.seq_keep(0)   # its context stays (Drafter.sync then
                 else:                           # evaluates only what the next turn adds)
                     drafter.reset()
