@@ -10,7 +10,7 @@ from ..api import embeddings, requests as api, text as text_api
 from ..api.errors import ApiError
 from ..api.events import Done, Failed
 from ..config.job import JobConfig
-from ..config.serving import OFF, ServeConfig
+from ..config.serving import EXACT, OFF, ServeConfig
 from . import prepare
 from .bridge import Bridge, Ticket
 from .link import FrontLink
@@ -58,8 +58,15 @@ class Intake:
                     self._requests.pop(rid, None)
 
         tickets = [t for t in prepare.tickets(ask, tokenizer, self.job.n_ctx, sink, resumed,
-                                              served.cache_prompt) if t.index not in done]
+                                              self.cache_mode) if t.index not in done]
         self._submit(rid, ask, tickets)
+
+    @property
+    def cache_mode(self) -> str:
+        """What a request that asks to reuse a kept prefix may reuse: the server's mode, or
+        the exact one where the server reuses nothing unless asked."""
+        mode = self.served.cache_prompt
+        return EXACT if mode == OFF else mode
 
     def _start_embeddings(self, rid: int, body: dict) -> None:
         """An embedding request (done again from the start if it is resumed)."""
