@@ -29,15 +29,6 @@ from .options import EXACT_RUN_PLAIN
 from .runs import Node, Run, RunState, tree_from_branches, trim_branches
 
 
-def prompt_chunks(span: range, chunk: int) -> list[range]:
-    """`span` cut at every multiple of `chunk`: the prompt's batches, whatever part of it a
-    kept prefix spares (a fresh evaluation and one after a cached prefix then compute every
-    chunk alike, so their cells are the same bits: engine/head/prompt_cache.py)."""
-    bounds = [span.start, *range((span.start // chunk + 1) * chunk, span.stop, chunk),
-              span.stop]
-    return [range(a, b) for a, b in zip(bounds, bounds[1:]) if b > a]
-
-
 def runs_of(span: range, size: int) -> list[range]:
     """`span` in consecutive runs of at most `size`."""
     return [range(a, min(a + size, span.stop)) for a in range(span.start, span.stop, size)]
@@ -113,13 +104,14 @@ class Speculation:
 
     # --- starting runs -----------------------------------------------------------------------
     def prefill(self, chunk: int) -> None:
-        """The prompt in chunks whose bounds are multiples of `chunk` (prompt_chunks), all
-        in flight at once, into sequence 0; the last chunk's last row gives the first
-        token. A prefix whose cells sequence 0 keeps (request.cached: a multiple of `chunk`
-        where the cache is exact) is not evaluated again."""
+        """The prompt in batches of `chunk` tokens, all in flight at once, into sequence 0;
+        the last batch's last row gives the first token. A prefix whose cells sequence 0
+        keeps (request.cached) is not evaluated again: a multiple of `chunk` where the cache
+        is exact (engine/head/prompt_cache.py), so the batches after it are the ones a fresh
+        evaluation of the whole prompt uses, and their cells the same bits."""
         request = self.gen.request
         tokens, n_prompt = request.prompt + request.resumed, len(request.prompt)
-        self.chain(tokens, prompt_chunks(range(request.cached, n_prompt), chunk),
+        self.chain(tokens, runs_of(range(request.cached, n_prompt), chunk),
                    (CANONICAL_SEQ,), count_cells=False, final=not request.resumed)
         # Tokens generated before a restart: in runs of at most the exact run size, which
         # compute as one-token decoding did (options.py), so every cell is as it was.

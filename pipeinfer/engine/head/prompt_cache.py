@@ -10,14 +10,15 @@ only the rest of its prompt (at least its last token, whose row gives the first 
 Which kept cells are usable, exactly: llama.cpp computes a token's cells (and the logits
 after them) with kernels chosen by the batch's size, so a cell is the same bits as a fresh
 evaluation's only if it was computed in the same batch as a fresh evaluation of the new
-prompt computes it. A prompt is evaluated in chunks whose bounds are multiples of the job's
-chunk size (schedule/speculation.prompt_chunks), so the cells of every whole chunk of an
-earlier prompt are the same bits a fresh evaluation of any prompt starting with those
-tokens produces; the cells of a partial last chunk and of an answer (computed in decode
-runs) are not. EXACT keeps the common prefix cut down to the last whole chunk that an
-earlier prompt computed; the rest is evaluated in the chunks a fresh evaluation uses.
-LLAMA_SERVER keeps the whole common prefix, as llama-server does: the answer then equals
-llama.cpp's with that prefix kept, which may differ from a fresh evaluation's (`--cache-prompt
+prompt computes it. A prompt is evaluated in chunks of the job's chunk size from the first
+token it does not reuse, so where nothing is reused the chunks' bounds are multiples of the
+chunk size, and the cells of every whole chunk of an earlier prompt are the same bits a fresh
+evaluation of any prompt starting with those tokens produces; the cells of a partial last
+chunk and of an answer (computed in decode runs) are not. EXACT keeps the common prefix cut
+down to the last whole chunk that an earlier prompt computed that way; the rest is then
+evaluated in the chunks a fresh evaluation uses. LLAMA_SERVER keeps the whole common prefix
+and evaluates the rest in chunks from there, as llama-server does: the answer equals
+llama.cpp's doing the same, which may differ from a fresh evaluation's (`--cache-prompt
 llama-server`). OFF keeps nothing.
 
 Speculative runs leave nothing in the kept cells: only sequence 0 stays, whose cells hold
