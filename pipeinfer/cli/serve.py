@@ -66,10 +66,10 @@ SERVE_HELP = """Serve the model over HTTP with an OpenAI-compatible API. Two way
     (the last stage's hidden states, pooled: the model's pooling type or the mean, then
     L2-normalized; float or base64), POST /tokenize and
     /detokenize, GET /v1/models and /v1/models/ID, /health (503 while the model loads) and
-    /metrics (Prometheus); a web console at /ui (the cluster, a chat, the pipeline live; its
-    data: GET /api/status and /api/events); CORS for browsers (--cors-origin). Greedy answers (temperature
-    0) are exactly single-node llama.cpp's, alone or with other requests in flight (with a
-    prompt prefix reused from a slot: llama.cpp's keeping that prefix, see --cache-prompt).
+    /metrics (Prometheus); a web console at /ui (the cluster, a chat, the pipeline live;
+    its data: GET /api/status and /api/events); CORS for browsers (--cors-origin). Greedy
+    answers (temperature 0) are exactly single-node llama.cpp's, alone, with other requests
+    in flight, and with a prompt prefix reused from a slot (the default --cache-prompt exact).
     Up to --parallel requests are generated at once, their runs interleaved in the
     pipeline; SIGINT or SIGTERM ends the server and every rank.
     """
@@ -123,10 +123,9 @@ SERVE_HELP = """Serve the model over HTTP with an OpenAI-compatible API. Two way
                    "job ends unexpectedly (a rank killed, a host gone), it is started again on "
                    "the hosts that still answer and every request goes on from the last token "
                    "it sent, with the same tokens (greedy, or sampled with a seed; the front "
-                   "draws a seed for a request without one; a request that reused a "
-                   "prompt prefix kept in its slot is evaluated whole on the new job, which "
-                   "may change the last bits of its logits: --no-cache-prompt for exact "
-                   "resumes). Without --ranks, under "
+                   "draws a seed for a request without one; its prompt is evaluated in the "
+                   "batches a fresh evaluation uses, so with --cache-prompt exact or off the "
+                   "resumed answer is the undisturbed one). Without --ranks, under "
                    "`mpiexec -n N`, the server is the job itself, without failover.",
               show_default=False)
 @click.option("--hostfile", type=click.Path(dir_okay=False), default=None,
