@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from mpi_util import PIPEINFER, launch
+from support.mpi_util import PIPEINFER, launch
 from pipeinfer.model.stage_cache import content_digest
 from pipeinfer.plan import measure, modelled
 from pipeinfer.plan.cost import (PREFILL_STEP, STEP_SIZES, ModelShape, NodeCost, Pipeline,
