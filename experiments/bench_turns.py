@@ -102,10 +102,13 @@ def summarize_turns(results: dict[str, list[list[dict]]]) -> None:
         med[name] = (per_turn, later)
         print(f"{name:<14}" + " ".join(f"{t:6.2f}" for t in per_turn)
               + f"   turn 1 / later: {per_turn[0] / later:.1f}x")
+    if "llama-server" in med:
+        base = med["llama-server"][1]
+        for name in (n for n in med if n != "llama-server"):
+            p = med[name][1]
+            print(f"turns 2-6 median TTFT: {name} {p:.2f} s, llama-server {base:.2f} s "
+                  f"({name} / llama-server {p / base:.2f}x)")
     if {"pipeinfer", "llama-server"} <= med.keys():
-        p, l = med["pipeinfer"][1], med["llama-server"][1]
-        print(f"turns 2-6 median TTFT: pipeinfer {p:.2f} s, llama-server {l:.2f} s "
-              f"({l / p:.2f}x)")
         same = [a["text"] == b["text"] for a, b in zip(results["pipeinfer"][0],
                                                        results["llama-server"][0])]
         print(f"pipeinfer's answers equal llama-server's, per turn: {same}")

@@ -14,7 +14,7 @@ from .drafts import AUTO, draft_source_refusal, draft_vocab_for
 from .run import OutputConfig, RequestConfig
 
 MAX_SEQUENCES = 254   # llama.cpp's 256, less sequence 0 and the graveyard
-PREFILL_CHUNK = 128   # the prompt's batch size by default (see JobConfig.chunk)
+PREFILL_CHUNK = 64    # the prompt's batch size by default (see JobConfig.chunk)
 
 
 @dataclass(frozen=True)
