@@ -97,7 +97,7 @@ def test_local_figures_without_the_prompt_chunk_are_measured_again(tmp_path, ses
     # not used: the figures are measured with the prompt chunk
     import socket
 
-    from pipeinfer.model.tinymodel import write_tiny_llama
+    from support.tinymodel import write_tiny_llama
     model = write_tiny_llama(tmp_path / "fresh.gguf", n_layer=2, seed=23)
     old = (session_cache / "profiles" / f"local-layers-{'-'.join(map(str, STEP_SIZES))}-"
            f"{socket.gethostname()}-{content_digest(model)[:24]}.json")
@@ -131,11 +131,11 @@ def test_simulate_reports_ttft_for_the_prompt_length(tiny_model):
 
 def test_plan_shows_ttft_and_prefill_speed(tiny_model):
     out = pipeinfer("plan", "--nodes", 3, "--cpu", 0.5, "-m", tiny_model, "--strategy",
-                    "iterative", "--prompt-len", 700, "--prefill-chunk", 64)
+                    "iterative", "--prompt-len", 700, "--prefill-chunk", 32)
     assert out.rc == 0, out.describe()
-    assert "a 700-token prompt in batches of 64 tokens" in out.stdout
+    assert "a 700-token prompt in batches of 32 tokens" in out.stdout
     assert "prefill t/s" in out.stdout and "TTFT ms" in out.stdout
-    assert "--prefill-chunk 64" in out.stdout    # run evaluates the prompt as modelled
+    assert "--prefill-chunk 32" in out.stdout    # run evaluates the prompt as modelled
     row = pipeinfer("plan", "--nodes", 3, "--cpu", 0.5, "-m", tiny_model, "--strategy",
                     "iterative", "--prompt-len", 700, "--json").json
     assert row["prompt_len"] == 700 and row["ttft_s"] > 0 and row["prefill_tps"] > 0
