@@ -106,6 +106,18 @@ class PromptCache:
         return [seq_keep(CANONICAL_SEQ), seq_rm(CANONICAL_SEQ, len(kept), -1),
                 seq_compact(CANONICAL_SEQ)]
 
+    def refill_span(self, slot: int) -> tuple[int, int]:
+        """(start, stop): the whole chunks of what `slot` keeps past its exact cells, which
+        a refill may evaluate again as prompt (refill.py)."""
+        entry = self.slots[slot]
+        return entry.exact, len(entry.tokens) // self.chunk * self.chunk
+
+    def refilled(self, slot: int, exact: int) -> None:
+        """`slot`'s refill is over with its first `exact` cells a fresh evaluation's; the
+        cells after them are gone."""
+        entry = self.slots[slot]
+        entry.tokens, entry.exact = entry.tokens[:exact], exact
+
     def exact_after(self, base: int, cached: int, n_prompt: int) -> int:
         """The cells with a fresh evaluation's bits after a request's prompt went in: its
         whole chunks, if the prefix it reused (`cached`) was exact and ended on a chunk's
