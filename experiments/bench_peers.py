@@ -70,8 +70,21 @@ def render_prompt(model: str, text: str) -> str:
 
 
 def long_prompt(model: str, n_tokens: int) -> str:
-    """The coding question after a source file cut to `n_tokens` tokens of `model`'s (the
-    standard library's difflib, a file every Python has), in the chat template."""
+    """source_excerpt's coding question in the chat template."""
+    from pipeinfer.model.models import resolve_model
+    from pipeinfer.model.tokenizer import Tokenizer
+
+    text = source_excerpt(model, n_tokens)
+    tokenizer = Tokenizer(resolve_model(model))
+    try:
+        return tokenizer.apply_chat_template(text)
+    finally:
+        tokenizer.close()
+
+
+def source_excerpt(model: str, n_tokens: int) -> str:
+    """A coding question after a source file cut to `n_tokens` tokens of `model`'s (the
+    standard library's difflib, a file every Python has)."""
     import difflib
     import inspect
 
@@ -82,10 +95,9 @@ def long_prompt(model: str, n_tokens: int) -> str:
     try:
         source = tokenizer.tokenize(inspect.getsource(difflib), add_special=False)
         if len(source) < n_tokens:
-            raise SystemExit(f"bench_peers: --prompt-tokens {n_tokens}: the source file has "
-                             f"only {len(source)} tokens")
-        text = "```python\n" + tokenizer.detokenize(source[:n_tokens]) + "\n```\n" + CODE_PROMPT
-        return tokenizer.apply_chat_template(text)
+            raise SystemExit(f"{n_tokens} prompt tokens: the source file has only "
+                             f"{len(source)}")
+        return "```python\n" + tokenizer.detokenize(source[:n_tokens]) + "\n```\n" + CODE_PROMPT
     finally:
         tokenizer.close()
 

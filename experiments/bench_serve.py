@@ -151,6 +151,9 @@ PIPEINFER_SYSTEMS = {"pipeinfer": ["--strategy", "pipeinfer", "-md", "{draft}"],
                      # speculative on the plain layout: the grammar's forced text fills runs of 7
                      "pipeinfer-speculative-plain": ["--strategy", "speculative", "-md", "{draft}",
                                                      "--no-repack"],
+                     # the prompt cache as llama-server's: the whole kept prefix (not exact)
+                     "pipeinfer-llama-cache": ["--strategy", "pipeinfer", "-md", "{draft}",
+                                               "--cache-prompt", "llama-server"],
                      # drafts from the draft model only (no n-gram lookup of the text first)
                      "pipeinfer-model-drafts": ["--strategy", "pipeinfer", "-md", "{draft}",
                                                 "--draft-source", "model"]}

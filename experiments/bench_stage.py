@@ -16,8 +16,8 @@ with the same alternation, and the time `pipeinfer split` needs for a 3-way spli
     .venv/bin/python experiments/bench_stage.py [--models smollm2,qwen-coder-1.5b] [--reps 5]
 
 With `--hops TRACE` it measures nothing and prints instead where a token's time went between
-the stages of a plain pipeline, read from a `pipeinfer run --strategy iterative --trace TRACE`
-(experiments/harness/hops.py):
+the stages of a plain pipeline, read from a `pipeinfer run --strategy iterative --trace TRACE`,
+and how busy each stage was while the prompt went in (experiments/harness/hops.py):
 
     .venv/bin/python experiments/bench_stage.py --hops trace.jsonl [--skip 2]
 """
@@ -247,11 +247,13 @@ def bench_old_reader(name: str) -> None:
 
 
 def print_hops(trace: str, skip: int) -> int:
-    segments = hops.breakdown(*hops.load(trace), skip)
+    records = hops.load(trace)
+    segments = hops.breakdown(*records, skip)
     if not segments:
         print("bench_stage --hops: no complete runs in the trace", file=sys.stderr)
         return 1
     print(hops.report(segments))
+    print(hops.prefill(*records))
     return 0
 
 

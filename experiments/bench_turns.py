@@ -7,12 +7,16 @@ runs the servers:
   lines of Python's textwrap.TextWrapper, about 950 tokens) with a question; each later turn
   adds a question of at most 60 tokens to the history, which keeps every answer. pipeinfer
   serve and llama-server over RPC, each with its prompt cache (their default); per turn the
-  time to first token, the prompt tokens and how many of them were reused.
+  time to first token, the prompt tokens and how many of them were reused. With --think S,
+  each question comes S seconds after the answer before it, as a user reading it would ask.
+- long: one request whose prompt is a source file of --long-tokens tokens (Python's difflib)
+  and a coding question, to each server afresh: its time to first token, which is the
+  prompt's evaluation (prefill) but for one token.
 - json: one JSON-schema request (a list of 5 objects of 4 fields), pipeinfer's strategy (or
   --json-system pipeinfer-speculative) with the text the grammar forces drafted for free and
   without (PIPEINFER_FREE_DRAFTS=0); speed is completion tokens over the request's wall time.
 
-    python experiments/bench_turns.py -k 3 --scenario turns,json   # root (cgroups), peers built
+    python experiments/bench_turns.py -k 3 --scenario turns,long,json   # root (cgroups), peers built
 
 Every repeat starts each server afresh. Prints a line per repeat, then medians.
 """
@@ -26,6 +30,7 @@ import os
 import statistics
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import httpx
@@ -35,6 +40,7 @@ if not __package__:   # run as `python experiments/NAME.py`: the repository on t
 
 from experiments.bench_serve import (PIPEINFER_SYSTEMS, LlamaServer,  # noqa: E402
                                      PipeinferServer, host_cpu, stream_chat)
+from experiments.bench_peers import source_excerpt  # noqa: E402
 from experiments.harness.json_task import JSON_ASK, SCHEMA  # noqa: E402
 
 QUESTIONS = (
@@ -63,10 +69,13 @@ def chat(url: str, messages: list[dict], n: int, extra: dict) -> dict:
             "tokens": usage.get("completion_tokens")}
 
 
-def conversation(url: str, n: int, extra: dict) -> list[dict]:
-    """The 6 turns, each answer kept in the history."""
+def conversation(url: str, n: int, extra: dict, think_s: float = 0.0) -> list[dict]:
+    """The 6 turns, each answer kept in the history, the next asked `think_s` seconds after
+    it (a user reading the answer)."""
     messages, turns = [], []
     for i, question in enumerate(QUESTIONS):
+        if i:
+            time.sleep(think_s)
         content = f"```python\n{source_file()}\n```\n\n{question}" if i == 0 else question
         messages.append({"role": "user", "content": content})
         turn = chat(url, messages, n, extra)
@@ -84,7 +93,7 @@ def run_turns(args, bin_dir) -> dict[str, list[list[dict]]]:
             extra = {"cache_prompt": True}
             with server as url:
                 chat(url, [{"role": "user", "content": "Say hi."}], 4, extra)  # warm-up
-                turns = conversation(url, args.n, extra)
+                turns = conversation(url, args.n, extra, args.think)
             results[name].append(turns)
             print(f"# turns rep {rep} {name}: TTFT "
                   + " ".join(f"{t['ttft']:.2f}" for t in turns) + " s; prompt/cached "
@@ -102,16 +111,49 @@ def summarize_turns(results: dict[str, list[list[dict]]]) -> None:
         med[name] = (per_turn, later)
         print(f"{name:<14}" + " ".join(f"{t:6.2f}" for t in per_turn)
               + f"   turn 1 / later: {per_turn[0] / later:.1f}x")
+    if "llama-server" in med:
+        base = med["llama-server"][1]
+        for name in (n for n in med if n != "llama-server"):
+            p = med[name][1]
+            print(f"turns 2-6 median TTFT: {name} {p:.2f} s, llama-server {base:.2f} s "
+                  f"({name} / llama-server {p / base:.2f}x)")
     if {"pipeinfer", "llama-server"} <= med.keys():
-        p, l = med["pipeinfer"][1], med["llama-server"][1]
-        print(f"turns 2-6 median TTFT: pipeinfer {p:.2f} s, llama-server {l:.2f} s "
-              f"({l / p:.2f}x)")
         same = [a["text"] == b["text"] for a, b in zip(results["pipeinfer"][0],
                                                        results["llama-server"][0])]
         print(f"pipeinfer's answers equal llama-server's, per turn: {same}")
     for name, reps in results.items():
         stable = all([t["text"] for t in r] == [t["text"] for t in reps[0]] for r in reps)
         print(f"{name}: the same answers in every repeat: {stable}")
+
+
+def run_long(args, bin_dir) -> dict[str, list[dict]]:
+    """The long prompt on every system, each repeat on servers started afresh."""
+    text = source_excerpt(args.model, args.long_tokens)
+    results: dict[str, list[dict]] = {s: [] for s in args.systems}
+    for rep in range(args.k):
+        for name in args.systems:
+            server = (LlamaServer(args, bin_dir) if name == "llama-server"
+                      else PipeinferServer(args, name))
+            with server as url:
+                chat(url, [{"role": "user", "content": "Say hi."}], 4, {})  # warm-up
+                answer = chat(url, [{"role": "user", "content": text}], args.n, {})
+            results[name].append(answer)
+            print(f"# long rep {rep} {name}: TTFT {answer['ttft']:.2f} s, prompt "
+                  f"{answer['prompt']} tokens ({answer['cached']} reused), "
+                  f"{answer['tokens']} tokens", flush=True)
+    return results
+
+
+def summarize_long(results: dict[str, list[dict]]) -> None:
+    print("\nlong: median TTFT (s) and prompt tokens over it")
+    med = {}
+    for name, runs in results.items():
+        med[name] = statistics.median(a["ttft"] for a in runs)
+        evaluated = statistics.median(a["prompt"] - (a["cached"] or 0) for a in runs)
+        print(f"{name:<14} {med[name]:6.2f} s  {evaluated / med[name]:6.1f} t/s")
+    if "llama-server" in med:
+        for name in (n for n in med if n != "llama-server"):
+            print(f"long: TTFT llama-server / {name}: {med['llama-server'] / med[name]:.2f}x")
 
 
 def run_json(args) -> dict[str, list[dict]]:
@@ -167,8 +209,13 @@ def parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("-k", type=int, default=3, help="repeats")
     p.add_argument("-n", type=int, default=64, help="max_tokens of every turn")
+    p.add_argument("--think", type=float, default=0.0, metavar="S",
+                   help="turns: seconds between an answer and the next question (a user "
+                        "reading it; pipeinfer's exact cache refills the answer meanwhile)")
     p.add_argument("--json-n", type=int, default=256, help="max_tokens of the JSON request")
-    p.add_argument("--scenario", default="turns,json")
+    p.add_argument("--long-tokens", type=int, default=2000,
+                   help="long: the source file's tokens in the prompt")
+    p.add_argument("--scenario", default="turns,json", help="a comma list of turns, long, json")
     p.add_argument("--json-system", default="pipeinfer",
                    help="the json scenario's server: one of bench_serve.PIPEINFER_SYSTEMS",
                    choices=sorted(PIPEINFER_SYSTEMS))
@@ -192,12 +239,14 @@ def main(argv: list[str] | None = None) -> int:
           f"{args.draft}; turns: {args.n} tokens an answer; json: up to {args.json_n} "
           f"tokens, {args.json_system}",
           flush=True)
+    bin_dir = None
+    if "llama-server" in args.systems and {"turns", "long"} & set(scenarios):
+        from experiments.harness import build_peers
+        bin_dir = build_peers.build(os.cpu_count() or 2) / "bin"
     if "turns" in scenarios:
-        bin_dir = None
-        if "llama-server" in args.systems:
-            from experiments.harness import build_peers
-            bin_dir = build_peers.build(os.cpu_count() or 2) / "bin"
         summarize_turns(run_turns(args, bin_dir))
+    if "long" in scenarios:
+        summarize_long(run_long(args, bin_dir))
     if "json" in scenarios:
         summarize_json(run_json(args))
     return 0

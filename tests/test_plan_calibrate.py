@@ -9,7 +9,7 @@ import logging
 
 import pytest
 
-from pipeinfer.plan.cost import STEP_SIZES
+from pipeinfer.plan.cost import PREFILL_STEP, STEP_SIZES
 from pipeinfer.plan.profile import load
 from support.cluster import CLUSTER, needs_cgroups
 from support.mixed_quants import write_mixed
@@ -33,7 +33,8 @@ def test_two_rank_calibration_writes_a_well_formed_profile(profile2, tiny_model)
     assert [n["rank"] for n in data["nodes"]] == [0, 1]
     assert data["model"]["name"] == tiny_model.name and data["model"]["n_layer"] == 4
     for node in data["nodes"]:
-        assert sorted(int(b) for b in node["layer_ms"]) == list(STEP_SIZES)
+        assert sorted(int(b) for b in node["layer_ms"]) == [*STEP_SIZES, PREFILL_STEP]
+        assert sorted(int(b) for b in node["output_ms"]) == list(STEP_SIZES)
         assert all(ms > 0 for ms in node["layer_ms"].values())
         assert all(ms >= 0 for ms in node["output_ms"].values())
         assert node["free_mb"] > 0 and node["link_rtt_ms"] > 0 and node["link_mb_s"] > 0

@@ -49,7 +49,7 @@ def test_a_header_only_model_is_costed_from_the_reference(tiny_model, tmp_path):
 
 
 def test_plan_names_the_hosts_and_the_command(tiny_model, tiny_draft_aligned, tmp_path):
-    fast = {1: 1.0, 8: 2.0}
+    fast = {1: 1.0, 8: 2.0, 128: 9.0}
     nodes = tuple(NodeFigures(r, f"host{r}", 1, {b: ms * (10 if r == 3 else 1)
                                                   for b, ms in fast.items()},
                               {1: 0.5, 8: 1.0}, 10000.0, 0.2, 100.0,

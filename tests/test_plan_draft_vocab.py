@@ -76,7 +76,7 @@ def test_a_profiles_draft_time_is_scaled_unless_it_timed_the_reduced_copy(
     reduced = reduced_draft(tiny_draft_aligned, K)
 
     def sim_with_profile(draft_file):
-        nodes = tuple(NodeFigures(r, f"host{r}", 1, {1: 1.0, 8: 2.0}, {1: 0.5, 8: 1.0},
+        nodes = tuple(NodeFigures(r, f"host{r}", 1, {1: 1.0, 8: 2.0, 128: 9.0}, {1: 0.5, 8: 1.0},
                                   10000.0, 0.2, 100.0, draft_ms=0.5 if r == 0 else 0.0)
                       for r in range(4))
         profile = tmp_path / f"{draft_file.stem}.json"

@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import pytest
 
-from pipeinfer.plan.cost import ModelShape, NodeCost, Pipeline
+from pipeinfer.plan.cost import PREFILL_STEP, ModelShape, NodeCost, Pipeline
 from pipeinfer.plan.simulate import SimConfig, SimulationError, simulate
 
 
 def node(ms: float, draft: float = 0.0, rtt: float = 0.0, output: float = 0.0) -> NodeCost:
-    return NodeCost("n", {1: ms, 8: ms}, {1: output, 8: output}, None, rtt, draft_ms=draft)
+    """Flat costs: a step of any size, a prompt's batch too, costs what one token does."""
+    return NodeCost("n", {1: ms, PREFILL_STEP: ms}, {1: output, 8: output}, None, rtt,
+                    draft_ms=draft)
 
 
 MODEL = ModelShape("m", 12, 10.0, 10.0, hidden_bytes=0, base_mb=0.0)
@@ -28,7 +30,8 @@ def test_iterative_is_one_over_the_sum_of_stage_times():
     p = pipe(node(1), node(10), node(20), node(5, output=30))
     result = simulate(p, [0, 4, 4, 4], SimConfig("iterative", n_predict=32, idle_sleep=False))
     assert result.speed_tps == pytest.approx(1000 / 170)
-    assert result.itl_s == pytest.approx(0.170) and result.ttft_s == pytest.approx(0.170)
+    assert result.itl_s == pytest.approx(0.170) and result.second_token_s == pytest.approx(0.170)
+    assert result.ttft_s == pytest.approx(0.170)   # the prompt: one batch, as dear as a token
 
 
 def test_iterative_counts_the_hops():
@@ -100,7 +103,8 @@ def test_the_head_loop_slows_a_threaded_draft_on_a_fraction_of_a_core():
     # its draft thread gets 0.215 core, so the draft-bound pipeline slows by 0.215 / 0.25;
     # speculative drafts inline (no loop meanwhile); a head with 2 cores has room for both
     def speed(strategy, cores):
-        head = NodeCost("h", {1: 10, 8: 10}, {1: 0, 8: 0}, None, 0.0, draft_ms=30, cores=cores)
+        head = NodeCost("h", {1: 10, PREFILL_STEP: 10}, {1: 0, 8: 0}, None, 0.0, draft_ms=30,
+                        cores=cores)
         p = pipe(head, node(10), node(10), node(10))
         cfg = SimConfig(strategy, n_predict=64, accept_rate=1.0, idle_sleep=False)
         return simulate(p, [0, 4, 4, 4], cfg).speed_tps
@@ -145,7 +149,7 @@ def test_messages_never_overtake_on_a_slow_link():
     # a skipped run's empty message is smaller than the run before it: on a link of 1 MB/s
     # it would arrive first if messages could overtake (the core then sees results out of
     # order and refuses them)
-    slow = NodeCost("n", {1: 10.0, 8: 10.0}, {1: 0.0, 8: 0.0}, None, 2.0, 1.0)
+    slow = NodeCost("n", {1: 10.0, PREFILL_STEP: 10.0}, {1: 0.0, 8: 0.0}, None, 2.0, 1.0)
     model = ModelShape("m", 12, 10.0, 10.0, hidden_bytes=6144, base_mb=0.0)
     p = Pipeline((node(10, draft=3, rtt=2), slow, slow, slow), model)
     for seed in range(4):

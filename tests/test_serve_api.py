@@ -243,9 +243,14 @@ class FakeLanes:
         self.generations: list[tuple[int, str]] = []   # (tokens given, stop reason), ended
         self.most_active = 0
 
+    refilling = False   # (no prompt cache here: nothing to refill)
+
     @property
     def n_free(self):
         return self.slots - len(self.active)
+
+    def refill_idle(self):
+        pass
 
     def start(self, request, sampling, owner, on_token, observe=None, cache_prompt=False,
               constraint=None):

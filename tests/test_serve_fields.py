@@ -14,7 +14,9 @@ import threading
 import httpx
 import pytest
 
-from support.llama_oracle import Chain, KeptConversation, chain_greedy, completion_logprobs
+from pipeinfer.config.job import PREFILL_CHUNK
+from support.llama_oracle import (Chain, KeptConversation, chain_greedy, completion_logprobs,
+                                   llama_greedy)
 from support.serve_oracle import N_CTX, assert_schema_answer_exact, chat_tokens, expected
 from support.serving import AUTH, KEY, Server, metric, serving
 
@@ -242,55 +244,96 @@ def test_logprobs_and_penalties_exact_with_another_request_in_flight(server, smo
         sorted({*top.values(), lp}) for lp, top in want_lp]
 
 
-def test_a_conversation_reuses_its_earlier_turns(server, client, smollm2, tokenizer):
-    """cache_prompt: each turn of a conversation goes to the slot that kept the previous
-    turn's prompt and answer, and evaluates only what is new (the previous answer's last
-    token, never evaluated, and the new question); its answer equals llama.cpp's when
-    llama.cpp, too, keeps what it evaluated and evaluates the rest in the same batches
-    (llama_oracle.KeptConversation), also with another request in flight. A request without
-    cache_prompt reuses nothing."""
-    def eos_cut(tokens):
-        end = next((i + 1 for i, t in enumerate(tokens) if tokenizer.is_eog(t)), len(tokens))
-        return tokenizer.detokenize(tokens[:end])
+PASTE = ("Here is my module:\n```python\n" + "\n".join(
+    f"def step_{i}(x):\n    return x * {i} + {i % 7}\n" for i in range(12)) + "```\n")
 
-    questions = ["Write a Python function that adds two numbers.",
-                 "Now make it subtract them.", "Add a docstring to it."]
-    oracle = KeptConversation(smollm2, n_ctx=N_CTX)
-    messages, total, other = [], 0, None
+
+def eos_cut(tokenizer, tokens) -> str:
+    end = next((i + 1 for i, t in enumerate(tokens) if tokenizer.is_eog(t)), len(tokens))
+    return tokenizer.detokenize(tokens[:end])
+
+
+def exact_reuse(kept: list[int], exact: int, prompt: list[int]) -> int:
+    """What the exact cache reuses of `kept` (whose first `exact` cells are a fresh
+    evaluation's) for `prompt`: the common prefix cut to a whole prompt chunk."""
+    shared = next((i for i, (a, b) in enumerate(zip(kept, prompt)) if a != b),
+                  min(len(kept), len(prompt)))
+    return min(shared, exact, len(prompt) - 1) // PREFILL_CHUNK * PREFILL_CHUNK
+
+
+def test_a_conversation_reuses_whole_chunks_of_its_earlier_turns(server, client, smollm2,
+                                                                  tokenizer):
+    """cache_prompt (exact, as the server has the cache off and the requests ask for it):
+    each turn of a conversation goes to the slot that kept the previous turn, reuses the
+    whole prompt chunks of its history (not the answer's cells, which decode runs computed)
+    and its answer is a fresh evaluation's, also with another request in flight. A request
+    without cache_prompt reuses nothing."""
+    questions = [PASTE + "What does step_3 return for 2?", "And step_5 for 1?",
+                 "Which step multiplies by 11?"]
+    messages, total, other, kept = [], 0, None, ([], 0)
     try:
         for turn, question in enumerate(questions):
             messages.append({"role": "user", "content": question})
             prompt = chat_tokens(tokenizer, messages)
-            want, cached = oracle.answer(prompt, 40, tokenizer.is_eog)
+            want = eos_cut(tokenizer, llama_greedy(smollm2, prompt, 40, n_ctx=N_CTX))
+            cached = exact_reuse(*kept, prompt)
             if turn == 1:    # another request in flight, in the other slot
                 other = threading.Thread(target=httpx.post, args=(
                     server.url + "/v1/completions",), kwargs={
                         "headers": AUTH, "timeout": 120, "json": {
                             "prompt": REPEATING, "max_tokens": 60, "ignore_eos": True}})
                 other.start()
-            got = client.chat.completions.create(  # (turn 1: the server's default, no cache)
+            got = client.chat.completions.create(
                 model="smollm2", messages=messages, max_tokens=40, temperature=0,
-                extra_body={"cache_prompt": True} if turn else {})
-            assert got.usage.prompt_tokens == len(prompt)
+                extra_body={"cache_prompt": True})
+            assert got.usage.prompt_tokens == len(prompt) > PREFILL_CHUNK
             assert got.usage.prompt_tokens_details.cached_tokens == cached
-            assert got.choices[0].message.content == eos_cut(want)
-            if turn:   # the previous answer's cells were kept too, not only its prompt's
-                assert cached > len(previous) + 5, (cached, len(previous))
+            assert got.choices[0].message.content == want
+            if turn:
+                assert cached >= PREFILL_CHUNK
             total += cached
-            previous = prompt
-            messages.append({"role": "assistant", "content": got.choices[0].message.content})
+            kept = (prompt, len(prompt) // PREFILL_CHUNK * PREFILL_CHUNK)
+            messages.append({"role": "assistant", "content": want})
     finally:
-        oracle.close()
         if other is not None:
             other.join(120)
     again = client.chat.completions.create(model="smollm2", messages=messages[:-1],
                                            max_tokens=40, temperature=0,
                                            extra_body={"cache_prompt": False})
     assert again.usage.prompt_tokens_details.cached_tokens == 0
-    assert again.choices[0].message.content == expected(
-        smollm2, tokenizer, chat_tokens(tokenizer, messages[:-1]), 40)[0]
+    assert again.choices[0].message.content == messages[-1]["content"]
     metrics = httpx.get(server.url + "/metrics", headers=AUTH).text
     assert f"pipeinfer_prompt_tokens_cached_total {float(total)}" in metrics
+
+
+def test_llama_servers_cache_keeps_the_answers_cells_too(smollm2, tokenizer, tmp_path):
+    """--cache-prompt llama-server: a turn reuses the whole common prefix, the previous
+    answer's cells included, and its answer is llama.cpp's when llama.cpp, too, keeps what
+    it evaluated and evaluates the rest in the same batches (KeptConversation)."""
+    srv = Server(tmp_path, 3, "-m", str(smollm2), "--layer-split", "0,0.5,0.5", "-c",
+                 str(N_CTX), "--api-key", KEY, "--cache-prompt", "llama-server")
+    oracle = KeptConversation(smollm2, n_ctx=N_CTX)
+    messages, previous = [], []
+    try:
+        srv.wait_ready()
+        for turn, question in enumerate(["Write a Python function that adds two numbers.",
+                                         "Now make it subtract them."]):
+            messages.append({"role": "user", "content": question})
+            prompt = chat_tokens(tokenizer, messages)
+            want, cached = oracle.answer(prompt, 40, tokenizer.is_eog)
+            r = httpx.post(srv.url + "/v1/chat/completions", headers=AUTH, timeout=180,
+                           json={"messages": messages, "max_tokens": 40, "temperature": 0})
+            body = r.json()
+            assert body["usage"]["prompt_tokens_details"]["cached_tokens"] == cached
+            assert body["choices"][0]["message"]["content"] == eos_cut(tokenizer, want)
+            if turn:   # the previous answer's cells were kept too, not only its prompt's
+                assert cached > len(previous) + 5, (cached, len(previous))
+            previous = prompt
+            messages.append({"role": "assistant",
+                             "content": body["choices"][0]["message"]["content"]})
+    finally:
+        oracle.close()
+        srv.kill()
 
 
 def test_forced_tokens_are_free_drafts_and_the_answer_stays_exact(server, client, smollm2,

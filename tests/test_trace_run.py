@@ -76,3 +76,4 @@ def _hops_are_read_from_it(trace: Path, ranks: int) -> None:
         assert f"hop -> {rank}" in rows and f"compute {rank}" in rows, hops.stdout
     assert "hop -> head" in rows and "sum of hop medians" in rows, hops.stdout
     assert float(rows[f"compute {ranks - 1}"][0]) > 0, hops.stdout
+    assert "prompt: 1 runs" in hops.stdout and "stage 1: busy" in hops.stdout, hops.stdout

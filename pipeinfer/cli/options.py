@@ -124,15 +124,27 @@ def model_options(command):
         compact_draft_option, draft_vocab_option])
 
 
+def prefill_chunk_option(help_text: str):
+    """--prefill-chunk (run and serve; plan and simulate model it, with their own help)."""
+    return click.option("--prefill-chunk", "prefill_chunk", default=JOB.prefill_chunk,
+                        type=click.IntRange(1, None), help=help_text)
+
+
 def size_options(command):
-    """-c, -b and -t: the context, the largest batch, the threads per rank."""
+    """-c, -b, --prefill-chunk and -t: the context, the largest batch, the prompt's batches,
+    the threads per rank."""
     return _group(command, [
         click.option("-c", "--ctx-size", "n_ctx", default=JOB.n_ctx,
                      type=click.IntRange(1, None),
                      help="Context size in tokens: prompt + completion of one generation."),
         click.option("-b", "--batch-size", "n_batch", default=JOB.n_batch,
                      type=click.IntRange(1, None),
-                     help="Largest batch one stage evaluates at once (prompt chunks)."),
+                     help="Largest batch one stage evaluates at once."),
+        prefill_chunk_option(
+            "The prompt goes in as batches that end at multiples of this many tokens (at "
+            "most -b), all in flight at once: small enough that every stage works while a "
+            "prompt goes in, large enough for llama.cpp's batch kernels. Answers equal "
+            "llama.cpp's evaluating the prompt in batches of this size."),
         click.option("-t", "--threads", default="1", callback=parse_threads,
                      help="Threads per rank: one number for all, or a comma list with one "
                           "per rank.")])

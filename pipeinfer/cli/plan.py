@@ -10,7 +10,10 @@ import click
 
 from .. import strategies
 from .commands import Failure, RankedCommand, setup_logging, verbosity_options
-from .options import compact_draft_option, draft_vocab_flag, parse_threads
+from .options import JOB, compact_draft_option, draft_vocab_flag, parse_threads, \
+    prefill_chunk_option
+
+PROMPT_LEN = 32   # tokens of the prompt modelled by default: a short question
 
 
 @click.command(cls=RankedCommand, context_settings={"show_default": True})
@@ -28,11 +31,12 @@ from .options import compact_draft_option, draft_vocab_flag, parse_threads
 @compact_draft_option
 @verbosity_options()
 def calibrate(model, draft, threads, profile, repack, compact_draft, verbose, quiet):
-    """Measure every rank of the job (launch it like `run`: mpiexec -n N pipeinfer calibrate
-    ...): one target layer's and the output layer's time for steps of 1, 2, 4 and 8 tokens at
-    the rank's -t, the draft model's time per token on the head, free memory, and the round
-    trip and bandwidth of the link to the next rank (MPI ping-pong of a hidden state). Ranks
-    are timed one at a time. Rank 0 prints a table and the profile's path."""
+    """Measure every rank of the job (launch it like `run`: mpiexec -n N pipeinfer calibrate ...):
+    one target layer's and the output layer's time for steps of 1, 2, 3, 4 and 8 tokens at the
+    rank's -t, the layer's for a prompt chunk of 128 tokens, the draft model's time per token
+    on the head, free memory, and the round trip and bandwidth of the link to the next rank
+    (MPI ping-pong of a hidden state). Ranks are timed one at a time. Rank 0 prints a table and
+    the profile's path."""
     from ..engine.transport.mpi import Link
     from ..model.models import ModelError
     from ..model.slicing import model_info, read_model
@@ -139,9 +143,21 @@ def _cluster_options(command):
         click.option("-n", "--n-predict", default=64, type=click.IntRange(2, None),
                      help="Tokens to generate."),
     ]
+    command = _prompt_options(command)   # listed after these
     for option in reversed(options):
         command = option(command)
     return command
+
+
+def _prompt_options(command):
+    """The prompt whose TTFT simulate and plan predict."""
+    command = prefill_chunk_option(
+        "The prompt's batches end at multiples of this many tokens, as `run --prefill-chunk` "
+        "evaluates it: all in flight at once, so the stages work on different batches at the "
+        "same time.")(command)
+    return click.option("--prompt-len", default=PROMPT_LEN, type=click.IntRange(1, None),
+                        help="Tokens of the prompt: TTFT is its evaluation through the "
+                             "pipeline and the first token.")(command)
 
 
 def _setup(o: dict):
@@ -216,40 +232,48 @@ def _plan_errors():
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @verbosity_options()
 def simulate(strategy, split, seed, as_json, verbose, quiet, **cluster_values):
-    """Predict a run's speed without running it: the scheduler core `run` uses, driven by a
-    discrete-event clock with modelled stage costs (from --profile, or this machine's measured
-    layer times scaled by each node's --cpu share; a header-only GGUF scaled per byte), link
-    latency and bandwidth, the draft's time per token and its acceptance. One process, no
-    MPI; beyond a one-time measurement on this machine and the acceptance probe it decodes
-    nothing."""
+    """Predict a run's speed and its TTFT (time to the first token of a --prompt-len prompt)
+    without running it: the scheduler core `run` uses, driven by a discrete-event clock with
+    modelled stage costs (from --profile, or this machine's measured layer times scaled by
+    each node's --cpu share; a header-only GGUF scaled per byte), link latency and bandwidth,
+    the draft's time per token and its acceptance. One process, no MPI; beyond a one-time
+    measurement on this machine and the acceptance probe it decodes nothing."""
     from ..plan.inputs import counts_for, for_strategy
-    from ..plan.simulate import SimConfig, simulate as run_sim
+    from ..plan.simulate import simulate as run_sim
 
     setup_logging(verbose, quiet)
     o = cluster_values
-    n_predict, accept_rate = o["n_predict"], o["accept_rate"]
+    accept_rate = o["accept_rate"]
     if strategies.get(strategy).speculates and o["draft"] is None:
         raise Failure(f"strategy {strategy} needs a draft model (-md)", 2)
     try:
         setup = for_strategy(_setup(o), strategy, o["draft_vocab"])
         counts = counts_for(setup, strategy, split)
         rate = _accept(setup, strategy, accept_rate)
-        result = run_sim(setup.pipeline(), counts,
-                         SimConfig(strategy, n_predict, accept_rate=rate, seed=seed))
+        result = run_sim(setup.pipeline(), counts, _sim_config(o, strategy, rate, seed))
     except _plan_errors() as err:
         raise Failure(str(err))
     out = {"strategy": strategy, "nodes": len(counts), "layers": counts,
            "draft_vocab": setup.draft_vocab, "draft_ms": round(setup.nodes[0].draft_ms, 4),
-           "assumed_accept_rate": round(rate, 4),
+           "assumed_accept_rate": round(rate, 4), "prefill_chunk": o["prefill_chunk"],
            **result.to_dict()}
     if as_json:
         click.echo(json.dumps(out))
     else:
         click.echo(f"{strategy} on {len(counts)} nodes, layers {counts}: "
-                   f"{result.speed_tps:.2f} t/s, TTFT {1e3 * result.ttft_s:.0f} ms, "
+                   f"{result.speed_tps:.2f} t/s, TTFT {1e3 * result.ttft_s:.0f} ms for a "
+                   f"{result.prompt_len}-token prompt ({result.prefill_tps:.0f} t/s prefill), "
                    f"ITL {1e3 * result.itl_s:.0f} ms (draft acceptance {rate:.2f}"
                    + (f", {setup.draft_vocab}-token draft vocabulary)" if setup.draft_vocab
                       else ")"))
+
+
+def _sim_config(o: dict, strategy: str, rate: float, seed: int = 0):
+    """The simulated generation of the cluster options' values `o`."""
+    from ..plan.simulate import SimConfig
+
+    return SimConfig(strategy, o["n_predict"], o["prompt_len"], accept_rate=rate, seed=seed,
+                     prefill_chunk=o["prefill_chunk"])
 
 
 @click.command(context_settings={"show_default": True})
@@ -261,10 +285,11 @@ def simulate(strategy, split, seed, as_json, verbose, quiet, **cluster_values):
 @verbosity_options()
 def plan(chosen_strategies, as_json, verbose, quiet, **cluster_values):
     """Plan a job: per strategy, the split that minimises its bound within each node's memory
-    (nodes that would only slow the pipeline are left out), the predicted speed, TTFT and ITL
-    (the simulator on that split), and the exact mpiexec command line that runs it. Nodes
-    from --profile (the hosts named in the command), or modelled by --cpu/--cpus (named by
-    --hostfile, limited by --memory)."""
+    (nodes that would only slow the pipeline are left out), the predicted speed, TTFT (time
+    to the first token of a --prompt-len prompt), prefill speed and ITL (the simulator on
+    that split), and the exact mpiexec command line that runs it. Nodes from --profile (the
+    hosts named in the command), or modelled by --cpu/--cpus (named by --hostfile, limited by
+    --memory)."""
     from ..plan.advice import advise, table
     from ..plan.inputs import for_strategy
 
@@ -280,11 +305,13 @@ def plan(chosen_strategies, as_json, verbose, quiet, **cluster_values):
     if o["draft"] is None:
         chosen = [s for s in chosen if not strategies.get(s).speculates] or chosen
     args = ["-n", str(n_predict)]
+    if o["prefill_chunk"] != JOB.prefill_chunk:
+        args += ["--prefill-chunk", str(o["prefill_chunk"])]
     try:
         common = _setup(o)
         setups = {s: for_strategy(common, s, o["draft_vocab"]) for s in chosen}
         rates = {s: _accept(setups[s], s, accept_rate) for s in chosen}
-        advice = [advise(setups[s], s, rates[s], n_predict, args) for s in chosen]
+        advice = [advise(setups[s], _sim_config(o, s, rates[s]), args) for s in chosen]
     except _plan_errors() as err:
         raise Failure(str(err))
     if as_json:

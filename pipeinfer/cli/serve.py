@@ -10,7 +10,7 @@ from pathlib import Path
 import click
 
 from .. import strategies
-from ..config.serving import ServeConfig
+from ..config.serving import CACHE_MODES, OFF, ServeConfig
 from ..job import supervisor
 from .commands import Failure, RankedCommand, checked_value, setup_logging, verbosity_options
 from .options import (AUTO_SPLIT_HELP, PROFILE_HELP, SPLIT_HELP, model_options,
@@ -66,10 +66,10 @@ SERVE_HELP = """Serve the model over HTTP with an OpenAI-compatible API. Two way
     (the last stage's hidden states, pooled: the model's pooling type or the mean, then
     L2-normalized; float or base64), POST /tokenize and
     /detokenize, GET /v1/models and /v1/models/ID, /health (503 while the model loads) and
-    /metrics (Prometheus); a web console at /ui (the cluster, a chat, the pipeline live; its
-    data: GET /api/status and /api/events); CORS for browsers (--cors-origin). Greedy answers (temperature
-    0) are exactly single-node llama.cpp's, alone or with other requests in flight (with a
-    prompt prefix reused from a slot: llama.cpp's keeping that prefix, see --cache-prompt).
+    /metrics (Prometheus); a web console at /ui (the cluster, a chat, the pipeline live;
+    its data: GET /api/status and /api/events); CORS for browsers (--cors-origin). Greedy
+    answers (temperature 0) are exactly single-node llama.cpp's, alone, with other requests
+    in flight, and with a prompt prefix reused from a slot (the default --cache-prompt exact).
     Up to --parallel requests are generated at once, their runs interleaved in the
     pipeline; SIGINT or SIGTERM ends the server and every rank.
     """
@@ -102,13 +102,18 @@ SERVE_HELP = """Serve the model over HTTP with an OpenAI-compatible API. Two way
                    "and the web console's page and files, which hold no data (401 "
                    "otherwise; the console asks for the key once and keeps it in the "
                    "browser). Also from $PIPEINFER_API_KEY.", show_default=False)
-@click.option("--cache-prompt/--no-cache-prompt", default=SERVE.cache_prompt,
-              help="Whether requests that do not say `cache_prompt` reuse the longest prefix "
-                   "of their prompt that a slot keeps from its last request (its KV cells on "
-                   "every rank) and evaluate only the rest, as llama-server does. Greedy "
-                   "answers then equal llama.cpp's with that prefix kept (the rest evaluated "
-                   "in the same batches), which may differ in the last bits of the logits "
-                   "from a fresh evaluation of the whole prompt.")
+@click.option("--cache-prompt", "cache_prompt", default=SERVE.cache_prompt,
+              type=click.Choice(CACHE_MODES),
+              help="What a request (unless it says `\"cache_prompt\": false`) reuses of "
+                   "the prompt prefix a slot keeps from its last request (its KV cells on "
+                   "every rank), evaluating only the rest. exact: the prefix cut to the last "
+                   "whole prompt chunk (--prefill-chunk) an earlier prompt computed, the "
+                   "cells a fresh evaluation gives, so every answer is the one without the "
+                   "cache. llama-server: the whole common prefix, as llama-server does, "
+                   "answers from a conversation's earlier answers' cells (decode runs): "
+                   "faster, but an answer may then differ from a fresh evaluation's. off: "
+                   "nothing.")
+@click.option("--no-cache-prompt", "cache_prompt", flag_value=OFF, hidden=True)
 @click.option("--cors-origin", "cors_origins", multiple=True,
               help="An origin (scheme://host[:port]) whose browser pages may call the API "
                    "(CORS); repeat for several. [default: any origin, *]")
@@ -118,10 +123,9 @@ SERVE_HELP = """Serve the model over HTTP with an OpenAI-compatible API. Two way
                    "job ends unexpectedly (a rank killed, a host gone), it is started again on "
                    "the hosts that still answer and every request goes on from the last token "
                    "it sent, with the same tokens (greedy, or sampled with a seed; the front "
-                   "draws a seed for a request without one; a request that reused a "
-                   "prompt prefix kept in its slot is evaluated whole on the new job, which "
-                   "may change the last bits of its logits: --no-cache-prompt for exact "
-                   "resumes). Without --ranks, under "
+                   "draws a seed for a request without one; its prompt is evaluated in the "
+                   "batches a fresh evaluation uses, so with --cache-prompt exact or off the "
+                   "resumed answer is the undisturbed one). Without --ranks, under "
                    "`mpiexec -n N`, the server is the job itself, without failover.",
               show_default=False)
 @click.option("--hostfile", type=click.Path(dir_okay=False), default=None,
@@ -156,7 +160,8 @@ SERVE_HELP = """Serve the model over HTTP with an OpenAI-compatible API. Two way
 @click.option("--channel", default=None, hidden=True)   # the front's address (serve/link.py)
 @verbosity_options("-v: progress of every rank, the head's scheduling and tracebacks; -vv: "
                    "also llama.cpp's log.", "Only notices and errors on stderr.")
-def serve(model, draft, compact_draft, draft_vocab, alias, n_ctx, n_batch, threads, split,
+def serve(model, draft, compact_draft, draft_vocab, alias, n_ctx, n_batch, prefill_chunk,
+          threads, split,
           profile, strategy, temp, top_k, top_p, seed, host, port, queue_size, parallel,
           busy_strategy, api_key, cache_prompt, cors_origins, ranks, hostfile, host_list,
           mpiexec, max_restarts, stall_timeout, trace_path, channel, verbose, quiet,
@@ -173,7 +178,8 @@ def serve(model, draft, compact_draft, draft_vocab, alias, n_ctx, n_batch, threa
     parallel = _parallel(parallel, strategy)
     defaults = SamplingParams(temp, top_k, top_p, seed)
     cfg = JobConfig(model, tuple(draft), strategy, split=split[0], profile=profile,
-                    threads=threads, n_ctx=n_ctx, n_batch=n_batch, compact_draft=compact_draft,
+                    threads=threads, n_ctx=n_ctx, n_batch=n_batch, prefill_chunk=prefill_chunk,
+                    compact_draft=compact_draft,
                     draft_vocab=draft_vocab, full_logits=True, slots=parallel,
                     busy_strategy=_busy(busy_strategy, strategy, parallel),
                     request=RequestConfig(sampling=defaults), output=OutputConfig(verbose=verbose),

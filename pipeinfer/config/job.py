@@ -14,6 +14,7 @@ from .drafts import AUTO, draft_source_refusal, draft_vocab_for
 from .run import OutputConfig, RequestConfig
 
 MAX_SEQUENCES = 254   # llama.cpp's 256, less sequence 0 and the graveyard
+PREFILL_CHUNK = 64    # the prompt's batch size by default (see JobConfig.chunk)
 
 
 @dataclass(frozen=True)
@@ -30,6 +31,7 @@ class JobConfig:
     threads: tuple[int, ...] = (1,)
     n_ctx: int = 2048
     n_batch: int = 512
+    prefill_chunk: int = PREFILL_CHUNK   # the prompt's batches end at multiples of this
     spec: SpecOptions = SpecOptions()
     repack: bool | None = None  # target stages' weight repacking; None: by strategy (below)
     exact: bool = True      # runs cut to the size llama.cpp computes like one token
@@ -64,6 +66,13 @@ class JobConfig:
         if self.repack is not None:
             return self.repack
         return not self.plan.wide_runs
+
+    @property
+    def chunk(self) -> int:
+        """The prompt's batch size: batches end at its multiples, so that a prefix kept from
+        an earlier request computes as a fresh evaluation would (engine/head/prompt_cache.py).
+        Small enough that the pipeline's stages all work while a prompt goes in."""
+        return min(self.prefill_chunk, self.n_batch)
 
     @property
     def max_run(self) -> int:

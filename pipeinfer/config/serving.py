@@ -8,6 +8,12 @@ from dataclasses import dataclass
 
 from ..model.sampling import SamplingParams
 
+# What a request may reuse of the prompt prefix a slot keeps (engine/head/prompt_cache.py):
+# only cells with a fresh evaluation's bits (the default), the whole common prefix as
+# llama-server does (may change an answer's last bits), or nothing.
+EXACT, LLAMA_SERVER, OFF = "exact", "llama-server", "off"
+CACHE_MODES = (EXACT, LLAMA_SERVER, OFF)
+
 
 @dataclass(frozen=True)
 class ServeConfig:
@@ -18,6 +24,6 @@ class ServeConfig:
     api_key: str | None = None         # required on every endpoint but /health
     cors_origins: tuple[str, ...] = ("*",)
     parallel: int = 4                  # requests generated at once (the job's slots)
-    cache_prompt: bool = True          # what a request that does not say cache_prompt gets
+    cache_prompt: str = EXACT          # what a request that does not refuse it may reuse
     defaults: SamplingParams = SamplingParams()   # a request's sampling where it gives none
     channel: str | None = None         # the address of the front that launched the job

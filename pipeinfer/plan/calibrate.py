@@ -1,10 +1,10 @@
 """Calibration of a job's ranks (collective: every rank of the MPI job calls the same function).
 
-Per rank: one target layer's and the output layer's time per step of 1, 2, 4, 8 tokens at the
-rank's -t (measure.py), the draft model's time per token on the head, free memory, and an MPI
-ping-pong with the next rank (the last rank: the head) of one token's hidden state (round
-trip) and of 64 tokens' (bandwidth). Ranks are timed one after the other, the others waiting
-politely, so no measurement shares a core with another rank's.
+Per rank: one target layer's and the output layer's time per step of 1, 2, 3, 4 and 8 tokens at the
+rank's -t (measure.py), the layer's for a prompt chunk too, the draft model's time per token on the
+head, free memory, and an MPI ping-pong with the next rank (the last rank: the head) of one token's
+hidden state (round trip) and of 64 tokens' (bandwidth). Ranks are timed one after the other, the
+others waiting politely, so no measurement shares a core with another rank's.
 """
 
 from __future__ import annotations

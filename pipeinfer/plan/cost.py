@@ -1,13 +1,16 @@
 """The cost model of a pipeline: what one stage costs per step, and what bounds a strategy.
 
 A node (one MPI rank) is described by measured figures (calibrate.py): the time of one target
-layer for a step of b tokens (b = 1, 2, 3, 4, 8; other sizes interpolated), the time of the output
-layer (norm, output matrix, argmax) for such a step, its free memory, the link to the next node
+layer for a step of b tokens (b = 1, 2, 3, 4, 8 and a prompt chunk's PREFILL_STEP; other sizes
+interpolated), the time of the output layer (norm, output matrix, argmax) for b output rows
+(b = 1 .. 8), its free memory, the link to the next node
 (round trip, bandwidth) and, on the head, the draft model's time per drafted token. The model is
 described by its shape: layers, bytes per layer and of the output layer, the hidden state's
 bytes per token.
 
-A stage with k layers costs k x layer(b) (+ output(b) if it is the last stage) per step. The
+A stage with k layers costs k x layer(b) (+ output(r) if it is the last stage, for the r rows of
+the step that give logits: all of a run's, one of a prompt's last chunk, none of its others)
+per step. The
 strategies differ in what bounds them (DESIGN.md section 11):
 - iterative (and synchronous speculative): one run in flight, so a token costs the sum of the
   stage times and the hops between them ("sum");
@@ -21,11 +24,17 @@ import bisect
 from dataclasses import dataclass, field
 
 from .. import strategies
+from ..config.job import PREFILL_CHUNK
 
 # 3 is measured, not interpolated: it is the size of every speculative run under --exact with
 # repacked weights, and llama.cpp's repacked kernels (which take 4 rows at a time) run it
 # slower per token than 2 or 4
 STEP_SIZES = (1, 2, 3, 4, 8)
+# A prompt goes in as chunks of this many tokens (config/job.py): a batch that size may cost far
+# less per token than the small steps' slope says (llama.cpp's matrix-matrix kernels: a third
+# of it for Qwen2.5-Coder 1.5B Q4_K_M repacked on a core here, 0.86 for SmolLM2's Q4_1), so its
+# layer time is measured too. Its output layer is not: a chunk gives one row of logits at most.
+PREFILL_STEP = PREFILL_CHUNK
 
 # While the head's draft thread drafts, the head's own loop (polling the pipeline's results and
 # the drafter, the scheduler's ticks) takes a share of the head's CPU: cores used by the loop,
@@ -51,6 +60,15 @@ def interpolate(table: dict[int, float], b: float) -> float:
     lo, hi = sizes[i - 1], sizes[i]
     slope = (table[hi] - table[lo]) / (hi - lo)
     return max(0.0, table[lo] + slope * (b - lo))
+
+
+def costs_step(table: dict[int, float], b: float) -> bool:
+    """Whether `table` costs a b-token step from measurements: b is within its sizes, or past
+    a prompt chunk's (where a step's time grows about in proportion to its tokens). Not so
+    for a table of small steps only (a profile without the prompt chunk's step): its slope,
+    extended, may cost a 128-token batch three times too much (see PREFILL_STEP)."""
+    largest = max(table, default=0)
+    return b <= largest or largest >= PREFILL_STEP
 
 
 @dataclass(frozen=True)
@@ -79,8 +97,9 @@ class NodeCost:
     def layers_ms(self, k: int, b: float) -> float:
         return k * interpolate(self.layer_ms, b)
 
-    def output(self, b: float) -> float:
-        return interpolate(self.output_ms, b)
+    def output(self, rows: float) -> float:
+        """The output layer for `rows` rows of logits (none: nothing computed)."""
+        return interpolate(self.output_ms, rows) if rows > 0 else 0.0
 
     def send_ms(self, n_bytes: float) -> float:
         """Time the link is occupied by a message (bandwidth only)."""
@@ -112,11 +131,13 @@ class Pipeline:
     draft_thread: bool = False  # the head drafts on a thread of its own, beside its loop
     notes: tuple[str, ...] = field(default=())
 
-    def stage_ms(self, rank: int, k: int, final: bool, b: float) -> float:
-        """Compute time of rank `rank` with k layers for a b-token step (the head's drafting
-        of the run's tokens counted on the head)."""
+    def stage_ms(self, rank: int, k: int, final: bool, b: float,
+                 rows: float | None = None) -> float:
+        """Compute time of rank `rank` with k layers for a b-token step of which `rows` give
+        logits (None: all of them, as in a run after the prompt); the head's drafting of the
+        run's tokens counted on the head."""
         node = self.nodes[rank]
-        t = node.layers_ms(k, b) + (node.output(b) if final else 0.0)
+        t = node.layers_ms(k, b) + (node.output(b if rows is None else rows) if final else 0.0)
         if rank == 0:
             t += self.drafting_ms()
         return t

@@ -1,5 +1,6 @@
-"""Timing llama.cpp on this rank for calibration: one target layer and the output layer per
-step size, the draft model per token, and free memory. No MPI here (calibrate.py gathers)."""
+"""Timing llama.cpp on this rank for calibration: one target layer per step size (and per
+prompt chunk), the output layer per step size, the draft model per token, and free memory.
+No MPI here (calibrate.py gathers)."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from ..model.partition import StageRange
 from ..model.stage import Stage, StageConfig
 from ..model.stage_cache import stage_file
 from . import cgroups
-from .cost import STEP_SIZES
+from .cost import PREFILL_STEP, STEP_SIZES
 
 CALIBRATION_MB = 256
 CONTEXT = 64        # positions already in the cache when a step is timed (as mid-generation)
@@ -26,6 +27,8 @@ REPEATS = 5         # timed steps per size at least (the median is kept), more w
 MIN_TOTAL_S = 0.15  # took less than this in all (fast steps are noisy), up to MAX_REPEATS
 MAX_REPEATS = 40
 PROBE_REPEATS = 3
+PREFILL_REPEATS = 2  # a prompt chunk's step: long (0.8 s for the 10-layer slice of Qwen2.5-Coder
+                     # 1.5B on a core here), so steady; two keep calibration short
 
 
 def calibration_ranges(model: Path, n_layer: int) -> tuple[StageRange, StageRange]:
@@ -39,8 +42,10 @@ def calibration_ranges(model: Path, n_layer: int) -> tuple[StageRange, StageRang
     return StageRange(1, 0, k, False), StageRange(1, n_layer - k, n_layer, True)
 
 
-def _config(threads: int, repack: bool) -> StageConfig:
-    return StageConfig(n_ctx=CONTEXT + 2 * max(STEP_SIZES) + 8, n_batch=CONTEXT,
+def _config(threads: int, repack: bool, largest: int = max(STEP_SIZES)) -> StageConfig:
+    """A context for steps of up to `largest` tokens after CONTEXT positions (the final
+    slice's stays small: its logits buffer is a batch's rows x the vocabulary)."""
+    return StageConfig(n_ctx=CONTEXT + 2 * largest + 8, n_batch=max(CONTEXT, largest),
                        n_seq_max=1, n_threads=threads, repack=repack)
 
 
@@ -85,12 +90,17 @@ def local_slices(model: Path, n_layer: int) -> Slices:
 
 
 def measure_layers(slices: Slices, threads: int, repack: bool = True,
-                   sizes=STEP_SIZES, repeats: int = REPEATS) -> tuple[dict, dict]:
-    """({b: ms of one layer}, {b: ms of the output layer}) for b-token steps."""
-    with Stage(slices.body, _config(threads, repack), final=False,
+                   sizes=STEP_SIZES, repeats: int = REPEATS,
+                   prefill: int = PREFILL_STEP) -> tuple[dict, dict]:
+    """({b: ms of one layer}, {b: ms of the output layer}) for b-token steps, b in `sizes`;
+    the layer also for a `prefill`-token prompt chunk (0: not), whose output layer computes
+    one row at most, as a 1-token step's does."""
+    with Stage(slices.body, _config(threads, repack, max(*sizes, prefill)), final=False,
                label="calibration layers") as stage:
         _fill_context(stage)
         layers = {b: _step_ms(stage, b, repeats) for b in sizes}
+        if prefill:
+            layers[prefill] = _step_ms(stage, prefill, PREFILL_REPEATS)
     with Stage(slices.last, _config(threads, repack), final=True,
                label="calibration output") as stage:
         _fill_context(stage)

@@ -21,7 +21,7 @@ from ..model.models import cache_dir
 from ..model.slicing import model_info
 from ..model.stage_cache import content_digest
 from . import measure
-from .cost import STEP_SIZES, CostError, NodeCost
+from .cost import PREFILL_STEP, STEP_SIZES, CostError, NodeCost
 
 log = logging.getLogger(__name__)
 
@@ -69,13 +69,16 @@ def _cached(kind: str, path: Path, measure_it):
 
 
 def local_layers(path: Path) -> tuple[dict[int, float], dict[int, float]]:
-    """(layer_ms, output_ms) of the model at `path` on one whole core of this machine."""
+    """(layer_ms, output_ms) of the model at `path` on one whole core of this machine. The
+    cache entry is named by the step sizes measured, so figures that lack one (the prompt
+    chunk's) are measured again rather than extrapolated."""
     def run():
         header = read_header(path)
         slices = measure.local_slices(path, model_info(header, path).n_layer)
-        layer, output = measure.measure_layers(slices, 1)
+        layer, output = measure.measure_layers(slices, 1, prefill=PREFILL_STEP)
         return {"layer_ms": layer, "output_ms": output}
-    figures = _cached("layers-" + "-".join(map(str, STEP_SIZES)), path, run)
+    sizes = "-".join(map(str, STEP_SIZES)) + f"-prefill{PREFILL_STEP}"
+    figures = _cached("layers-" + sizes, path, run)
     return ({int(b): v for b, v in figures["layer_ms"].items()},
             {int(b): v for b, v in figures["output_ms"].items()})
 

@@ -5,6 +5,10 @@ model (and draft model) on one set of hosts, as a JSON file.
      "created": "...", "nodes": [{"rank", "host", "threads", "layer_ms": {"1": ..},
      "output_ms": {..}, "draft_ms", "free_mb", "link_rtt_ms", "link_mb_s", "cores"}, ...]}
 
+layer_ms has the steps of cost.STEP_SIZES and the prompt chunk's (cost.PREFILL_STEP), which
+`simulate` and `plan` need to cost a prompt: for a profile without it they say to calibrate
+again. `--layer-split auto` needs only the small steps.
+
 Profiles are cached per host set and model (`cache_path`): the same hosts under other CPU
 quotas measure differently, which the quick probe of calibrate.py finds.
 """

@@ -3,9 +3,12 @@
 The very scheduler classes `run` uses make every decision (`Scheduler.step(event) ->
 actions`); this module only stands in for the driver, the stages, the links and the draft
 model, with times from a cost.Pipeline:
+- the prompt goes in as the scheduler's chunks, all sent at once, so the stages work on
+  different chunks at the same time; only the last chunk's last row gives logits;
 - a stage evaluates the runs it receives one at a time, in order, k x layer(n) (+ the output
-  layer on the last stage) for a run of n tokens, then sends it on (half a round trip plus
-  the transfer at the link's bandwidth); the last stage returns argmaxes to the head;
+  layer for the rows that give logits on the last stage) for a run of n tokens, then sends
+  it on (half a round trip plus the transfer at the link's bandwidth); the last stage returns
+  those rows' argmaxes to the head;
 - cancellations travel backwards from the last stage; a stage skips a run whose cancellation
   arrived before it started and aborts one it is computing when it arrives;
 - the head's own slice (if it holds layers) and its draft model share the head's CPU: each
@@ -18,7 +21,8 @@ model, with times from a cost.Pipeline:
 - the target's greedy continuation is a fixed token sequence; the draft guesses the token at
   position p right with probability `accept_rate` (one draw per position, seeded, so a draft
   asked twice at a position answers the same), and wrong after a wrong context.
-Nothing decodes and no clock is read: the same inputs give the same timeline.
+Nothing decodes and no clock is read: the same inputs give the same timeline. What it is
+given and what it answers: sim_config.py.
 """
 
 from __future__ import annotations
@@ -35,10 +39,13 @@ from ..engine.transport.backoff import IDLE_LATENCY_SHARE, MAX_SLEEP_S, IdleBack
 from ..schedule import actions as A
 from ..schedule.events import DraftReady, ResultArrived, Start, Tick
 from ..schedule.generation import Generation, Request
-from ..schedule.options import EXACT_RUN_REPACKED, Limits, SpecOptions
+from ..schedule.options import Limits
 from ..schedule.partition_pool import PartitionPool
 from ..schedule.transaction import RunResult
-from .cost import CostError, Pipeline, drafts_on_thread
+from .cost import Pipeline, drafts_on_thread
+from .sim_config import SimConfig, SimResult, SimulationError, check
+
+__all__ = ["SimConfig", "SimResult", "SimulationError", "Simulation", "simulate", "wake_s"]
 
 WRONG = 10 ** 6           # draft tokens from here on are never the target's
 FIRST_TOKEN = 1000        # the target's token at position p is FIRST_TOKEN + p
@@ -51,67 +58,6 @@ def wake_s(idle_s: float) -> float:
     return min(MAX_SLEEP_S, max(MIN_SLEEP_S, IDLE_LATENCY_SHARE * idle_s)) / 2
 
 
-class SimulationError(CostError):
-    """Settings the simulator cannot run; the message says which."""
-
-
-@dataclass(frozen=True)
-class SimConfig:
-    strategy: str
-    n_predict: int = 64
-    prompt_len: int = 32
-    accept_rate: float = 0.8
-    seed: int = 0
-    spec: SpecOptions = SpecOptions()
-    max_run: int = EXACT_RUN_REPACKED
-    n_ctx: int = 2048
-    idle_sleep: bool = True   # model the idle ranks' polling sleeps (False: an ideal pipeline)
-
-
-@dataclass
-class SimResult:
-    speed_tps: float
-    ttft_s: float
-    itl_s: float
-    n_generated: int
-    accept_rate: float | None
-    prefill_s: float
-    busy_s: list[float]
-    counters: dict = field(default_factory=dict)
-
-    def to_dict(self) -> dict:
-        return {"speed_tps": round(self.speed_tps, 4), "ttft_s": round(self.ttft_s, 6),
-                "itl_s": round(self.itl_s, 6), "n_generated": self.n_generated,
-                "accept_rate": None if self.accept_rate is None else round(self.accept_rate, 4),
-                "prefill_s": round(self.prefill_s, 6),
-                "busy_s": [round(b, 6) for b in self.busy_s], **self.counters}
-
-
-def check(pipe: Pipeline, counts: list[int], cfg: SimConfig) -> None:
-    """SimulationError for settings that cannot give a result."""
-    known = strategies.names(simulated=True)
-    if cfg.strategy not in known:
-        raise SimulationError(f"simulate supports {', '.join(known)}, not {cfg.strategy!r}")
-    if len(counts) != len(pipe.nodes):
-        raise SimulationError(f"the split has {len(counts)} shares for {len(pipe.nodes)} nodes")
-    if sum(counts) != pipe.model.n_layer or any(c < 0 for c in counts):
-        raise SimulationError(f"the split places {sum(counts)} layers, the model has "
-                              f"{pipe.model.n_layer}")
-    if cfg.n_predict < 2:
-        raise SimulationError("-n must be at least 2 (speed counts the tokens after the first)")
-    if not 0 <= cfg.accept_rate <= 1:
-        raise SimulationError(f"--accept-rate {cfg.accept_rate} is not between 0 and 1")
-    if strategies.get(cfg.strategy).speculates and pipe.nodes[0].draft_ms <= 0:
-        raise SimulationError(f"strategy {cfg.strategy} needs the draft model's time per token "
-                              "on the head (a profile measured with -md, or -md)")
-    for rank, node in enumerate(pipe.nodes):
-        if counts[rank] and not any(ms > 0 for ms in node.layer_ms.values()):
-            raise SimulationError(f"node {rank} ({node.name}) has no positive layer time")
-    if pipe.draft_tokens:
-        raise SimulationError("simulate models the draft itself: give a Pipeline with "
-                              "draft_tokens=0")
-
-
 class Simulation:
     """One generation of `cfg.strategy` on `pipe` with `counts` layers per rank."""
 
@@ -121,7 +67,7 @@ class Simulation:
         self.chain = [r for r in range(1, len(counts)) if counts[r] > 0]
         self.last = max(r for r, c in enumerate(counts) if c > 0)
         rng = random.Random(cfg.seed)
-        self.agree = [rng.random() < cfg.accept_rate for _ in range(cfg.n_ctx + 64)]
+        self.agree = [rng.random() < cfg.accept_rate for _ in range(cfg.context + 64)]
         self.now = 0.0
         self._queue: list = []
         self._seq = itertools.count()
@@ -137,7 +83,7 @@ class Simulation:
         self.draft_ms = pipe.nodes[0].draft_step_ms(drafts_on_thread(cfg.strategy))
         self.marks: list[float] = []
         self.gen = Generation(Request(tuple(FIRST_TOKEN + p for p in range(cfg.prompt_len)),
-                                      cfg.n_predict, cfg.n_ctx, ignore_eos=True),
+                                      cfg.n_predict, cfg.context, ignore_eos=True),
                               lambda t: False)
         self.sched = self._scheduler()
 
@@ -145,8 +91,8 @@ class Simulation:
         cfg, spec = self.cfg, self.cfg.spec
         n_stages = len(self.chain) + (1 if self.counts[0] else 0)
         speculates = strategies.get(cfg.strategy).speculates
-        kv = (spec.kv_size or 4 * cfg.n_ctx) if speculates else cfg.n_ctx
-        limits = Limits(512, cfg.n_ctx, kv, n_stages, cfg.max_run)
+        kv = (spec.kv_size or 4 * cfg.context) if speculates else cfg.context
+        limits = Limits(cfg.n_batch, cfg.context, kv, n_stages, cfg.max_run, cfg.chunk)
         pool = PartitionPool(spec.partitions, spec.n_parallel) if speculates else None
         return strategies.get(cfg.strategy).scheduler_class()(self.gen, None, limits, spec, pool)
 
@@ -192,19 +138,31 @@ class Simulation:
 
     # --- runs through the stages -----------------------------------------------------------
     def _start_run(self, action: A.StartRun) -> None:
-        n = action.tx.n_tokens
+        tx = action.tx
         t = self.now
         if self.counts[0]:
-            t = self._head_compute(self.pipe.stage_ms(0, self.counts[0], self.last == 0, n))
+            t = self._head_compute(self._compute_ms(0, tx))
         if self.last == 0:
-            self._at(t, "seen", action.tx)
+            self._at(t, "seen", tx)
             return
-        self._send(0, t, n, "arrive", self.chain[0], action.tx)
+        self._send(0, t, self._bytes(0, tx), "arrive", self.chain[0], tx)
 
-    def _send(self, rank: int, t: float, n: int, kind: str, *data) -> None:
+    def _compute_ms(self, rank: int, tx) -> float:
+        """Rank `rank`'s time for run `tx`: its layers for every token, the output layer (on
+        the last stage) for the rows that give logits only: one of a prompt's last chunk."""
+        return self.pipe.stage_ms(rank, self.counts[rank], rank == self.last, tx.n_tokens,
+                                  tx.n_outputs)
+
+    def _bytes(self, rank: int, tx) -> int:
+        """What rank `rank` sends on for `tx`: its hidden states, or from the last stage the
+        argmax of each row that gives logits."""
+        return 4 * tx.n_outputs if rank == self.last else self.pipe.model.hidden_bytes * tx.n_tokens
+
+    def _send(self, rank: int, t: float, n_bytes: int, kind: str, *data) -> None:
         """A message from `rank` leaving at `t`: it arrives a hop later, never before one
         it sent earlier (MPI messages between two ranks do not overtake)."""
-        arrival = max(t + self._hop(rank, n), self.link_free.get(rank, 0.0))
+        hop = self.pipe.nodes[rank].hop_ms(n_bytes) / 1e3
+        arrival = max(t + hop, self.link_free.get(rank, 0.0))
         self.link_free[rank] = arrival
         self._at(arrival, kind, *data)
 
@@ -213,11 +171,6 @@ class Simulation:
         self.head_free = start + ms / 1e3
         self.busy[0] += ms / 1e3
         return self.head_free
-
-    def _hop(self, rank: int, n: int) -> float:
-        node = self.pipe.nodes[rank]
-        size = 4 * n if rank == self.last else self.pipe.model.hidden_bytes * n
-        return node.hop_ms(size) / 1e3
 
     def _on_arrive(self, rank: int, tx) -> None:
         stage = self.stages[rank]
@@ -248,8 +201,7 @@ class Simulation:
             return
         tx = stage.todo.pop(0)
         skip = self.cancel_at.get((tx.run_id, rank), float("inf")) <= self.now
-        ms = 0.0 if skip else self.pipe.stage_ms(rank, self.counts[rank], rank == self.last,
-                                                 tx.n_tokens)
+        ms = 0.0 if skip else self._compute_ms(rank, tx)
         stage.current, stage.started, stage.version = tx, self.now, stage.version + 1
         stage.skipped = skip
         self._at(self.now + ms / 1e3, "done", rank, tx, stage.version)
@@ -262,10 +214,11 @@ class Simulation:
         skipped = stage.skipped
         self._next_on(rank)
         if rank == self.last:
-            self._send(rank, self.now, tx.n_tokens, "result", tx, skipped)
+            self._send(rank, self.now, self._bytes(rank, tx), "result", tx, skipped)
         else:
             nxt = self.chain[self.chain.index(rank) + 1]
-            self._send(rank, self.now, 0 if skipped else tx.n_tokens, "arrive", nxt, tx)
+            self._send(rank, self.now, 0 if skipped else self._bytes(rank, tx), "arrive", nxt,
+                       tx)
         if skipped:  # downstream stages skip it too (an empty message travels on)
             self.dropped.add(tx.run_id)
             for later in self.chain[self.chain.index(rank) + 1:]:
@@ -323,15 +276,17 @@ class Simulation:
 
     # --- results ----------------------------------------------------------------------------
     def _result(self) -> SimResult:
+        """The figures from the times the tokens were emitted: the first one's is TTFT (the
+        prompt's evaluation and the first token from its last row)."""
         marks = self.marks
         if len(marks) < 2:
             raise SimulationError("the simulated generation produced fewer than 2 tokens")
-        prefill = marks[0]
-        gen_s = marks[-1] - prefill
+        ttft = marks[0]
+        gen_s = marks[-1] - ttft
         n = len(marks) - 1
         c = self.gen.counters
-        return SimResult(n / gen_s if gen_s > 0 else float("inf"), marks[1] - prefill,
-                         (marks[-1] - marks[0]) / n, len(marks), c.accept_rate, prefill,
+        return SimResult(n / gen_s if gen_s > 0 else float("inf"), ttft, gen_s / n,
+                         marks[1] - ttft, len(marks), c.accept_rate, self.cfg.prompt_len,
                          self.busy, {"n_drafted": c.n_drafted, "n_accepted": c.n_accepted,
                                      "runs_started": c.runs_started,
                                      "runs_cancelled": c.runs_cancelled_invalidated

@@ -129,7 +129,7 @@ class Scheduler:
 
     # --- hooks ---------------------------------------------------------------------------------
     def on_start(self) -> None:
-        self.spec.prefill(self.limits.n_batch)
+        self.spec.prefill(self.limits.chunk)
 
     def after_prefill(self) -> None:
         self.start_cover()

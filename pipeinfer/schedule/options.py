@@ -48,8 +48,13 @@ class SpecOptions:
 @dataclass(frozen=True)
 class Limits:
     """What the scheduler needs of the run's configuration besides the options."""
-    n_batch: int               # largest batch a stage evaluates (prompt chunks)
+    n_batch: int               # largest batch a stage evaluates
     n_ctx: int                 # context size
     kv_size: int               # KV cells per stage
     n_stages: int              # stages holding target layers (the head's slice counts)
     max_run: int = EXACT_RUN_PLAIN  # most tokens per run after the prompt (n_batch: no limit)
+    chunk: int = 0             # the prompt's batches end at multiples of this (0: n_batch)
+
+    def __post_init__(self):
+        if not self.chunk:
+            object.__setattr__(self, "chunk", self.n_batch)

@@ -11,6 +11,7 @@ from .generation import CANONICAL_SEQ
 from .runs import Node, Run
 from .specpipe_kv import BeamSlots
 from .specpipe_tree import BeamTree
+from .speculation import runs_of
 from .transaction import seq_cp
 from .tree_draft import StartTreeDraft
 
@@ -82,7 +83,8 @@ def new_tree(tree: BeamTree, kv: BeamSlots, spec, slots: tuple[int, ...], max_ru
     p = len(accepted) - 1
     root = tree.reset(accepted[p], p)
     ops = kv.new_root(c0, root, tuple(accepted))
-    spec.chain(accepted, range(c0, p + 1), (CANONICAL_SEQ, slots[0]), max_run, ops, (root,))
+    spec.chain(accepted, runs_of(range(c0, p + 1), max_run), (CANONICAL_SEQ, slots[0]), ops,
+               (root,))
     spec.c0 = p + 1
     tree.nodes[root].draft_done = True
 

@@ -29,6 +29,11 @@ from .options import EXACT_RUN_PLAIN
 from .runs import Node, Run, RunState, tree_from_branches, trim_branches
 
 
+def runs_of(span: range, size: int) -> list[range]:
+    """`span` in consecutive runs of at most `size`."""
+    return [range(a, min(a + size, span.stop)) for a in range(span.start, span.stop, size)]
+
+
 @dataclass(frozen=True)
 class Absorbed:
     """What a result did: its run, whether it was verified, and whether it ended the
@@ -98,29 +103,31 @@ class Speculation:
         raise RuntimeError("no run in flight evaluates the pending token")
 
     # --- starting runs -----------------------------------------------------------------------
-    def prefill(self, n_batch: int) -> None:
-        """The prompt in chunks of at most n_batch tokens, all in flight at once, into
-        sequence 0; the last chunk's last row gives the first token. A prefix whose cells
-        sequence 0 keeps (request.cached) is not evaluated again."""
+    def prefill(self, chunk: int) -> None:
+        """The prompt in batches of `chunk` tokens, all in flight at once, into sequence 0;
+        the last batch's last row gives the first token. A prefix whose cells sequence 0
+        keeps (request.cached) is not evaluated again: a multiple of `chunk` where the cache
+        is exact (engine/head/prompt_cache.py), so the batches after it are the ones a fresh
+        evaluation of the whole prompt uses, and their cells the same bits."""
         request = self.gen.request
         tokens, n_prompt = request.prompt + request.resumed, len(request.prompt)
-        self.chain(tokens, range(request.cached, n_prompt), (CANONICAL_SEQ,), n_batch,
-                   count_cells=False, final=not request.resumed)
+        self.chain(tokens, runs_of(range(request.cached, n_prompt), chunk),
+                   (CANONICAL_SEQ,), count_cells=False, final=not request.resumed)
         # Tokens generated before a restart: in runs of at most the exact run size, which
         # compute as one-token decoding did (options.py), so every cell is as it was.
-        self.chain(tokens, range(n_prompt, len(tokens)), (CANONICAL_SEQ,), self.max_run,
-                   count_cells=False)
+        self.chain(tokens, runs_of(range(n_prompt, len(tokens)), self.max_run),
+                   (CANONICAL_SEQ,), count_cells=False)
 
-    def chain(self, tokens, span: range, seqs: tuple[int, ...], n_batch: int, ops: list = (),
+    def chain(self, tokens, chunks: list[range], seqs: tuple[int, ...], ops: list = (),
               tree_ids: tuple[int, ...] = (), count_cells: bool = True,
               final: bool = True) -> None:
-        """Runs of the tokens at positions `span` in sequences `seqs`, in chunks of at most
-        n_batch (after KV ops `ops`); only the last chunk's last row is output (its tree
-        node: `tree_ids`), unless not `final` (more follow)."""
-        end = span.stop
-        for first in range(span.start, end, n_batch):
-            chunk = tokens[first:min(first + n_batch, end)]
-            last = final and first + len(chunk) == end
+        """A run for each of `chunks` (consecutive positions of `tokens`) in sequences
+        `seqs` (after KV ops `ops`); only the last chunk's last row is output (its tree node:
+        `tree_ids`), unless not `final` (more follow)."""
+        end = chunks[-1].stop if chunks else 0
+        for span in chunks:
+            first, chunk = span.start, tokens[span.start:span.stop]
+            last = final and span.stop == end
             run = Run(self.gen.next_run_id(), first, tuple(tokens[:first]),
                       [Node(t, i - 1, i, seqs) for i, t in enumerate(chunk)],
                       speculative=False, prefill=True, final_chunk=last,

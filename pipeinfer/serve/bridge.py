@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from ..api.errors import ApiError
+from ..config.serving import OFF
 from ..model.sampling import SamplingParams
 
 _ids = itertools.count()
@@ -34,7 +35,7 @@ class Ticket:
     logprobs: int | None = None     # None: not asked; else how many top tokens with each
     ignore_eos: bool = False
     index: int = 0                  # its choice in the request (n, several prompts)
-    cache_prompt: bool = True       # reuse a prefix its slot keeps (prompt_cache.py)
+    cache: str = OFF                # what of a prefix a slot keeps it may reuse (prompt_cache)
     preserve: frozenset[int] = frozenset()   # special tokens whose text the answer keeps
     constraint: Any = None          # its grammar's state (model/grammar.py), if any
     resumed: tuple[int, ...] = ()   # tokens it sent before its job ended (a resumed request)

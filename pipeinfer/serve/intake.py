@@ -10,7 +10,7 @@ from ..api import embeddings, requests as api, text as text_api
 from ..api.errors import ApiError
 from ..api.events import Done, Failed
 from ..config.job import JobConfig
-from ..config.serving import ServeConfig
+from ..config.serving import EXACT, OFF, ServeConfig
 from . import prepare
 from .bridge import Bridge, Ticket
 from .link import FrontLink
@@ -45,7 +45,7 @@ class Intake:
             return
         served, tokenizer = self.served, self.head.tokenizer
         parse = api.parse_chat if kind == "chat" else api.parse_completion
-        ask = parse(body, served.defaults, served.cache_prompt)
+        ask = parse(body, served.defaults, served.cache_prompt != OFF)
         prepare.check(ask, tokenizer, served.model_name, self.job.slots)
         ask = prepare.with_tools(ask, tokenizer)
         left = [ask.n_choices - len(done)]
@@ -57,9 +57,16 @@ class Intake:
                 if left[0] == 0:
                     self._requests.pop(rid, None)
 
-        tickets = [t for t in prepare.tickets(ask, tokenizer, self.job.n_ctx, sink, resumed)
-                   if t.index not in done]
+        tickets = [t for t in prepare.tickets(ask, tokenizer, self.job.n_ctx, sink, resumed,
+                                              self.cache_mode) if t.index not in done]
         self._submit(rid, ask, tickets)
+
+    @property
+    def cache_mode(self) -> str:
+        """What a request that asks to reuse a kept prefix may reuse: the server's mode, or
+        the exact one where the server reuses nothing unless asked."""
+        mode = self.served.cache_prompt
+        return EXACT if mode == OFF else mode
 
     def _start_embeddings(self, rid: int, body: dict) -> None:
         """An embedding request (done again from the start if it is resumed)."""

@@ -107,6 +107,7 @@ class Completion:
         rest = self.stops.push(self.text.finish(keep_incomplete=False)) + self.stops.finish()
         reason = ("stop" if self.stops.stopped
                   else FINISH_REASONS.get(gen.stop_reason, "length"))
+        log.info("request %d: done, %d tokens (%s)", ticket.number, self.n_tokens, reason)
         ticket.send(Done(reason, len(ticket.prompt), self.n_tokens, cached, rest,
                          answer_timings(gen, len(ticket.prompt), cached)))
 
@@ -152,10 +153,12 @@ def serve_requests(head: Head, bridge: Bridge, stats: JobStats,
                 continue
             busy = lanes.turn()
             for lane in lanes.active:
-                if lane.owner.wants_end:
+                if lane.owner is not None and lane.owner.wants_end:
                     lanes.cancel(lane)
             for lane in lanes.reap():
                 _end(lane, bridge)
+            if not bridge.depth:
+                lanes.refill_idle()
             if busy:
                 backoff.reset()
             else:
@@ -168,7 +171,13 @@ def serve_requests(head: Head, bridge: Bridge, stats: JobStats,
 
 
 def _admit(lanes: Lanes, head: Head, bridge: Bridge, stats: JobStats) -> None:
-    """Waiting requests into the free slots."""
+    """Waiting requests into the free slots. Refills (engine/head/refill.py) give way to
+    them: they are cancelled, and the requests wait until their slots are back, since one
+    may continue the conversation a slot was refilling."""
+    if lanes.refilling:
+        if bridge.depth:
+            lanes.stop_refills()
+        return
     while lanes.n_free:
         ticket = bridge.take(0)
         if ticket is None:
@@ -196,7 +205,7 @@ def _start(lanes: Lanes, head: Head, bridge: Bridge, stats: JobStats,
     request = head.request(ticket.prompt, ticket.n_predict, ignore_eos=ticket.ignore_eos,
                            resumed=ticket.resumed)
     lane = lanes.start(request, ticket.sampling, completion, completion.on_token,
-                       completion.observe, ticket.cache_prompt, ticket.constraint)
+                       completion.observe, ticket.cache, ticket.constraint)
     log.info("request %d: %d prompt tokens (%d kept in its slot)%s, slot %d, %s (%d under "
              "way)", ticket.number, len(ticket.prompt), lane.gen.request.cached,
              f", resumed after {len(ticket.resumed)} tokens" if ticket.resumed else "",

@@ -17,6 +17,7 @@ from ..api.embeddings import EmbedAsk
 from ..api.fields import Constraint
 from ..api.requests import ApiError, Ask
 from ..api.tool_calls import CLOSE, NATIVE, OPEN
+from ..config.serving import OFF
 from ..engine.head.embedding_job import pooling_of
 from . import tool_formats
 from .bridge import Ticket
@@ -34,7 +35,7 @@ def check(ask: Ask, tokenizer, model_name: str, slots: int) -> None:
 
 
 def tickets(ask: Ask, tokenizer, n_ctx: int, sink: Sink,
-            resumed: Sequence[Sequence[int]] = ()) -> list[Ticket]:
+            resumed: Sequence[Sequence[int]] = (), cache: str = OFF) -> list[Ticket]:
     """One ticket per choice: each prompt's n choices (choice j's seed: the seed + j, so
     sampled choices differ). `resumed[i]`: the tokens choice i already sent (a request
     resumed after its job ended)."""
@@ -47,7 +48,7 @@ def tickets(ask: Ask, tokenizer, n_ctx: int, sink: Sink,
             i = len(out)
             sampling = replace(ask.sampling, seed=(ask.sampling.seed + j) % (1 << 64))
             out.append(Ticket(tokens, n_predict, sampling, ask.stop, sink, ask.logprobs,
-                              ask.ignore_eos, i, ask.cache_prompt, preserve,
+                              ask.ignore_eos, i, cache if ask.cache_prompt else OFF, preserve,
                               _grammar(tokenizer, ask),
                               resumed=tuple(resumed[i]) if i < len(resumed) else ()))
     return out

@@ -3,7 +3,10 @@ decoding (`llama_greedy`), a chat's prompt as llama-cpp-python renders the GGUF'
 (`llama_chat_tokens`), and beyond plain greedy decoding, tokens chosen through llama.cpp's
 own sampler chain (logit bias, then the penalties sampler fed the prompt first, as
 llama-server feeds it, then greedy), one token per decode as `llama_greedy` does, and each
-position's logprobs from the raw logits (llama-cpp-python's Llama.logits_to_logprobs)."""
+position's logprobs from the raw logits (llama-cpp-python's Llama.logits_to_logprobs).
+
+The oracles evaluate a prompt in batches of PREFILL_CHUNK tokens (n_batch), as pipeinfer's
+stages do by default: with repacked weights a row's bits depend on the batch it is in."""
 
 from __future__ import annotations
 
@@ -11,6 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
+from pipeinfer.config.job import PREFILL_CHUNK
 
 _REFERENCE: dict[tuple, list[int]] = {}   # answers computed already: tests ask again
 
@@ -30,8 +35,8 @@ def llama_greedy(model: Path, prompt_tokens: list[int], n: int, n_ctx: int = 204
         from pipeinfer.model.llama_lib import llama_repacking
 
         with llama_repacking(repack):  # the target stages' layout (README, --repack)
-            llm = Llama(model_path=str(model), n_ctx=n_ctx, n_threads=1, flash_attn=True,
-                        verbose=False)
+            llm = Llama(model_path=str(model), n_ctx=n_ctx, n_batch=PREFILL_CHUNK, n_threads=1,
+                        flash_attn=True, verbose=False)
         out: list[int] = []
         for token in llm.generate(prompt_tokens, temp=0.0, repeat_penalty=1.0):
             out.append(int(token))
@@ -108,8 +113,8 @@ def chain_greedy(model: Path, prompt: list[int], n: int, chain: Chain = Chain(),
     from pipeinfer.model.llama_lib import llama_repacking
 
     with llama_repacking(repack):
-        llm = Llama(model_path=str(model), n_ctx=n_ctx, n_threads=1, flash_attn=True,
-                    verbose=False)
+        llm = Llama(model_path=str(model), n_ctx=n_ctx, n_batch=PREFILL_CHUNK, n_threads=1,
+                    flash_attn=True, verbose=False)
     smpl = _sampler(chain, llm.n_vocab(), n_ctx)
     grammar = None if chain.grammar is None else _grammar(
         llama_cpp.llama_model_get_vocab(llm.model), chain)
@@ -184,8 +189,8 @@ def completion_logprobs(model: Path, prompt: list[int], n: int, n_top: int,
     from pipeinfer.model.llama_lib import llama_repacking
 
     with llama_repacking(repack):
-        llm = Llama(model_path=str(model), n_ctx=n_ctx, n_threads=1, flash_attn=True,
-                    verbose=False, logits_all=True)
+        llm = Llama(model_path=str(model), n_ctx=n_ctx, n_batch=PREFILL_CHUNK, n_threads=1,
+                    flash_attn=True, verbose=False, logits_all=True)
     try:
         out = llm.create_completion(prompt, max_tokens=n, temperature=0, logprobs=n_top,
                                     repeat_penalty=1.0)
@@ -208,8 +213,8 @@ class KeptConversation:
         from pipeinfer.model.llama_lib import llama_repacking
 
         with llama_repacking(repack):
-            self.llm = Llama(model_path=str(model), n_ctx=n_ctx, n_threads=1,
-                             flash_attn=True, verbose=False)
+            self.llm = Llama(model_path=str(model), n_ctx=n_ctx, n_batch=PREFILL_CHUNK,
+                             n_threads=1, flash_attn=True, verbose=False)
         self.n_ctx = n_ctx
 
     def answer(self, prompt: list[int], n: int, is_eog) -> tuple[list[int], int]:

@@ -7,7 +7,7 @@ from typing import Any
 
 from ... import strategies
 from ...schedule.generation import Generation
-from ...schedule.options import EXACT_RUN_PLAIN, Limits
+from ...schedule.options import Limits
 from ..drafting.drafter import DraftParams
 from ..drafting.executors import InlineDrafts, ThreadedDrafts
 from ..drafting.hierarchy_drafts import HierarchyDrafts, build_hierarchy
@@ -37,8 +37,8 @@ def driver_for(strategy: str, pipe: Pipeline, gen: Generation, sampler, cfg,
     executor; `cfg` gives n_batch, n_ctx, kv_size and the SpecOptions (`cfg.spec`). The
     draft model drafts on a thread of its own for pipeinfer (unless --no-draft-thread) and
     for every strategy with `drafting.threaded`."""
-    max_run = getattr(cfg, "max_run", EXACT_RUN_PLAIN)
-    limits = Limits(cfg.n_batch, cfg.n_ctx, cfg.kv_size, pipe.n_stages, max_run)
+    limits = Limits(cfg.n_batch, cfg.n_ctx, cfg.kv_size, pipe.n_stages, cfg.max_run,
+                    cfg.chunk)
     plan = strategies.get(strategy)
     scheduler = plan.scheduler_class()(gen, sampler, limits, cfg.spec, pool)
     driver = Driver(pipe, scheduler, gen, trace=trace)

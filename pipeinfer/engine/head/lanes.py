@@ -21,11 +21,14 @@ token's own run (schedule/adaptive.py). A lane whose generation ended is drained
 in flight come back and are discarded), then its slot's KV cells but those of its accepted
 tokens are cleared on every rank (those stay for a later request sharing a prefix, the
 conversation's next turn: prompt_cache.py; the draft model's context stays too, for the same
-reason) before the slot takes another request.
+reason) before the slot takes another request. Under the exact cache, the whole chunks of
+its prompt and answer past the slot's exact cells are then evaluated again as prompt while
+the pipeline is idle (refill.py), until a request comes.
 """
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, replace
 from typing import Any, Callable
 
@@ -35,7 +38,9 @@ from .embedding_job import EMBEDDING, EmbeddingJob
 from .generate import Drafting, driver_for
 from ..drafting.grammar_drafts import GrammarDrafter, GrammarTrack, Probe, free_drafts_on
 from .pipeline import Pipeline
+from ...config.serving import EXACT, OFF
 from .prompt_cache import PromptCache
+from .refill import REFILL, RefillJob
 from ...model.grammar import Grammar
 from ...model.stage import MAX_OUTPUTS
 from ...model.sampling import Constraint, LogitObserver, Sampler, SamplingParams
@@ -44,6 +49,8 @@ from ...schedule.generation import Generation, Request
 from ... import strategies
 from ...schedule.transaction import DecodeTx, KvOp
 
+
+log = logging.getLogger(__name__)
 
 
 class SlotPipeline:
@@ -109,6 +116,7 @@ class Lane:
     driver: Driver          # its pipe is the lane's SlotPipeline (or an EmbeddingJob)
     owner: Any              # the caller's object for this request (serve: its completion)
     strategy: str           # its scheduler's (Lanes.strategy_now when it started)
+    cache: str = OFF        # its request's prompt cache mode (prompt_cache.py)
 
     @property
     def gen(self) -> Generation:
@@ -143,7 +151,8 @@ class Lanes:
                            for k in range(cfg.slots)] if isinstance(drafter, Drafter)
                           else [drafter] * cfg.slots)
         self._free = list(range(cfg.slots))
-        self.cache = PromptCache(cfg.slots)
+        self._to_refill: set[int] = set()   # free slots a refill may add exact cells to
+        self.cache = PromptCache(cfg.slots, cfg.chunk)
         self._probe: Probe | None = None     # the vocabulary's one-character tokens (grammars)
         self._owners: dict[int, Lane] = {}   # run id in flight -> its lane
         self._share = PipelineShare(self)
@@ -160,14 +169,14 @@ class Lanes:
 
     def start(self, request: Request, sampling: SamplingParams, owner: Any,
               on_token: Callable[[int], None], observe: LogitObserver | None = None,
-              cache_prompt: bool = False, constraint: Constraint | None = None) -> Lane:
+              cache: str = OFF, constraint: Constraint | None = None) -> Lane:
         """A generation of `request` in a free slot (its prefill goes out now); `observe`
         sees each generated position's logits and the token chosen (model/sampling.py);
-        `cache_prompt`: the slot keeping the longest prefix of its prompt is taken and the
-        prefix is not evaluated again (prompt_cache.py); `constraint`: a grammar its tokens
+        `cache`: what of the prefix a slot keeps may spare evaluating it again
+        (prompt_cache.py: EXACT, LLAMA_SERVER or OFF); `constraint`: a grammar its tokens
         keep to."""
-        slot, cached = self.cache.pick(self._free, request.prompt, cache_prompt)
-        self._free.remove(slot)
+        slot, cached = self.cache.pick(self._free, request.prompt, cache)
+        self._take(slot)
         head = self.head
         pipe = SlotPipeline(self.pipe, slot, self._owners)
         pipe.kv(self.cache.take(slot, cached))
@@ -181,7 +190,7 @@ class Lanes:
         driver = driver_for(strategy, pipe, gen, sampler, self.cfg, drafting, self.cfg.pool(),
                             head.trace)
         driver.sched.share = self._share
-        lane = pipe.lane = Lane(slot, driver, owner, strategy)
+        lane = pipe.lane = Lane(slot, driver, owner, strategy, cache)
         self.active.append(lane)
         driver.begin()
         return lane
@@ -189,8 +198,8 @@ class Lanes:
     def start_embedding(self, inputs: list[list[int]], owner: Any, pooling: str) -> Lane:
         """An embedding request in a free slot (the least recently used: its kept cells are
         dropped), its runs out now (embedding_job.py)."""
-        slot, _ = self.cache.pick(self._free, (), False)
-        self._free.remove(slot)
+        slot, _ = self.cache.pick(self._free, (), OFF)
+        self._take(slot)
         pipe = SlotPipeline(self.pipe, slot, self._owners)
         pipe.kv(self.cache.take(slot, 0))
         job = EmbeddingJob(pipe, inputs, self.head.run_ids,
@@ -199,6 +208,10 @@ class Lanes:
         self.active.append(lane)
         job.begin()
         return lane
+
+    def _take(self, slot: int) -> None:
+        self._free.remove(slot)
+        self._to_refill.discard(slot)
 
     def _drafter_for(self, slot: int, gen: Generation, constraint: Constraint | None):
         """The slot's draft model, under the request's grammar if it has one: its drafts
@@ -238,6 +251,18 @@ class Lanes:
         busy = any(not lane.finished for lane in self.active)
         return self.cfg.busy_strategy if busy and self.cfg.busy_strategy else self.cfg.strategy
 
+    def _release(self, lane: Lane) -> list:
+        """The KV operations leaving `lane`'s slot with only the cells worth keeping."""
+        if lane.strategy == EMBEDDING:
+            return self.cache.release(lane.slot, [], 0, 0)
+        if lane.strategy == REFILL:
+            job: RefillJob = lane.driver
+            self.cache.refilled(lane.slot, job.exact)
+            return job.kv_after()
+        request = lane.gen.request
+        return self.cache.release(lane.slot, kept_tokens(lane), len(request.prompt),
+                                  request.cached)
+
     def cancel(self, lane: Lane) -> None:
         """End `lane`'s generation now (its runs in flight are drained all the same)."""
         if not lane.finished:
@@ -257,26 +282,67 @@ class Lanes:
                 busy = lane.driver.turn_drafts() or busy
         return busy
 
+    @property
+    def refilling(self) -> bool:
+        return any(lane.strategy == REFILL for lane in self.active)
+
+    def stop_refills(self) -> None:
+        """Cancel every refill (a request waits): their slots keep what came back."""
+        for lane in self.active:
+            if lane.strategy == REFILL:
+                lane.driver.feed(Cancel())
+
+    def refill_idle(self) -> None:
+        """With no generation under way, refill the slots whose last request kept an exact
+        prefix and left whole chunks after it (refill.py). The serve loop calls it when no
+        request waits."""
+        if any(lane.strategy != REFILL for lane in self.active):
+            return   # (a refill would delay their runs)
+        for slot in sorted(self._to_refill & set(self._free)):
+            start, stop = self.cache.refill_span(slot)
+            if stop <= start:
+                continue
+            pipe = SlotPipeline(self.pipe, slot, self._owners)
+            job = RefillJob(pipe, self.cache.slots[slot].tokens, start, stop, self.cfg.chunk,
+                            self.head.run_ids)
+            pipe.lane = Lane(slot, job, None, REFILL)
+            log.info("slot %d: refilling %d tokens", slot, stop - start)
+            self._free.remove(slot)
+            self.active.append(pipe.lane)
+            job.begin()
+        self._to_refill.clear()
+
     def reap(self) -> list[Lane]:
-        """The lanes whose generations ended and whose runs are all back: their slots are
-        cleared (every rank's KV cells of the slot but those of the accepted tokens; the
-        draft context only if nothing is kept) and free again."""
+        """The requests' lanes whose generations ended and whose runs are all back: their
+        slots are cleared (every rank's KV cells of the slot but those of the accepted
+        tokens; the draft context only if nothing is kept) and free again, or refilled
+        first (refill.py)."""
         done = [lane for lane in self.active if lane.drained]
         for lane in done:
             self.active.remove(lane)
+            if lane.strategy == REFILL:
+                job = lane.driver
+                log.info("slot %d: %d of the %d tokens refilled%s", lane.slot,
+                         job.exact - job.start, job.stop - job.start,
+                         " (a request came)" if job.cancelled else "")
+                lane.driver.pipe.kv(self._release(lane))
+                self._free.append(lane.slot)
+                if job.cancelled:
+                    self._to_refill.add(lane.slot)   # (the rest, when idle again)
+                continue
             if lane.driver.drafts is not None:
                 lane.driver.drafts.close()
-            kept = kept_tokens(lane) if lane.strategy != EMBEDDING else []
-            lane.driver.pipe.kv(self.cache.release(   # (the lane's SlotPipeline: its slot)
-                lane.slot, kept))
+            lane.driver.pipe.kv(self._release(lane))   # (the lane's SlotPipeline: its slot)
             drafter = self._drafters[lane.slot]
             if isinstance(drafter, Drafter):
-                if kept and _keeps_draft_context(lane.strategy):
+                if self.cache.slots[lane.slot].tokens and _keeps_draft_context(lane.strategy):
                     drafter.stage.seq_keep(0)   # its context stays (Drafter.sync then
                 else:                           # evaluates only what the next turn adds)
                     drafter.reset()
+            if lane.cache == EXACT and lane.strategy != EMBEDDING:
+                self._to_refill.add(lane.slot)
             self._free.append(lane.slot)
-        return done
+        return [lane for lane in done if lane.strategy != REFILL]
 
 
 def _keeps_draft_context(strategy: str) -> bool:

@@ -1,0 +1,95 @@
+"""A finished conversation's answer evaluated again as prompt, while its slot is idle.
+
+Under the exact prompt cache (prompt_cache.py) a slot keeps, of its last request, only the
+cells a fresh evaluation would compute alike: the whole prompt chunks. The answer's cells
+came from decode runs, so the next turn of the conversation, whose prompt holds that answer,
+evaluates it again. A refill does that work before the next turn comes: once a generation
+ended, the whole chunks of its prompt and answer past the slot's exact cells are evaluated
+in the chunks a fresh evaluation of any prompt starting with those tokens uses (bounds at
+multiples of the chunk size, no output rows, sequence 0, the same cells before them), so
+their cells are the same bits and the slot's exact prefix grows by them.
+
+A refill is background work: it starts only when no generation is under way and no request
+waits (Lanes.refill_idle), and when a request comes every refill is cancelled (the serve
+loop: Lanes.stop_refills): its slot keeps the chunks that came back computed, in order, the
+rest of its cells are removed, and the request evaluates what it needs itself (the slot's
+refill goes on from there the next time the pipeline is idle). It stands in a Lane where a
+generation's driver would, as embedding_job.EmbeddingJob does.
+"""
+
+from __future__ import annotations
+
+from ...schedule.counters import Counters
+from ...schedule.events import Cancel, ResultArrived
+from ...schedule.generation import CANONICAL_SEQ
+from ...schedule.transaction import DecodeTx, seq_rm
+
+REFILL = "refill"   # a refill lane's strategy name (Lane.strategy)
+
+
+class RefillJob:
+    """The runs of one refill: `tokens`' positions `start` to `stop` (multiples of `chunk`)
+    in sequence 0 of the lane's slot, whose cells from `start` on are dropped first."""
+
+    drafts = None
+    prefilled = True     # (nothing to rebuild: PipelineShare.rebuilding)
+    resumed = ()
+    rooted_runs = 0
+
+    def __init__(self, pipe, tokens, start: int, stop: int, chunk: int, run_ids):
+        self.pipe, self.tokens, self.chunk = pipe, tuple(tokens), chunk
+        self.start, self.stop, self._run_ids = start, stop, run_ids
+        self.exact = start             # the cells computed, in order, from position 0
+        self._out: list[int] = []      # run ids not back yet, in issue order
+        self._broken = False           # a run came back cancelled: no later cell counts
+        self.finished = self.cancelled = False
+        self.counters = Counters()     # no speculation: all zero (the console adds them up)
+
+    # (what lanes.py and the serve loop read of a driver, its scheduler and generation)
+    @property
+    def sched(self) -> "RefillJob":
+        return self
+
+    @property
+    def gen(self) -> "RefillJob":
+        return self
+
+    @property
+    def request(self) -> "RefillJob":
+        return self
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._out)
+
+    def begin(self) -> None:
+        self.pipe.kv([seq_rm(CANONICAL_SEQ, self.start, -1)])
+        for first in range(self.start, self.stop, self.chunk):
+            n = min(self.chunk, self.stop - first)
+            tx = DecodeTx(next(self._run_ids), tuple(range(first, first + n)),
+                          ((CANONICAL_SEQ,),) * n, (False,) * n)
+            self.pipe.decode(tx, self.tokens[first:first + n])
+            self._out.append(tx.run_id)
+
+    def feed(self, event) -> None:
+        if isinstance(event, Cancel):
+            if not self.cancelled:
+                self.cancelled = True
+                self.pipe.cancel(list(self._out))
+        elif isinstance(event, ResultArrived):
+            self._out.remove(event.run_id)
+            # results come back in issue order; the cells count only while every chunk
+            # before came back computed (a cancelled run leaves holes on some ranks)
+            if event.result.cancelled:
+                self._broken = True
+            elif not self._broken:
+                self.exact += self.chunk
+        self.finished = self.cancelled or not self._out
+
+    def turn_drafts(self) -> bool:
+        return False
+
+    def kv_after(self) -> list:
+        """The KV operations once every run is back: the cells of runs cancelled on their way
+        (some ranks computed them, some not) removed."""
+        return [] if self.exact >= self.stop else [seq_rm(CANONICAL_SEQ, self.exact, -1)]

@@ -1,0 +1,143 @@
+"""Refills, for real (engine/head/refill.py): `pipeinfer serve --ranks 3` with the exact
+prompt cache and prompt chunks of 16 tokens, SmolLM2, iterative and pipeinfer, asked over
+HTTP with token-id prompts (so that a turn's prompt holds the previous answer's very tokens).
+
+While a slot is idle after a request, the answer's whole chunks are evaluated again as
+prompt: the next turn of that conversation reuses them, and answers as a fresh evaluation
+does. A request that comes while a refill is under way cancels it: the slot keeps what came
+back, and a request continuing that conversation is still answered as fresh."""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+
+import httpx
+import pytest
+
+from support.serving import AUTH, KEY, Server, serving
+
+pytestmark = pytest.mark.smollm2
+
+CHUNK = 16
+CODE = ("def merge_sort(items):\n    if len(items) <= 1:\n        return items\n"
+        "    middle = len(items) // 2\n    left = merge_sort(items[:middle])\n")
+REFILLED = re.compile(r"slot (\d+): (\d+) of the (\d+) tokens refilled( \(a request came\))?")
+
+
+@pytest.fixture(scope="module", params=["iterative", "pipeinfer"])
+def server(request, smollm2, tmp_path_factory):
+    srv = Server(tmp_path_factory.mktemp(f"refill-{request.param}"), 3,
+                 "-m", str(smollm2), "-md", str(smollm2), "--layer-split", "0,0.5,0.5",
+                 "-c", "1024", "--prefill-chunk", str(CHUNK), "--api-key", KEY,
+                 "--parallel", "2", "--strategy", request.param)
+    yield from serving(srv)
+
+
+def tokenize(server, text: str) -> list[int]:
+    r = httpx.post(server.url + "/tokenize", headers=AUTH, json={"content": text}, timeout=30)
+    assert r.status_code == 200, r.text
+    return r.json()["tokens"]
+
+
+def complete(server, prompt: list[int], cache: bool, n: int) -> dict:
+    r = httpx.post(server.url + "/v1/completions", headers=AUTH, timeout=180, json={
+        "prompt": prompt, "max_tokens": n, "temperature": 0, "logprobs": 3,
+        "ignore_eos": True, "cache_prompt": cache})
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def text_and_logprobs(body: dict) -> tuple[str, list]:
+    choice = body["choices"][0]
+    return choice["text"], choice["logprobs"]["top_logprobs"]
+
+
+def cached(body: dict) -> int:
+    return body["usage"]["prompt_tokens_details"]["cached_tokens"]
+
+
+def refills(server) -> list[tuple[int, int, bool]]:
+    """(refilled, wanted, cut short by a request) of every refill so far, from the log."""
+    return [(int(m[2]), int(m[3]), bool(m[4])) for m in REFILLED.finditer(server.stderr)]
+
+
+def wait_for_refills(server, count: int, limit_s: float = 60) -> list:
+    deadline = time.monotonic() + limit_s
+    while len(done := refills(server)) < count:
+        assert time.monotonic() < deadline, server.stderr[-3000:]
+        time.sleep(0.05)
+    return done
+
+
+def next_turn(server, prompt: list[int], body: dict, ask: str) -> list[int]:
+    """`prompt`, the answer `body` gave to it (its own tokens), and `ask`'s tokens."""
+    text = body["choices"][0]["text"]
+    answer = tokenize(server, text)
+    pieces = body["choices"][0]["logprobs"]["tokens"]
+    assert len(answer) == len(pieces), (answer, pieces)   # (re-tokenized as generated)
+    return prompt + answer + tokenize(server, ask)
+
+
+def test_an_idle_slot_refills_the_answer_and_the_next_turn_reuses_it(server):
+    prompt = tokenize(server, CODE)
+    before = len(refills(server))
+    first = complete(server, prompt, cache=True, n=40)
+    (done, wanted, cut), = wait_for_refills(server, before + 1)[before:]
+    kept = len(prompt) + 40 - 1          # the answer's last token has no cell
+    assert done == wanted > 0 and not cut
+    assert wanted == kept // CHUNK * CHUNK - len(prompt) // CHUNK * CHUNK
+    second_prompt = next_turn(server, prompt, first, "\n\ndef merge(left, right):\n")
+    second = complete(server, second_prompt, cache=True, n=24)
+    fresh = complete(server, second_prompt, cache=False, n=24)
+    assert text_and_logprobs(second) == text_and_logprobs(fresh)
+    assert cached(second) == kept // CHUNK * CHUNK > len(prompt) // CHUNK * CHUNK
+
+
+def test_a_request_during_a_refill_cancels_it_and_is_answered_as_fresh(server):
+    """The next turn asked at once, while the answer before it is being refilled: the refill
+    gives way (what came back stays), and the answer is the fresh one. Whether the request
+    comes before the refill ends is a race the long answers make likely; each try is
+    checked, and one of three must have cut a refill short."""
+    cut_short = []
+    for n in (200, 300, 400):
+        prompt = tokenize(server, f"# {n}\n" + CODE)
+        before = len(refills(server))
+        first = complete(server, prompt, cache=True, n=n)
+        second_prompt = next_turn(server, prompt, first, "\n\ndef merge(left, right):\n")
+        second = complete(server, second_prompt, cache=True, n=16)
+        fresh = complete(server, second_prompt, cache=False, n=16)
+        assert text_and_logprobs(second) == text_and_logprobs(fresh)
+        assert cached(second) % CHUNK == 0
+        first_refill = wait_for_refills(server, before + 1)[before]
+        cut_short.append(first_refill[2])
+        if first_refill[2]:
+            assert first_refill[0] < first_refill[1]
+            break
+    assert any(cut_short), refills(server)
+
+
+def test_no_refill_while_another_request_generates(server):
+    """A short request ends while a long one still generates: its slot is refilled only once
+    the long one is done (a refill's chunks would delay the long one's runs)."""
+    long_prompt = tokenize(server, "class Queue:\n    def __init__(self):\n")
+    short_prompt = tokenize(server, "# a short one\n" + CODE)
+    mark = len(server.stderr)
+
+    def ask(tokens: list[int], n: int) -> None:
+        complete(server, tokens, cache=True, n=n)
+
+    long_one = threading.Thread(target=ask, args=(long_prompt, 300))
+    long_one.start()
+    time.sleep(0.3)
+    complete(server, short_prompt, cache=True, n=40)
+    long_one.join(300)
+    deadline = time.monotonic() + 60
+    while "refilling" not in (log := server.stderr[mark:]).partition("done, 300 tokens")[2]:
+        assert time.monotonic() < deadline, log   # (once the long one is done, they start)
+        time.sleep(0.05)
+    short_done = log.index("done, 40 tokens")
+    long_done = log.index("done, 300 tokens")
+    assert short_done < long_done, log
+    assert "refilling" not in log[short_done:long_done], log
