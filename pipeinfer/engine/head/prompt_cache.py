@@ -36,7 +36,7 @@ import itertools
 from dataclasses import dataclass
 from typing import Sequence
 
-from ...config.serving import EXACT, LLAMA_SERVER, OFF
+from ...config.serving import LLAMA_SERVER, OFF
 from ...schedule.generation import CANONICAL_SEQ
 from ...schedule.transaction import KvOp, seq_clear, seq_compact, seq_keep, seq_rm
 
