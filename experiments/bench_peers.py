@@ -59,27 +59,12 @@ EXTRA_SYSTEMS = ("pipeinfer-default-split",)   # pipeinfer's own default split (
 
 def render_prompt(model: str, text: str) -> str:
     """The prompt in the target's chat template, as one string every system tokenizes alike."""
-    from pipeinfer.model.models import resolve_model
-    from pipeinfer.model.tokenizer import Tokenizer
-
-    tokenizer = Tokenizer(resolve_model(model))
-    try:
-        return tokenizer.apply_chat_template(text)
-    finally:
-        tokenizer.close()
+    return _with_tokenizer(model, lambda tokenizer: tokenizer.apply_chat_template(text))
 
 
 def long_prompt(model: str, n_tokens: int) -> str:
     """source_excerpt's coding question in the chat template."""
-    from pipeinfer.model.models import resolve_model
-    from pipeinfer.model.tokenizer import Tokenizer
-
-    text = source_excerpt(model, n_tokens)
-    tokenizer = Tokenizer(resolve_model(model))
-    try:
-        return tokenizer.apply_chat_template(text)
-    finally:
-        tokenizer.close()
+    return render_prompt(model, source_excerpt(model, n_tokens))
 
 
 def source_excerpt(model: str, n_tokens: int) -> str:
@@ -88,16 +73,23 @@ def source_excerpt(model: str, n_tokens: int) -> str:
     import difflib
     import inspect
 
-    from pipeinfer.model.models import resolve_model
-    from pipeinfer.model.tokenizer import Tokenizer
-
-    tokenizer = Tokenizer(resolve_model(model))
-    try:
+    def excerpt(tokenizer) -> str:
         source = tokenizer.tokenize(inspect.getsource(difflib), add_special=False)
         if len(source) < n_tokens:
             raise SystemExit(f"{n_tokens} prompt tokens: the source file has only "
                              f"{len(source)}")
         return "```python\n" + tokenizer.detokenize(source[:n_tokens]) + "\n```\n" + CODE_PROMPT
+
+    return _with_tokenizer(model, excerpt)
+
+
+def _with_tokenizer(model: str, use):
+    from pipeinfer.model.models import resolve_model
+    from pipeinfer.model.tokenizer import Tokenizer
+
+    tokenizer = Tokenizer(resolve_model(model))
+    try:
+        return use(tokenizer)
     finally:
         tokenizer.close()
 

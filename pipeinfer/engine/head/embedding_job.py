@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...schedule.counters import Counters
 from ...schedule.events import Cancel, ResultArrived
+from .lane_job import LaneJob
 from ...schedule.generation import CANONICAL_SEQ
 from ...schedule.transaction import DecodeTx, seq_clear
 
@@ -49,37 +49,17 @@ def pool(states: np.ndarray, pooling: str) -> np.ndarray:
     return (vector / norm if norm > 0 else vector).astype(np.float32)
 
 
-class EmbeddingJob:
-    """The runs of one embedding request, and their states as they come back. It stands in
-    a Lane where a generation's driver would (lanes.py reads `sched`, `gen`, `drafts`,
-    `feed`, `turn_drafts` of a driver): it is its own scheduler and generation."""
-
-    drafts = None
-    prefilled = True     # (nothing to rebuild: PipelineShare.rebuilding)
-    resumed = ()
-    rooted_runs = 0
+class EmbeddingJob(LaneJob):
+    """The runs of one embedding request, and their states as they come back, in a Lane
+    where a generation's driver would be (lane_job.py)."""
 
     def __init__(self, pipe, inputs: list[list[int]], run_ids, chunk: int, pooling: str):
+        super().__init__()
         self.pipe, self.inputs, self.pooling = pipe, inputs, pooling
         self._run_ids, self.chunk = run_ids, chunk
         self._rows: dict[int, np.ndarray] = {}   # run id -> its rows of states
         self._runs: list[list[int]] = []        # each input's run ids, in order
         self.in_flight = 0
-        self.finished = self.cancelled = False
-        self.counters = Counters()   # no speculation: all zero (the console's pulse adds them up)
-
-    # (what lanes.py and the serve loop read of a driver, its scheduler and generation)
-    @property
-    def sched(self) -> "EmbeddingJob":
-        return self
-
-    @property
-    def gen(self) -> "EmbeddingJob":
-        return self
-
-    @property
-    def request(self) -> "EmbeddingJob":
-        return self
 
     def begin(self) -> None:
         """Every input's runs out, the slot cleared before each input but the first."""
@@ -105,9 +85,6 @@ class EmbeddingJob:
             if event.result.states is not None:
                 self._rows[event.run_id] = event.result.states
             self.finished = self.finished or self.in_flight == 0
-
-    def turn_drafts(self) -> bool:
-        return False
 
     def vectors(self) -> list[np.ndarray]:
         """Each input's pooled, normalized vector (once every run is back)."""

@@ -14,49 +14,30 @@ waits (Lanes.refill_idle), and when a request comes every refill is cancelled (t
 loop: Lanes.stop_refills): its slot keeps the chunks that came back computed, in order, the
 rest of its cells are removed, and the request evaluates what it needs itself (the slot's
 refill goes on from there the next time the pipeline is idle). It stands in a Lane where a
-generation's driver would, as embedding_job.EmbeddingJob does.
+generation's driver would (lane_job.py).
 """
 
 from __future__ import annotations
 
-from ...schedule.counters import Counters
 from ...schedule.events import Cancel, ResultArrived
 from ...schedule.generation import CANONICAL_SEQ
 from ...schedule.transaction import DecodeTx, seq_rm
+from .lane_job import LaneJob
 
 REFILL = "refill"   # a refill lane's strategy name (Lane.strategy)
 
 
-class RefillJob:
+class RefillJob(LaneJob):
     """The runs of one refill: `tokens`' positions `start` to `stop` (multiples of `chunk`)
     in sequence 0 of the lane's slot, whose cells from `start` on are dropped first."""
 
-    drafts = None
-    prefilled = True     # (nothing to rebuild: PipelineShare.rebuilding)
-    resumed = ()
-    rooted_runs = 0
-
     def __init__(self, pipe, tokens, start: int, stop: int, chunk: int, run_ids):
+        super().__init__()
         self.pipe, self.tokens, self.chunk = pipe, tuple(tokens), chunk
         self.start, self.stop, self._run_ids = start, stop, run_ids
         self.exact = start             # the cells computed, in order, from position 0
         self._out: list[int] = []      # run ids not back yet, in issue order
         self._broken = False           # a run came back cancelled: no later cell counts
-        self.finished = self.cancelled = False
-        self.counters = Counters()     # no speculation: all zero (the console adds them up)
-
-    # (what lanes.py and the serve loop read of a driver, its scheduler and generation)
-    @property
-    def sched(self) -> "RefillJob":
-        return self
-
-    @property
-    def gen(self) -> "RefillJob":
-        return self
-
-    @property
-    def request(self) -> "RefillJob":
-        return self
 
     @property
     def in_flight(self) -> int:
@@ -85,9 +66,6 @@ class RefillJob:
             elif not self._broken:
                 self.exact += self.chunk
         self.finished = self.cancelled or not self._out
-
-    def turn_drafts(self) -> bool:
-        return False
 
     def kv_after(self) -> list:
         """The KV operations once every run is back: the cells of runs cancelled on their way
