@@ -327,8 +327,6 @@ class Lanes:
                          " (a request came)" if job.cancelled else "")
                 lane.driver.pipe.kv(self._release(lane))
                 self._free.append(lane.slot)
-                if job.cancelled:
-                    self._to_refill.add(lane.slot)   # (the rest, when idle again)
                 continue
             if lane.driver.drafts is not None:
                 lane.driver.drafts.close()

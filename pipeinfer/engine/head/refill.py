@@ -12,9 +12,8 @@ their cells are the same bits and the slot's exact prefix grows by them.
 A refill is background work: it starts only when no generation is under way and no request
 waits (Lanes.refill_idle), and when a request comes every refill is cancelled (the serve
 loop: Lanes.stop_refills): its slot keeps the chunks that came back computed, in order, the
-rest of its cells are removed, and the request evaluates what it needs itself (the slot's
-refill goes on from there the next time the pipeline is idle). It stands in a Lane where a
-generation's driver would (lane_job.py).
+rest of its cells (and tokens) are dropped, and the request evaluates what it needs itself.
+It stands in a Lane where a generation's driver would (lane_job.py).
 """
 
 from __future__ import annotations
