@@ -20,6 +20,7 @@ import numpy as np
 from ...schedule.events import Cancel, ResultArrived
 from .lane_job import LaneJob
 from ...schedule.generation import CANONICAL_SEQ
+from ...schedule.speculation import runs_of
 from ...schedule.transaction import DecodeTx, seq_clear
 
 MEAN, CLS, LAST = "mean", "cls", "last"
@@ -67,12 +68,11 @@ class EmbeddingJob(LaneJob):
             if k:
                 self.pipe.kv([seq_clear()])
             runs = []
-            for first in range(0, len(tokens), self.chunk):
-                part = tokens[first:first + self.chunk]
-                tx = DecodeTx(next(self._run_ids), tuple(range(first, first + len(part))),
-                              ((CANONICAL_SEQ,),) * len(part), (True,) * len(part),
-                              states=True)
-                self.pipe.decode(tx, part)
+            for span in runs_of(range(len(tokens)), self.chunk):
+                n = len(span)
+                tx = DecodeTx(next(self._run_ids), tuple(span), ((CANONICAL_SEQ,),) * n,
+                              (True,) * n, states=True)
+                self.pipe.decode(tx, tokens[span.start:span.stop])
                 runs.append(tx.run_id)
             self._runs.append(runs)
             self.in_flight += len(runs)

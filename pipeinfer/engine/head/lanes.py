@@ -296,8 +296,8 @@ class Lanes:
         """With no generation under way, refill the slots whose last request kept an exact
         prefix and left whole chunks after it (refill.py). The serve loop calls it when no
         request waits."""
-        if any(lane.strategy != REFILL for lane in self.active):
-            return   # (a refill would delay their runs)
+        if not self._to_refill or any(lane.strategy != REFILL for lane in self.active):
+            return   # (nothing to refill, or a refill would delay their runs)
         for slot in sorted(self._to_refill & set(self._free)):
             start, stop = self.cache.refill_span(slot)
             if stop <= start:
@@ -337,7 +337,7 @@ class Lanes:
                     drafter.stage.seq_keep(0)   # its context stays (Drafter.sync then
                 else:                           # evaluates only what the next turn adds)
                     drafter.reset()
-            if lane.cache == EXACT and lane.strategy != EMBEDDING:
+            if lane.cache == EXACT:   # (an embedding's lane has no cache: OFF)
                 self._to_refill.add(lane.slot)
             self._free.append(lane.slot)
         return [lane for lane in done if lane.strategy != REFILL]

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from ...schedule.events import Cancel, ResultArrived
 from ...schedule.generation import CANONICAL_SEQ
+from ...schedule.speculation import runs_of
 from ...schedule.transaction import DecodeTx, seq_rm
 from .lane_job import LaneJob
 
@@ -44,11 +45,11 @@ class RefillJob(LaneJob):
 
     def begin(self) -> None:
         self.pipe.kv([seq_rm(CANONICAL_SEQ, self.start, -1)])
-        for first in range(self.start, self.stop, self.chunk):
-            n = min(self.chunk, self.stop - first)
-            tx = DecodeTx(next(self._run_ids), tuple(range(first, first + n)),
-                          ((CANONICAL_SEQ,),) * n, (False,) * n)
-            self.pipe.decode(tx, self.tokens[first:first + n])
+        for span in runs_of(range(self.start, self.stop), self.chunk):
+            n = len(span)
+            tx = DecodeTx(next(self._run_ids), tuple(span), ((CANONICAL_SEQ,),) * n,
+                          (False,) * n)
+            self.pipe.decode(tx, self.tokens[span.start:span.stop])
             self._out.append(tx.run_id)
 
     def feed(self, event) -> None:
