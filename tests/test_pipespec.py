@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import collections
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -381,10 +382,31 @@ class ThreadEndpoint:
         return True
 
 
-def run_remote(tiny, paths, transport, spec=SpecOptions(), head_layers=1, n_predict=N_PREDICT):
+class HeldTransport(LocalTransport):
+    """LocalTransport whose first result waits (at most `limit` s) until `ready()` holds: the
+    target then cannot finish before a draft rank thread has been scheduled at all."""
+
+    def __init__(self, stages, delay: int, ready, limit: float = 60.0):
+        super().__init__(stages, delay=delay)
+        self.ready, self.deadline = ready, time.monotonic() + limit
+
+    def poll_result(self):
+        if not self.ready() and time.monotonic() < self.deadline:
+            time.sleep(0.001)
+            return None
+        self.ready = lambda: True
+        return super().poll_result()
+
+    def result_waiting(self) -> bool:
+        return self.ready() and super().result_waiting()
+
+
+def run_remote(tiny, paths, transport, spec=SpecOptions(), head_layers=1, n_predict=N_PREDICT,
+               hold=False):
     """pipespec with the draft models `paths` on draft 'ranks' 3.. (threads); returns the run,
     the draft ranks' levels and the last position each draft's sequence 0 holds (read before
-    the stages close)."""
+    the stages close). With `hold`, `transport` gets a third argument: a check that the last
+    draft rank has verified a proposal."""
     stages = DraftStages(paths)
     ranks = list(range(3, 3 + len(stages.stages)))
     net = ThreadNet(ranks)
@@ -401,6 +423,9 @@ def run_remote(tiny, paths, transport, spec=SpecOptions(), head_layers=1, n_pred
         threads.append(threading.Thread(target=body, daemon=True))
     for t in threads:
         t.start()
+    if hold:
+        make, ready = transport, (lambda: levels[-1].stats.proposed > 0 or len(levels) == 1)
+        transport = lambda st: make(st, ready)  # noqa: E731
     try:
         limit = len(tiny.prompt) + n_predict
         hier = RemoteHierarchy(net.endpoint(0), ranks, ahead=spec.draft * spec.max_runs,
@@ -420,7 +445,9 @@ def run_remote(tiny, paths, transport, spec=SpecOptions(), head_layers=1, n_pred
 @pytest.mark.parametrize("delay", [0, 2])
 def test_draft_ranks_exact(tiny, drafts, name, delay):
     chain = [drafts[d] for d in HIERARCHIES[name]]
-    out, levels, pos_max = run_remote(tiny, chain, lambda st: LocalTransport(st, delay=delay))
+    # held: on a loaded machine the target could otherwise finish before rank 4 ever runs
+    out, levels, pos_max = run_remote(
+        tiny, chain, lambda st, ready: HeldTransport(st, delay, ready), hold=True)
     check_consistent(out, tiny.reference, N_PREDICT)
     accepted = list(out.gen.request.prompt) + out.gen.tokens
     rows = out.gen.extras["pipespec_stages"]
