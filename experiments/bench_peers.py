@@ -24,7 +24,9 @@ last one fewer, with the output matrix), for comparing node memory slice for sli
 prompt is the coding prompt in the target's chat template, greedy, -n tokens with EOS ignored.
 Repeats are interleaved (rep, then node count, then system) so the ratios compare like with
 like on a noisy machine. Peak resident memory per node is kept for every run (peak_rss_mb).
---prompt-tokens N sends a long prompt instead (a Python source file cut to N tokens, then the
+--prompt TEXT asks something else than the CSV question; --variant NAME=FLAGS (repeatable)
+adds a pipeinfer system run with more flags, e.g. --variant "unguarded=--guard-accept 0", so
+that two settings are compared within one run. --prompt-tokens N sends a long prompt instead (a Python source file cut to N tokens, then the
 coding question): the summary's prefill column (prompt tokens over the time to the first
 token: llama-completion's prompt evaluation, pipeinfer's prefill_tps) compares how fast each
 system takes a prompt in, e.g. --prompt-tokens 1700 -n 16 for what coding tools send.
@@ -37,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import signal
 import statistics
 import sys
@@ -101,14 +104,27 @@ def target_layers(model: str) -> int:
     return int(header.get(f"{header.get('general.architecture')}.block_count"))
 
 
-def variants(systems: list[str], sweep: list[int]) -> list[tuple[str, str, int | None]]:
-    """(variant name, system, draft max) in the order they run."""
+def variants(systems: list[str], sweep: list[int],
+             extra: dict[str, tuple[str, ...]]) -> list[tuple[str, str, int | None, tuple]]:
+    """(variant name, system, draft max, pipeinfer flags) in the order they run: the systems,
+    then the --variant runs (pipeinfer with their flags)."""
     out = []
     for system in systems:
         if system == "llama-rpc-spec":
-            out += [(f"llama-rpc-spec-d{d}", system, d) for d in sweep]
+            out += [(f"llama-rpc-spec-d{d}", system, d, ()) for d in sweep]
         else:
-            out.append((system, system, None))
+            out.append((system, system, None, ()))
+    return out + [(name, "pipeinfer", None, flags) for name, flags in extra.items()]
+
+
+def parse_variants(specs: list[str], parser) -> dict[str, tuple[str, ...]]:
+    """--variant NAME=FLAGS values as {name: flags}."""
+    out = {}
+    for spec in specs:
+        name, sep, flags = spec.partition("=")
+        if not sep or not name or name in out:
+            parser.error(f"--variant {spec!r}: give NAME=FLAGS, each name once")
+        out[name] = tuple(shlex.split(flags))
     return out
 
 
@@ -148,8 +164,22 @@ def summarize(results: dict) -> None:
             print(f"  pipeinfer / best peer ({best[0]}): {pipe / best[1]:.2f}x")
         if rpc and it:
             print(f"  pipeinfer iterative / llama-rpc: {it / rpc:.2f}x")
+        for variant, (tps, _) in table.items():
+            if it and tps and variant not in ("iterative", *PEER_SYSTEMS) \
+                    and not variant.startswith("llama-rpc"):
+                print(f"  {variant} / iterative: {tps / it:.2f}x")
         _prefill_ratios(table)
     _scaling(by_nodes)
+
+
+def head_cpu(r: dict) -> str:
+    """A pipeinfer run's head CPU per token (its loop, its draft model), for the progress line."""
+    if r.get("head_cpu_ms_per_token") is None:
+        return ""
+    if r.get("head_loop_cpu_ms_per_token") is None:
+        return f", head CPU/token {r['head_cpu_ms_per_token']:.1f} ms"
+    return (f", head CPU/token: loop {r['head_loop_cpu_ms_per_token']:.1f} ms, draft "
+            f"{r['draft_cpu_ms_per_token']:.1f} ms")
 
 
 def _median(runs: list[dict], key: str) -> float | None:
@@ -229,6 +259,9 @@ def _parser() -> argparse.ArgumentParser:
                              "--cpu-total): the machines a user adds, e.g. --nodes 2,3,4,6,8 "
                              "--cpu-per-node 0.25; the chart is then t/s against nodes")
     parser.add_argument("-n", type=int, default=128, help="tokens to generate")
+    parser.add_argument("--prompt", default=CODE_PROMPT, help="the question (chat template added)")
+    parser.add_argument("--variant", action="append", default=[], metavar="NAME=FLAGS",
+                        help="one more pipeinfer system, with these flags (repeatable)")
     parser.add_argument("--prompt-tokens", type=int, default=0,
                         help="a long prompt: a source file cut to this many tokens before the "
                              "coding question (default 0: the question alone)")
@@ -274,20 +307,21 @@ def main(argv: list[str] | None = None) -> int:
     bin_dir = peer_binaries(systems)
     if bin_dir is None:
         systems = [s for s in systems if s not in PEER_SYSTEMS]
+    extra = parse_variants(args.variant, parser)
     prompt = (long_prompt(args.model, args.prompt_tokens) if args.prompt_tokens
-              else render_prompt(args.model, CODE_PROMPT))
+              else render_prompt(args.model, args.prompt))
     n_layer = target_layers(args.model)
     results = defaultdict(list)
     for rep in range(args.k):
         for nodes in node_counts:
-            for variant, system, draft_max in variants(systems, [int(d) for d in
-                                                                args.draft_max.split(",")]):
+            for variant, system, draft_max, flags in variants(
+                    systems, [int(d) for d in args.draft_max.split(",")], extra):
                 spec = RunSpec(system=system, variant=variant, nodes=nodes,
                                cpu=args.cpu_per_node or args.cpu_total / nodes,
                                model=args.model, draft=args.draft,
                                prompt=prompt, n=args.n, link=args.link, draft_max=draft_max,
                                timeout=args.timeout, n_layer=n_layer,
-                               same_slices=args.same_slices)
+                               same_slices=args.same_slices, flags=flags)
                 t0 = time.time()
                 r = run_peer(spec, bin_dir) if system in PEER_SYSTEMS else run_pipeinfer(spec)
                 results[nodes, variant].append(r)
@@ -295,7 +329,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"# rep {rep} {nodes} nodes {variant}: "
                       + (f"failed: {r['error']}" if r.get("error") else
                          f"{r['speed_tps']:.2f} t/s, {r['n_generated']} tokens, accept "
-                         f"{r.get('accept_rate')}, RSS {r.get('peak_rss_mb')}")
+                         f"{r.get('accept_rate')}, RSS {r.get('peak_rss_mb')}"
+                         + head_cpu(r))
                       + f" ({time.time() - t0:.0f} s)", flush=True)
     summarize(results)
     write_report(Path(args.out), args.memory, args.title, args.chart)

@@ -1,134 +1,250 @@
-"""The never-slower guard (schedule/guard.py) on scripted run outcomes: acceptance drops ->
-speculation pauses; the pause ends with a probe; a failed probe doubles the pause, a probe that
-pays resets it; a threshold of 0 never pauses."""
+"""The never-slower guard (schedule/guard.py) on scripted times: speculation that makes tokens
+slower than plain decoding pauses; the pause ends with a probe; a failed probe doubles the
+pause, a probe that pays resets it; the pauses' own tokens update the plain figure; a guard
+turned off never pauses. Then inside the schedule, on real tiny stages whose time is counted
+per evaluated and per drafted token (useless drafts pause, perfect ones never do, recovered
+ones come back)."""
 
 from __future__ import annotations
+
+import pytest
 
 from pipeinfer.schedule.guard import Guard
 
 
-def feed(guard: Guard, outcomes, n_generated: int = 0) -> list[str]:
+class Clock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def guard_with_plain(plain_s: float = 1.0, **kw) -> tuple[Guard, Clock]:
+    """A guard that timed one run alone in the pipeline at `plain_s`."""
+    clock = Clock()
+    guard = Guard(clock=clock, **kw)
+    assert guard.allows(0) == (True, None)
+    guard.sent_alone(7)
+    clock.now += plain_s
+    guard.returned(7)
+    return guard, clock
+
+
+def tokens(guard: Guard, clock: Clock, start: int, count: int, seconds: float,
+           per_arrival: int = 1, guesses: int = 2) -> list[str]:
+    """`count` tokens after `start`, `per_arrival` at a time, `seconds` apart per token, each
+    arrival after a speculative run of `guesses` guessed tokens left; the reasons the guard
+    gave (pauses)."""
     reasons = []
-    for guessed, accepted in outcomes:
-        why = guard.observe(guessed, accepted, n_generated)
+    for n in range(start + per_arrival, start + count + 1, per_arrival):
+        clock.now += seconds * per_arrival
+        guard.guessed(guesses)
+        why = guard.generated(n)
         if why:
             reasons.append(why)
     return reasons
 
 
-def test_good_acceptance_never_pauses():
-    guard = Guard(threshold=0.2, window=16)
-    assert feed(guard, [(4, 3)] * 50) == []
-    assert guard.allows(100) == (True, None)
+def test_faster_speculation_never_pauses():
+    guard, clock = guard_with_plain(1.0)
+    assert tokens(guard, clock, 0, 200, 0.6, per_arrival=4) == []
+    assert guard.allows(200) == (True, None)
+    assert guard.spec_s == pytest.approx(0.6)
 
 
-def test_poor_acceptance_pauses_then_probes():
-    guard = Guard(threshold=0.2, window=16, first_pause=8)
-    assert feed(guard, [(4, 0)] * 3, n_generated=10) == []        # 12 < window: no decision
-    [why] = feed(guard, [(4, 0)], n_generated=10)
-    assert "pause for 8" in why
-    assert guard.allows(17) == (False, None)
-    # runs still in flight when it paused do not count during the pause
-    assert feed(guard, [(4, 0)] * 10, n_generated=12) == []
-    ok, why = guard.allows(18)
-    assert ok and "probing" in why
-    assert guard.allows(19) == (True, None)
+def test_slower_speculation_pauses_after_a_window_then_probes():
+    guard, clock = guard_with_plain(1.0, window=8, first_pause=16)
+    assert tokens(guard, clock, 0, 8, 1.2) == []       # 7 intervals measured: no decision
+    [why] = tokens(guard, clock, 8, 1, 1.2)
+    assert "1200 ms a token speculating > 1000 ms plain: pause for 16" in why
+    assert guard.allows(24) == (False, None)
+    tokens(guard, clock, 9, 16, 1.0)                   # plain decoding meanwhile
+    ok, why = guard.allows(25)
+    assert ok and "probing after a pause of 16" in why
+    assert guard.allows(26) == (True, None)
 
 
 def test_failed_probe_doubles_pause_and_paying_probe_resets_it():
-    guard = Guard(threshold=0.25, window=8, first_pause=4, max_pause=16)
-    feed(guard, [(4, 0), (4, 0)], n_generated=0)                  # pause 4
-    assert guard.allows(4)[0]
-    [why] = feed(guard, [(4, 1), (4, 0)], n_generated=4)          # 1/8 < 0.25 in the probe
-    assert "pause for 8" in why and not guard.allows(11)[0]
-    assert guard.allows(12)[0]
-    [why] = feed(guard, [(8, 0)], n_generated=12)
-    assert "pause for 16" in why and guard.allows(28)[0]
-    [why] = feed(guard, [(8, 0)], n_generated=28)
-    assert "pause for 16" in why                                  # capped at max_pause
-    assert guard.allows(44)[0]
-    assert feed(guard, [(4, 4), (4, 4)], n_generated=44) == []    # the probe pays
+    guard, clock = guard_with_plain(1.0, window=4, first_pause=4, max_pause=16)
+    [why] = tokens(guard, clock, 0, 5, 2.0)
+    assert "pause for 4" in why
+    n, waited = 5, 4
+    for pause in (8, 16, 16):                         # doubled, then capped at max_pause
+        tokens(guard, clock, n, waited, 1.0)
+        n += waited
+        assert guard.allows(n)[0]
+        [why] = tokens(guard, clock, n, 5, 2.0)       # the probe is slower: it failed
+        n += 5
+        assert f"pause for {pause} tokens" in why and not guard.allows(n)[0]
+        waited = pause
+    tokens(guard, clock, n, 16, 1.0)
+    n += 16
+    assert guard.allows(n)[0]
+    assert tokens(guard, clock, n, 20, 0.5) == []      # the probe pays
     assert guard.pause == 4
 
 
-def test_window_slides_over_recent_runs():
-    guard = Guard(threshold=0.5, window=8)
-    assert feed(guard, [(4, 0)] + [(4, 4)] * 2) == []   # the bad run slid out of the window
-    assert guard.allows(0) == (True, None)
+def test_pauses_measure_plain_decoding():
+    """The first figure was one round trip; a pause's tokens (from its second arrival on:
+    the first may come from a speculative run) move it halfway to what they took."""
+    guard, clock = guard_with_plain(1.0, window=4, first_pause=8)
+    tokens(guard, clock, 0, 5, 1.5)
+    clock.now += 5.0                                   # a late speculative run's token
+    guard.generated(6)
+    tokens(guard, clock, 6, 8, 2.0)
+    assert guard.allows(14)[0]
+    assert guard.plain_s == pytest.approx(1.5)
+    assert tokens(guard, clock, 14, 8, 1.4) == []      # now faster than plain: no pause
 
 
-def test_threshold_zero_is_off():
-    guard = Guard(threshold=0.0)
-    assert feed(guard, [(8, 0)] * 20) == []
-    assert guard.allows(1000) == (True, None)
+def test_without_a_plain_figure_the_first_pause_measures_one():
+    clock = Clock()
+    guard = Guard(clock=clock, window=4, first_pause=8)
+    guard.allows(0)
+    [why] = tokens(guard, clock, 0, 5, 0.5)
+    assert "no plain-decoding figure yet: measuring one: pause for 3 tokens" in why
+    tokens(guard, clock, 5, 3, 1.0)
+    assert guard.allows(8)[0] and guard.plain_s == 1.0
+    assert tokens(guard, clock, 8, 20, 0.5) == []
+    assert guard.pause == 8                            # a measurement is not a failed probe
+
+
+def test_a_run_sent_behind_others_is_not_a_plain_figure():
+    clock = Clock()
+    guard = Guard(clock=clock)
+    clock.now += 3.0
+    guard.returned(5)            # never sent alone: no figure
+    assert guard.plain_s is None
+
+
+def test_a_phase_that_guessed_little_is_not_judged():
+    """Drafts that found nothing to guess (no n-gram matched, the draft under its cutoff)
+    cost nothing: however slow the tokens, speculation is not paused for them."""
+    guard, clock = guard_with_plain(1.0, window=8)
+    assert tokens(guard, clock, 0, 40, 1.5, guesses=0) == []
+    [why] = tokens(guard, clock, 40, 8, 1.5, guesses=1)   # 8 guesses: now it is judged
+    assert "pause for" in why
+
+
+def test_noise_within_the_margin_is_left_alone():
+    guard, clock = guard_with_plain(1.0, window=8)
+    assert tokens(guard, clock, 0, 100, 1.02) == []
+
+
+def test_a_strategy_that_never_asks_is_never_judged():
+    """iterative never asks whether to speculate: its tokens make no decisions."""
+    clock = Clock()
+    guard = Guard(clock=clock, window=4)
+    guard.sent_alone(1)
+    clock.now += 1.0
+    guard.returned(1)
+    assert tokens(guard, clock, 0, 40, 5.0) == []
+    assert guard.spec_s is None
+
+
+def test_turned_off_never_pauses():
+    guard, clock = guard_with_plain(1.0)
+    guard.enabled = False
+    assert tokens(guard, clock, 0, 100, 5.0) == []
+    assert guard.allows(100) == (True, None)
 
 
 # --- the guard inside the schedule: real tiny stages, scripted drafts (no MPI) -------------------
 
-import pytest  # noqa: E402
 
+
+from pipeinfer.schedule import core  # noqa: E402
 from pipeinfer.schedule.options import SpecOptions  # noqa: E402
 from support.rig import check_consistent, run_inprocess  # noqa: E402
 from support.scripted_draft import PERFECT, ScriptedDraft, USELESS  # noqa: E402
 from support.stepped_transport import SteppedTransport  # noqa: E402
 
-N = 40
+N = 64
 
 
-def go(tiny, strategy, plans, guard_accept):
-    spec = SpecOptions(draft_thread=False, p_accept=0.0, p_recovery=0.0, p_decay=0.0, guard_accept=guard_accept)
-    out = run_inprocess(tiny, strategy, ScriptedDraft(tiny.full, tiny.n_vocab, plans),
+DRAFT_COST = 0.5   # the head's time per drafted token, in the pipeline clock's units
+
+
+class TimedTransport(SteppedTransport):
+    """SteppedTransport on a clock: a tick takes as long as its slowest stage, a stage 1 unit
+    per decode plus 0.25 per token it evaluates (skipped runs cost nothing)."""
+
+    def __init__(self, stages, clock: Clock, **kw):
+        super().__init__(stages, **kw)
+        self.clock, self._tick_cost = clock, 0.0
+
+    def tick(self) -> None:
+        self._tick_cost = 0.0
+        super().tick()
+        self.clock.now += self._tick_cost
+
+    def step(self, s: int) -> None:
+        tx = self.queues[s][0][0]
+        computed = self.cores[s].stats["computed"]
+        super().step(s)
+        if tx is not None and self.cores[s].stats["computed"] > computed:
+            self._tick_cost = max(self._tick_cost, 1.0 + 0.25 * len(tx.positions))
+
+
+class TimedDraft(ScriptedDraft):
+    """ScriptedDraft whose guesses take the head DRAFT_COST each (the head's loop waits for
+    its draft: draft_thread=False)."""
+
+    def __init__(self, clock: Clock, *args):
+        super().__init__(*args)
+        self.clock = clock
+
+    def draft(self, *args, **kw):
+        branches, probs = super().draft(*args, **kw)
+        self.clock.now += DRAFT_COST * sum(len(b) for b in branches)
+        return branches, probs
+
+
+def go(tiny, monkeypatch, strategy, plans, guard: bool):
+    clock = Clock()
+    # the scheduler's guard reads the pipeline's clock
+    monkeypatch.setattr(core, "Guard", lambda enabled: Guard(enabled, clock=clock))
+    spec = SpecOptions(draft_thread=False, p_accept=0.0, p_recovery=0.0, p_decay=0.0,
+                       guard=guard)
+    out = run_inprocess(tiny, strategy, TimedDraft(clock, tiny.full, tiny.n_vocab, plans),
                         spec=spec, n_predict=N,
-                        transport=lambda stages: SteppedTransport(stages, lag=1))
+                        transport=lambda stages: TimedTransport(stages, clock, lag=1))
     check_consistent(out, tiny.reference, N)   # exact either way
     return out.counters
 
 
 @pytest.mark.parametrize("strategy", ["speculative", "pipeinfer"])
-def test_useless_drafts_pause_speculation(tiny, strategy):
-    """Drafts that are always wrong: with the guard, speculation recedes to its probes."""
-    off = go(tiny, strategy, USELESS, 0.0)
-    on = go(tiny, strategy, USELESS, 0.2)
+def test_useless_drafts_pause_speculation(tiny, monkeypatch, strategy):
+    """Drafts that are always wrong make tokens slower: with the guard, speculation recedes
+    to its probes."""
+    off = go(tiny, monkeypatch, strategy, USELESS, False)
+    on = go(tiny, monkeypatch, strategy, USELESS, True)
     assert on.n_accepted == off.n_accepted == 0
-    assert on.runs_speculative * 3 <= off.runs_speculative, (on, off)
+    assert on.runs_speculative * 2 <= off.runs_speculative, (on, off)
     assert on.runs_speculative > 0        # it probed again after the first pause
 
 
-@pytest.mark.parametrize("strategy", ["speculative", "pipeinfer"])
-def test_good_drafts_keep_speculating(tiny, strategy):
-    """Drafts that are always right: the guard changes nothing."""
-    assert go(tiny, strategy, PERFECT, 0.2) == go(tiny, strategy, PERFECT, 0.0)
+def test_good_drafts_keep_speculating(tiny, monkeypatch):
+    """Drafts that are always right make tokens faster: the guard changes nothing (pipeinfer
+    times its first run, sent alone, for a plain figure)."""
+    assert (go(tiny, monkeypatch, "pipeinfer", PERFECT, True)
+            == go(tiny, monkeypatch, "pipeinfer", PERFECT, False))
+
+
+def test_good_drafts_cost_speculative_one_measurement(tiny, monkeypatch):
+    """The speculative strategy drafts from its first run on: the guard pauses once, for
+    the 3 tokens that give it a plain figure, and never again."""
+    on = go(tiny, monkeypatch, "speculative", PERFECT, True)
+    off = go(tiny, monkeypatch, "speculative", PERFECT, False)
+    assert off.runs_speculative - 3 <= on.runs_speculative < off.runs_speculative
+    assert on.n_accepted >= off.n_accepted - 3 * 6
 
 
 @pytest.mark.parametrize("strategy", ["speculative", "pipeinfer"])
-def test_speculation_returns_when_drafts_recover(tiny, strategy):
+def test_speculation_returns_when_drafts_recover(tiny, monkeypatch, strategy):
     """Useless drafts first, then good ones: the guard pauses, probes, and speculation comes
     back (most tokens are then accepted drafts), not later than a few pauses."""
     plans = USELESS * 6 + PERFECT * 200
-    on = go(tiny, strategy, plans, 0.2)
+    on = go(tiny, monkeypatch, strategy, plans, True)
     assert on.n_accepted >= N // 2, on
-
-
-# --- the guard under n-gram chains: one mismatch is one mistake -----------------------------------
-
-from pipeinfer.engine.drafting.ngram_drafts import NgramDrafts  # noqa: E402
-from pipeinfer.schedule.actions import PolicyChanged  # noqa: E402
-from pipeinfer.schedule.pipeinfer import PipeInfer  # noqa: E402
-from support.ngram_script import EDITED, PROMPT, drive, make  # noqa: E402
-
-
-def guard_pauses(log) -> list[PolicyChanged]:
-    return [a for a in log if isinstance(a, PolicyChanged) and a.name == "guard"]
-
-
-def test_runs_cancelled_behind_a_mismatch_do_not_pause_speculation():
-    """A chain of n-gram runs, six deep: a mismatch cancels the runs continuing the rejected
-    guess. Their guesses were never judged, so the guard does not count them as rejected:
-    the draft's one mistake in 19 tokens never pauses speculation."""
-    sched = make(PipeInfer, n_predict=120, draft=3)
-    log = drive(sched, NgramDrafts(2, 4), depth=6, target=EDITED)
-    c = sched.gen.counters
-    assert sched.gen.tokens == EDITED[len(PROMPT):len(PROMPT) + 120]
-    assert c.runs_cancelled_invalidated >= 10 and c.n_unverified > c.n_accepted / 3  # chains
-    assert guard_pauses(log) == []
-    assert c.n_accepted > 80

@@ -344,7 +344,7 @@ def test_real_drafter_property_exact(tiny, strategy, draft, schedule, lag, abort
 @pytest.mark.parametrize("lag", [2, 3, 5])   # slow enough for a micro-batch to be drafted
 def test_counters_perfect_and_useless_drafts(tiny, lag):
     # (the guard off: useless drafts would pause speculation; tests/test_guard.py)
-    spec = SpecOptions(draft_thread=False, p_accept=0.0, p_recovery=0.0, p_decay=0.0, guard_accept=0.0)
+    spec = SpecOptions(draft_thread=False, p_accept=0.0, p_recovery=0.0, p_decay=0.0, guard=False)
     n = 40
 
     def go(strategy, plans):

@@ -39,6 +39,7 @@ class RunSpec:
     timeout: float = 900
     n_layer: int = 0     # the target's layers, for same_slices
     same_slices: bool = False   # pipeinfer's workers get llama.cpp's layers (llama_ts_layers)
+    flags: tuple[str, ...] = ()  # more pipeinfer flags (bench_peers --variant)
 
     @property
     def uses_draft(self) -> bool:
@@ -137,6 +138,7 @@ def pipeinfer_command(spec: RunSpec) -> list[str]:
         cmd += ["--layer-split", ",".join(repr(f) for f in spec.split)]
     if spec.uses_draft:
         cmd += ["-md", spec.draft]
+    cmd += spec.flags
     return [sys.executable, str(CLUSTER), "--nodes", str(spec.nodes),
             "--cpu", f"{spec.cpu:g}", "--period-us", str(PERIOD_US), "--link", spec.link,
             "--", *cmd]
@@ -150,7 +152,8 @@ def run_pipeinfer(spec: RunSpec) -> dict:
         return {"error": f"exit {code}: {last_line(stderr)}"}
     r = json.loads(stdout.strip().splitlines()[-1])
     keys = ("speed_tps", "ttft_s", "itl_s", "prefill_tps", "n_prompt", "n_generated",
-            "accept_rate", "n_drafted", "n_accepted", "text", "split")
+            "accept_rate", "n_drafted", "n_accepted", "text", "split",
+            "head_cpu_ms_per_token", "draft_cpu_ms_per_token", "head_loop_cpu_ms_per_token")
     return {**{k: r.get(k) for k in keys},
             "peak_rss_mb": [round(s.get("peak_rss_mb") or 0.0, 1) for s in r["rank_stats"]]}
 

@@ -218,13 +218,14 @@ SPECULATION_OPTIONS = (
                  help="pipeinfer: the cutoff never decays below this (or -pa, if lower): a "
                       "draft token less likely is rarely the target's; unbounded, decay ends "
                       "the cutoff."),
-    click.option("--guard-accept", default=SPEC.guard_accept, type=click.FloatRange(0, 1),
-                 help="speculative, pipeinfer: the never-slower guard. When fewer than this share "
-                      "of the last 16 drafted tokens were accepted (tokens of runs cancelled "
-                      "behind another run's wrong guess are not counted), speculation pauses "
-                      "(plain decoding) for 8 tokens, then probes again; each failed probe "
-                      "doubles the pause (up to 256), a probe that pays resets it. 0 turns the "
-                      "guard off."),
+    click.option("--guard/--no-guard", default=SPEC.guard,
+                 help="speculative, pipeinfer: the never-slower guard. It times the tokens "
+                      "generated while speculating against plain decoding (a one-token run's "
+                      "round trip, then the pauses' own tokens); when 8 tokens of speculation "
+                      "that guessed 8 tokens or more came over 3% slower, speculation pauses "
+                      "(plain decoding) for 16 tokens, then probes again; each failed probe "
+                      "doubles the pause (up to 256), a probe that pays resets it. Exact "
+                      "either way."),
     click.option("--max-runs", default=SPEC.max_runs, type=click.IntRange(2, 64),
                  help="pipeinfer: most runs in flight in the target pipeline at once. specpipe: "
                       "tree levels in flight are the number of target stages + 1, at most this."),
@@ -319,5 +320,5 @@ def speculation(values: dict, strategy: str, has_draft: bool) -> dict:
 
 # SpecOptions' fields that are options of the same name
 SPEC_FIELDS = ("p_accept", "p_split", "n_parallel", "p_recovery", "p_decay", "p_floor",
-               "guard_accept", "max_runs", "partitions", "kv_size", "tree_width", "tree_k",
+               "guard", "max_runs", "partitions", "kv_size", "tree_width", "tree_k",
                "ngram_min", "ngram_max")

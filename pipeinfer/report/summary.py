@@ -61,6 +61,7 @@ def result_json(cfg, gen, setup, ranges, stats, wall: float) -> dict:
         "draft_source": cfg.spec.draft_source if cfg.speculates else "",
         "drafts": drafts_by_source(counters),
         "busy_fraction": ",".join(f"{b:.3f}" for b in busy),
+        **head_cpu(tl, len(gen.tokens)),
         "peak_rss_mb": ",".join(f"{s.get('peak_rss_mb') or 0:.0f}" for s in stats),
         "rank_stats": stats,
         "wall_s": _round(wall, 4),
@@ -70,6 +71,19 @@ def result_json(cfg, gen, setup, ranges, stats, wall: float) -> dict:
         "label": cfg.output.label,
         **getattr(gen, "extras", {}),  # strategy-specific (pipespec: per-stage rates)
     }
+
+
+def head_cpu(tl, n_generated: int) -> dict:
+    """The head's CPU per generated token, in ms: its process in all (prefill included), the
+    draft model's jobs, and the rest (the loop: scheduling, sampling, transport)."""
+    if tl.head_cpu_s is None or not n_generated:
+        return {}
+    per = 1000 / n_generated
+    out = {"head_cpu_ms_per_token": _round(tl.head_cpu_s * per, 3)}
+    if tl.draft_cpu_s is not None:   # (executors that cannot tell: the total only)
+        out["draft_cpu_ms_per_token"] = _round(tl.draft_cpu_s * per, 3)
+        out["head_loop_cpu_ms_per_token"] = _round((tl.head_cpu_s - tl.draft_cpu_s) * per, 3)
+    return out
 
 
 def drafts_by_source(counters) -> dict:

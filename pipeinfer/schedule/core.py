@@ -27,7 +27,8 @@ class Scheduler:
         self.gen, self.limits, self.opts, self.pool = gen, limits, opts, pool
         self.spec = Speculation(gen, sampler, pool, limits.kv_size, cancel=opts.cancel,
                                 max_run=limits.max_run)
-        self.guard = Guard(opts.guard_accept)
+        self.guard = Guard(opts.guard)
+        self._timed = 0      # tokens generated when the guard last saw any
         self.sources = SourceChoice()
         self.finished = False
         self.prefilled = False  # no draft job goes out before the prompt is in (they wait)
@@ -78,33 +79,32 @@ class Scheduler:
             return
         absorbed = self.spec.absorb(result)
         self._observe(absorbed.run)
+        self.guard.returned(absorbed.run.run_id)
         if absorbed.prefill_done:
             self.prefilled = True
             if not self.gen.done:
                 self.after_prefill()
         elif not absorbed.run.prefill:
+            if len(self.gen.tokens) > self._timed:   # a result that brought tokens
+                self._timed = len(self.gen.tokens)
+                why = self.guard.generated(self._timed)
+                if why:
+                    self.record("guard", self.guard.pause, why)
             self.on_result(absorbed)
 
     def _observe(self, run) -> None:
         if run.speculative and run.guesses > 0:
+            self.guard.guessed(run.guesses)
             before = self.sources.prefers_ngram
             self.sources.observe(run.origin, run.guesses, run.n_accepted)
             if self.sources.prefers_ngram != before:
                 self.record("ngram", float(self.sources.prefers_ngram),
                             f"acceptance ngram {self.sources.rate['ngram']:.2f}, "
                             f"model {self.sources.rate['model']:.2f}")
-            # A run that continued another run's rejected guess was cancelled for that one
-            # mistake, already counted: its own guesses were never judged. (Counted as
-            # rejected, one mismatch in a chain of n-gram runs, which copy the text 3 tokens a
-            # run, paused speculation for the 12 or so guesses cancelled behind it.)
-            if run.continues_rejected(self.gen.accepted):
-                return
-            why = self.guard.observe(run.guesses, run.n_accepted, len(self.gen.tokens))
-            if why:
-                self.record("guard", self.guard.pause, why)
 
     def speculation_pays(self) -> bool:
-        """The guard's word (guard.py): whether to speculate now."""
+        """The guard's word (guard.py): whether to speculate now (it times the tokens
+        generated with and without speculation as results come in)."""
         ok, why = self.guard.allows(len(self.gen.tokens))
         if why:
             self.record("guard", 0, why)
@@ -125,7 +125,15 @@ class Scheduler:
         if not self.spec.fits(1):
             self.stop("kv-cache")
         else:
-            self.spec.start_main()
+            self.start_main()
+
+    def start_main(self) -> None:
+        """A non-speculative run of the pending token; timed by the guard when the pipeline
+        is empty (its round trip is what plain decoding costs per token)."""
+        alone = self.pipeline_load == 0
+        run = self.spec.start_main()
+        if alone:
+            self.guard.sent_alone(run.run_id)
 
     # --- hooks ---------------------------------------------------------------------------------
     def on_start(self) -> None:

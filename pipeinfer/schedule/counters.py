@@ -14,6 +14,8 @@ class Timeline:
     start: float = 0.0
     prefill_done: float = 0.0            # first logits back: the end of prefill
     accepted: list[float] = field(default_factory=list)  # one mark per generated token
+    head_cpu_s: float | None = None      # the head process's CPU seconds (every thread)
+    draft_cpu_s: float | None = None     # ... of them, the draft model's jobs (executors.py)
 
     def mark_token(self, count: int = 1) -> None:
         now = time.perf_counter()

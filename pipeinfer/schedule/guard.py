@@ -1,68 +1,130 @@
-"""The never-slower guard: speculation stops while it does not pay, and probes again later.
+"""The never-slower guard: speculation goes on only while a token costs less time with it.
 
-Speculative runs share the stages with the run that decodes the next token, so drafts that are
-mostly rejected cost more than they bring (an unrelated draft makes pipeinfer slower than
-plain decoding). The guard watches what every speculative run brought when it left the run
-table: its guessed tokens, and how many of them were accepted (none when it was cancelled or
-rejected). A run that continued another run's rejected guess is not shown to it (core.py): it
-was cancelled for that one mistake, and its own guesses were never judged. Once the last
-`window` guessed tokens were accepted at a rate under `threshold`, speculation *pauses* for
-`pause` generated tokens (plain decoding: no draft, no speculative run); then it *probes*: it
-speculates again with an empty window. A probe that fails doubles
-the pause (at most `max_pause`); a window that pays resets the pause to its first length.
-A threshold of 0 turns the guard off.
+Speculative runs share the stages with the run that decodes the next token, and the draft
+model shares the head's CPU with the loop that feeds the pipeline, so a draft that is mostly
+wrong makes generation slower than plain decoding. Whether it does depends on this host and
+this pipeline (how fast the stages are against the draft, the links, the head's quota), so the
+guard compares measured times, not an acceptance rate against a threshold:
+
+- plain: seconds per token of plain decoding. First the round trip of a one-token run sent
+  into an empty pipeline (what plain decoding repeats per token: the first run after the
+  prefill is one), then, once speculation has been paused, the time per token of the pause.
+- speculating: seconds per token over the last `window` to 2 `window` tokens generated while
+  speculating (from the first token that arrived after speculation began).
+
+After `window` tokens of speculation that guessed at least `window` tokens (a phase whose
+drafts found nothing to guess costs nothing to judge), and at every token after, speculation
+pauses when its seconds per token exceed plain decoding's by more than MARGIN (a draft
+that neither helps nor hurts is left alone rather than paused on noise): plain decoding for `pause` tokens, then a *probe*
+(speculation again, judged after `window` tokens). A probe that fails doubles the pause (at
+most `max_pause`); one that pays resets it to `first_pause`. Without a plain figure yet (no
+run went into an empty pipeline: the speculative strategy drafts from its first run on), a
+pause of `MEASURE` tokens measures one.
+
+The clock is a parameter so that the policy can be tested on scripted times.
 """
 
 from __future__ import annotations
 
+import time
 from collections import deque
+from typing import Callable
 
-THRESHOLD = 0.2     # --guard-accept: the acceptance rate under which speculation pauses
-WINDOW = 16         # guessed tokens a decision looks at
-FIRST_PAUSE = 8     # generated tokens of the first pause
+WINDOW = 8          # tokens generated while speculating before a decision
+FIRST_PAUSE = 16    # generated tokens of the first pause
 MAX_PAUSE = 256
+MARGIN = 0.03      # speculation pauses when over (1 + MARGIN) x plain decoding's time
+MEASURE = 3        # tokens of plain decoding that give a first figure
+SMOOTHING = 0.5     # weight of a new plain-decoding figure against the previous ones
 
 
 class Guard:
-    def __init__(self, threshold: float = THRESHOLD, window: int = WINDOW,
-                 first_pause: int = FIRST_PAUSE, max_pause: int = MAX_PAUSE):
-        self.threshold, self.window = threshold, window
+    def __init__(self, enabled: bool = True, window: int = WINDOW,
+                 first_pause: int = FIRST_PAUSE, max_pause: int = MAX_PAUSE,
+                 clock: Callable[[], float] = time.perf_counter):
+        self.enabled, self.window = enabled, window
         self.first_pause, self.max_pause = first_pause, max_pause
+        self.clock = clock
         self.pause = first_pause
-        self.samples: deque[tuple[int, int]] = deque()   # (guessed, accepted) per run
-        self.resume_at: int | None = None   # paused until this many tokens are generated
-        self.probing = False                # the window after a pause: one chance
+        self.plain_s: float | None = None      # seconds per token of plain decoding
+        self.spec_s: float | None = None       # ... while speculating, at the last decision
+        self.marks: deque[tuple[int, float]] = deque()  # (tokens generated, time) this phase
+        self.resume_at: int | None = None      # paused until this many tokens are generated
+        self.probing = False                   # the phase after a pause: one chance
+        self.asked = False                     # the strategy asked: it speculates
+        self.guesses = 0                       # guessed tokens sent in this phase
+        self._sent: dict[int, float] = {}      # one-token runs sent into an empty pipeline
 
-    @property
-    def enabled(self) -> bool:
-        return self.threshold > 0
+    # --- what the scheduler reports ---------------------------------------------------------
+    def sent_alone(self, run_id: int) -> None:
+        """A one-token, non-speculative run went into an empty pipeline."""
+        if self.enabled:
+            self._sent[run_id] = self.clock()
 
-    def allows(self, n_generated: int) -> tuple[bool, str | None]:
-        """Whether to speculate now, and why the state just changed (None: it did not)."""
-        if self.resume_at is None:
-            return True, None
-        if n_generated < self.resume_at:
-            return False, None
-        self.resume_at, self.probing = None, True
-        return True, f"probing after a pause of {self.pause}"
+    def guessed(self, n: int) -> None:
+        """A speculative run with `n` guessed tokens left the pipeline."""
+        self.guesses += n
 
-    def observe(self, guessed: int, accepted: int, n_generated: int) -> str | None:
-        """A speculative run left the table; the reason if this paused speculation."""
-        if not self.enabled or guessed <= 0 or self.resume_at is not None:
+    def returned(self, run_id: int) -> None:
+        """A run's result came back (or it was dropped)."""
+        sent = self._sent.pop(run_id, None)
+        if sent is not None and self.plain_s is None:
+            self.plain_s = self.clock() - sent
+
+    def generated(self, n_generated: int) -> str | None:
+        """Tokens were accepted (`n_generated` in all); the reason if this paused speculation."""
+        if not self.enabled or not self.asked:   # (iterative never asks)
             return None
-        self.samples.append((guessed, accepted))
-        total = sum(g for g, _ in self.samples)
-        while total - self.samples[0][0] >= self.window:   # keep just over `window`
-            total -= self.samples.popleft()[0]
-        if total < self.window:
+        self.marks.append((n_generated, self.clock()))
+        if self.resume_at is not None:
             return None
-        rate = sum(a for _, a in self.samples) / total
-        if rate >= self.threshold:
+        while len(self.marks) > 2 and n_generated - self.marks[1][0] >= 2 * self.window:
+            self.marks.popleft()
+        first_n, first_t = self.marks[0]
+        if n_generated - first_n < self.window or self.guesses < self.window:
+            return None
+        self.spec_s = (self.marks[-1][1] - first_t) / (n_generated - first_n)
+        if self.plain_s is None:
+            return self._pause(n_generated, "no plain-decoding figure yet: measuring one",
+                               MEASURE)
+        if self.spec_s <= self.plain_s * (1 + MARGIN):
             if self.probing:
                 self.pause, self.probing = self.first_pause, False
             return None
         if self.probing:
             self.pause = min(2 * self.pause, self.max_pause)
-        self.samples.clear()
-        self.resume_at, self.probing = n_generated + self.pause, False
-        return f"acceptance {rate:.2f} < {self.threshold:g}: pause for {self.pause} tokens"
+        return self._pause(n_generated, f"{1000 * self.spec_s:.0f} ms a token speculating > "
+                                        f"{1000 * self.plain_s:.0f} ms plain")
+
+    def allows(self, n_generated: int) -> tuple[bool, str | None]:
+        """Whether to speculate now, and why the state just changed (None: it did not)."""
+        self.asked = True
+        if self.resume_at is None:
+            return True, None
+        if n_generated < self.resume_at:
+            return False, None
+        measuring = self.plain_s is None
+        self._measure_pause()
+        self.resume_at, self.probing = None, not measuring
+        self.marks.clear()
+        self.guesses = 0
+        plain = "" if self.plain_s is None else f" ({1000 * self.plain_s:.0f} ms a token plain)"
+        return True, f"probing after a pause of {self.pause}{plain}"
+
+    # --- phases ---------------------------------------------------------------------------------
+    def _pause(self, n_generated: int, why: str, length: int | None = None) -> str:
+        length = length or self.pause
+        self.resume_at, self.probing = n_generated + length, False
+        self.marks.clear()
+        self.marks.append((n_generated, self.clock()))
+        return f"{why}: pause for {length} tokens"
+
+    def _measure_pause(self) -> None:
+        """Seconds per token of the pause that ends, from its second arrival on (the first
+        may still come from a speculative run sent before it)."""
+        marks = list(self.marks)[1:]
+        if len(marks) < 2 or marks[-1][0] == marks[0][0]:
+            return
+        figure = (marks[-1][1] - marks[0][1]) / (marks[-1][0] - marks[0][0])
+        self.plain_s = figure if self.plain_s is None else (
+            SMOOTHING * figure + (1 - SMOOTHING) * self.plain_s)

@@ -5,7 +5,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .cutoff import FLOOR
-from .guard import THRESHOLD
 
 # Drafts from the text itself (ngram.py): the defaults of --ngram-min/--ngram-max, and the
 # largest n accepted. Here, not in ngram.py, so the command line reads them without numpy.
@@ -40,7 +39,7 @@ class SpecOptions:
     draft_thread: bool = True  # pipeinfer: the draft model on a thread of its own
     p_floor: float = FLOOR     # the cutoff never decays below min(this, p_accept)
     draft_source: str = "model"  # model, ngram (prompt lookup) or both (n-grams first)
-    guard_accept: float = THRESHOLD  # speculation pauses under this acceptance (0: never)
+    guard: bool = True         # speculation pauses while it makes tokens slower (guard.py)
     ngram_min: int = NGRAM_MIN   # shortest suffix an n-gram draft matches
     ngram_max: int = NGRAM_MAX   # longest (tried first)
 

@@ -42,7 +42,7 @@ class Speculative(Scheduler):
             self.stop("kv-cache")
             return
         if not self.speculation_pays():   # paused by the guard: plain decoding meanwhile
-            self.spec.start_main()
+            self.start_main()
             return
         self.job = DraftJob(next(self.jobs), tuple(context), None, self.opts.p_accept, budget,
                             self.sources.use_ngram(), room=room)

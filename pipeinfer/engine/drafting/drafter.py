@@ -59,6 +59,7 @@ class Drafter:
         self._last: np.ndarray | None = None  # draft logits after self.ctx, when known
         self.busy_s = 0.0
         self._s_per_token: float | None = None  # measured cost of one context token
+        self.interrupted = False   # the last draft() was stopped while catching up
 
     def reset(self) -> None:
         """Forget every cached token: a new generation of the job begins."""
@@ -146,11 +147,13 @@ class Drafter:
         gains, ends drafting after it (where a grammar forces the rest, which
         engine/drafting/grammar_drafts.py drafts without the model, up to `room`: unused here)."""
         limit = params.max_tokens if max_tokens is None else max_tokens
+        self.interrupted = False
         if limit <= 0:
             return [], []
         while should_stop is not None and len(context) - self._common(context) > WARM_STEP:
             self.prepare(context, max_tokens=WARM_STEP)
             if should_stop():
+                self.interrupted = True
                 return [], []
         logits = [self._sync(context)]
         branches: list[list[int]] = [[]]

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import queue
 import threading
+import time
 from typing import Callable, Sequence
 
 from ..transport import wakeup
@@ -30,6 +31,7 @@ class _Job:
         self.stop = threading.Event()
         self.branches: list[list[int]] | None = None
         self.error: BaseException | None = None
+        self.interrupted = False
 
     def run(self, drafter, params: DraftParams, should_stop: Callable[[], bool]) -> None:
         try:
@@ -37,13 +39,17 @@ class _Job:
                                              max_tokens=self.job.budget,
                                              should_stop=should_stop,
                                              room=self.job.free_room)
+            # A first guess under the cutoff is a failed attempt even when a stop came
+            # meanwhile: reported as interrupted, it would be tried again at once, unchanged,
+            # and on a pipeline with idle stages every job is stopped as it starts.
+            self.interrupted = getattr(drafter, "interrupted", self.stop.is_set())
         except BaseException as err:  # noqa: BLE001 (raised again on the driver's thread)
             self.error = err
 
     def event(self):
         if self.error is not None:
             raise self.error
-        if self.stop.is_set() and not self.branches:
+        if self.interrupted and self.stop.is_set() and not self.branches:
             return DraftInterrupted(self.job.job_id)
         return DraftReady(self.job.job_id, tuple(tuple(b) for b in self.branches or ()))
 
@@ -55,6 +61,7 @@ class InlineDrafts:
         self.drafter, self.params, self.should_stop = drafter, params, should_stop
         self._warm: list[int] | None = None
         self._job: _Job | None = None
+        self.cpu_s = 0.0   # CPU seconds of the jobs and warm-up steps
 
     def warm(self, tokens: Sequence[int]) -> None:
         self._warm = list(tokens)
@@ -63,7 +70,9 @@ class InlineDrafts:
         """One warm-up step while the driver has nothing else to do (the driver still backs
         off: the step is short)."""
         if self._warm is not None:  # a no-op once the draft holds the prompt
+            t0 = time.thread_time()
             self.drafter.prepare(self._warm, max_tokens=WARM_STEP)
+            self.cpu_s += time.thread_time() - t0
         return False
 
     def submit(self, job: DraftJob) -> None:
@@ -78,7 +87,9 @@ class InlineDrafts:
         job, self._job = self._job, None
         if job is None:
             return None
+        t0 = time.thread_time()   # (should_stop's ticks of the driver count as the draft's)
         job.run(self.drafter, self.params, lambda: job.stop.is_set() or self.should_stop())
+        self.cpu_s += time.thread_time() - t0
         return job.event()
 
     def close(self) -> None:
@@ -95,6 +106,7 @@ class ThreadedDrafts:
         self._done: queue.SimpleQueue = queue.SimpleQueue()
         self._warm_error: BaseException | None = None
         self._closing = threading.Event()
+        self.cpu_s = 0.0   # the thread's CPU seconds (read after close)
         self._thread = threading.Thread(target=self._loop, name="drafter", daemon=True)
         self._thread.start()
 
@@ -134,6 +146,12 @@ class ThreadedDrafts:
         self._current = None
 
     def _loop(self) -> None:
+        try:
+            self._serve()
+        finally:
+            self.cpu_s = time.thread_time()
+
+    def _serve(self) -> None:
         while (item := self._todo.get()) is not None:
             if isinstance(item, list):
                 self._warm_up(item)

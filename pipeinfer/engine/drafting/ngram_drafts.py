@@ -46,6 +46,11 @@ class LookupExecutor:
         if self.fallback is not None:
             self.fallback.close()
 
+    @property
+    def cpu_s(self) -> float | None:
+        """The draft model's CPU seconds (lookups are the head loop's)."""
+        return getattr(self.fallback, "cpu_s", None) if self.fallback is not None else 0.0
+
 
 class NgramDrafts(LookupExecutor):
     """`track`: a request's grammar (engine/drafting/grammar_drafts.py GrammarTrack), or None. With

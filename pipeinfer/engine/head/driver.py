@@ -58,11 +58,14 @@ class Driver:
         finally:
             if self.drafts is not None:
                 self.drafts.close()
+                self.gen.timeline.draft_cpu_s = getattr(self.drafts, "cpu_s", None)
         self._drain()
+        self.gen.timeline.head_cpu_s = time.process_time() - self._cpu0
 
     def begin(self) -> None:
         """The generation's clock starts and its scheduler gets Start (the prefill goes out)."""
         self.gen.timeline.start = time.perf_counter()
+        self._cpu0 = time.process_time()
         self.feed(Start())
 
     def turn(self) -> bool:

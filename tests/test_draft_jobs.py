@@ -1,0 +1,66 @@
+"""How a draft job ends (engine/drafting/executors.py) on a real draft model: a job stopped
+while it catches up on a long context is interrupted (the scheduler drafts again), but a job
+whose first guess falls under the cutoff failed, stopped or not (the scheduler does not try
+the same attempt again at once), and a confident job stopped at once ships its first guess."""
+
+from __future__ import annotations
+
+import pytest
+
+from pipeinfer.engine.drafting.drafter import WARM_STEP, Drafter, DraftParams
+from pipeinfer.engine.drafting.executors import InlineDrafts, ThreadedDrafts
+from pipeinfer.model.stage import Stage, StageConfig
+from pipeinfer.schedule.actions import DraftJob
+from pipeinfer.schedule.events import DraftInterrupted, DraftReady
+from support.tiny_set import N_BATCH
+
+
+@pytest.fixture
+def drafter(tiny):
+    stage = Stage(tiny.aligned, StageConfig(n_ctx=512, n_batch=N_BATCH, n_seq_max=1),
+                  final=True, label="draft")
+    try:
+        drafter = Drafter(stage, N_BATCH)
+        drafter.prepare(list(tiny.prompt))     # it holds the prompt
+        yield drafter
+    finally:
+        stage.close()
+
+
+def stopped_at_once(drafts, job: DraftJob):
+    """The event of `job`, stopped as soon as it was submitted (the scheduler does that
+    when a target stage idles)."""
+    drafts.submit(job)
+    drafts.stop(job.job_id)
+    while (event := drafts.poll()) is None:
+        pass
+    return event
+
+
+def job(context, cutoff: float, job_id: int = 0) -> DraftJob:
+    return DraftJob(job_id, tuple(context), None, cutoff, budget=4)
+
+
+@pytest.mark.parametrize("executor", ["inline", "thread"])
+def test_a_first_guess_under_the_cutoff_fails_even_when_stopped(tiny, drafter, executor):
+    drafts = (InlineDrafts(drafter, DraftParams(), lambda: False) if executor == "inline"
+              else ThreadedDrafts(drafter, DraftParams()))
+    try:
+        event = stopped_at_once(drafts, job(tiny.prompt, cutoff=1.01))
+    finally:
+        drafts.close()
+    assert event == DraftReady(0, ())
+
+
+def test_a_confident_job_stopped_at_once_ships_its_first_guess(tiny, drafter):
+    drafts = InlineDrafts(drafter, DraftParams(), lambda: False)
+    event = stopped_at_once(drafts, job(tiny.prompt, cutoff=0.0))
+    assert isinstance(event, DraftReady) and [len(b) for b in event.branches] == [1]
+
+
+def test_a_job_stopped_while_catching_up_is_interrupted(tiny, drafter):
+    drafts = InlineDrafts(drafter, DraftParams(), lambda: False)
+    context = list(tiny.prompt) + list(tiny.reference[:WARM_STEP + 8])
+    event = stopped_at_once(drafts, job(context, cutoff=0.0))
+    assert event == DraftInterrupted(0)
+    assert len(tiny.prompt) < drafter.n_held < len(context)   # what it read is kept
