@@ -44,7 +44,7 @@ class Driver:
         seen = 0
         try:
             self.begin()
-            backoff = IdleBackoff()
+            backoff = self.pipe.idle_backoff()
             while not self.sched.finished:
                 if self.turn():
                     backoff.reset()

@@ -15,7 +15,7 @@ from typing import Callable, Protocol, Sequence
 import numpy as np
 
 from ...model.embedding import Embedder
-from ..transport.backoff import IdleBackoff
+from ..transport.backoff import WOKEN_LATENCY_SHARE, WOKEN_MAX_SLEEP_S, IdleBackoff
 from ...model.stage import Stage
 from ...schedule.transaction import DecodeTx, KvOp, RunResult
 from ..worker.core import apply_kv
@@ -108,6 +108,19 @@ class Pipeline:
         self.progress += 1
         if self.on_progress is not None:
             self.on_progress(self.progress)
+
+    def idle_backoff(self) -> IdleBackoff:
+        """The head's wait between turns of its loop. Its sleeps keep the transport's sends
+        moving; when every rank wakes the head as it sends (a result, an error: wakeup.py),
+        and the draft thread does when a job is done, they may grow long, costing the head's
+        core next to nothing while it waits; else they stay short (polling finds what
+        came)."""
+        tr = self.transport
+        sleep = getattr(tr, "sleep", None)
+        if getattr(tr, "woken", False):
+            return IdleBackoff(max_limit=WOKEN_MAX_SLEEP_S, share=WOKEN_LATENCY_SHARE,
+                               sleep=sleep)
+        return IdleBackoff(sleep=sleep)
 
     def wait(self, idle: Callable[[], None] | None = None) -> RunResult:
         """Block (politely: the sleep between polls grows with the time waited) for the next

@@ -43,6 +43,9 @@ CANCEL_END = -1
 # A rank with sends not yet complete sleeps at most this long: a large message moves only
 # while its sender calls into MPI.
 SEND_PROGRESS_S = 250e-6
+# How often the head's polls for a result also look for another rank's error report (a
+# probe of every rank: it was a third of the head's polling).
+ERROR_CHECK_S = 0.01
 
 
 def _wake(dest: int, tag: Tag) -> None:
@@ -255,6 +258,7 @@ class HeadTransport(Link):
         self.n_ranks = n_ranks or self.size  # the pipeline's ranks (draft ranks follow them)
         chain = chain or list(range(self.n_ranks))
         self.stages = chain[1:]              # the ranks activations pass through, in order
+        self._next_error_check = 0.0
         self.idle = [r for r in range(1, self.n_ranks) if r not in chain]  # left out
         self.first, self.last = self.stages[0], self.stages[-1]
 
@@ -285,10 +289,22 @@ class HeadTransport(Link):
     def result_waiting(self) -> bool:
         return self.probe(self.last, Tag.RESULT) is not None
 
+    @property
+    def woken(self) -> bool:
+        """Whether every other rank of the job wakes the head when it sends to it (results,
+        errors, draft ranks' messages), so that the head's waits may sleep long."""
+        wakeups = wakeup.current()
+        return wakeups is not None and set(range(1, self.size)) <= wakeups.wakes_from
+
     def poll_result(self) -> RunResult | None:
-        self.check_errors()
+        """The next result if it is there; when none is, other ranks' errors (RankFailed) at
+        most every ERROR_CHECK_S."""
         header = self.recv_array(self.last, Tag.RESULT, np.int64, wait=False)
         if header is None:
+            now = time.monotonic()
+            if now >= self._next_error_check:
+                self._next_error_check = now + ERROR_CHECK_S
+                self.check_errors()
             return None
         run_id, n_rows, flags = int(header[1]), int(header[2]), ResultFlag(int(header[4]))
         if flags & ResultFlag.SKIPPED:
