@@ -39,7 +39,7 @@ def tokens(guard: Guard, clock: Clock, start: int, count: int, seconds: float,
     reasons = []
     for n in range(start + per_arrival, start + count + 1, per_arrival):
         clock.now += seconds * per_arrival
-        guard.guessed(guesses)
+        guard.drafted(guesses)
         why = guard.generated(n)
         if why:
             reasons.append(why)
@@ -118,9 +118,9 @@ def test_a_run_sent_behind_others_is_not_a_plain_figure():
     assert guard.plain_s is None
 
 
-def test_a_phase_that_guessed_little_is_not_judged():
-    """Drafts that found nothing to guess (no n-gram matched, the draft under its cutoff)
-    cost nothing: however slow the tokens, speculation is not paused for them."""
+def test_a_phase_that_drafted_little_is_not_judged():
+    """Speculation that hardly drafted (no n-gram matched) cost nothing: however slow the
+    tokens, it is not paused for them."""
     guard, clock = guard_with_plain(1.0, window=8)
     assert tokens(guard, clock, 0, 40, 1.5, guesses=0) == []
     [why] = tokens(guard, clock, 40, 8, 1.5, guesses=1)   # 8 guesses: now it is judged

@@ -222,7 +222,8 @@ SPECULATION_OPTIONS = (
                  help="speculative, pipeinfer: the never-slower guard. It times the tokens "
                       "generated while speculating against plain decoding (a one-token run's "
                       "round trip, then the pauses' own tokens); when 8 tokens of speculation "
-                      "that guessed 8 tokens or more came over 3% slower, speculation pauses "
+                      "that drafted 8 tokens or more (an attempt of the draft model that "
+                      "drafted nothing counts as one) came over 3% slower, speculation pauses "
                       "(plain decoding) for 16 tokens, then probes again; each failed probe "
                       "doubles the pause (up to 256), a probe that pays resets it. Exact "
                       "either way."),

@@ -56,6 +56,8 @@ class Scheduler:
         if isinstance(event, ResultArrived):
             self._result(event.result)
         elif isinstance(event, (DraftReady, DraftInterrupted, DraftsStepped)):
+            if isinstance(event, DraftReady) and not event.branches and event.origin == "model":
+                self.guard.drafted(1)   # a failed attempt of the draft model: head CPU spent
             if not self.finished:
                 self.on_draft(event)
         elif isinstance(event, Tick):
@@ -94,7 +96,7 @@ class Scheduler:
 
     def _observe(self, run) -> None:
         if run.speculative and run.guesses > 0:
-            self.guard.guessed(run.guesses)
+            self.guard.drafted(run.guesses)
             before = self.sources.prefers_ngram
             self.sources.observe(run.origin, run.guesses, run.n_accepted)
             if self.sources.prefers_ngram != before:

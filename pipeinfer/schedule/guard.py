@@ -12,8 +12,10 @@ guard compares measured times, not an acceptance rate against a threshold:
 - speculating: seconds per token over the last `window` to 2 `window` tokens generated while
   speculating (from the first token that arrived after speculation began).
 
-After `window` tokens of speculation that guessed at least `window` tokens (a phase whose
-drafts found nothing to guess costs nothing to judge), and at every token after, speculation
+After `window` tokens of speculation that did at least `window` units of draft work (a
+guessed token sent, or a draft-model attempt that found nothing confident enough: both take
+the head's CPU; a phase whose n-gram lookups found nothing cost nothing to judge), and at
+every token after, speculation
 pauses when its seconds per token exceed plain decoding's by more than MARGIN (a draft
 that neither helps nor hurts is left alone rather than paused on noise): plain decoding for `pause` tokens, then a *probe*
 (speculation again, judged after `window` tokens). A probe that fails doubles the pause (at
@@ -52,7 +54,7 @@ class Guard:
         self.resume_at: int | None = None      # paused until this many tokens are generated
         self.probing = False                   # the phase after a pause: one chance
         self.asked = False                     # the strategy asked: it speculates
-        self.guesses = 0                       # guessed tokens sent in this phase
+        self.drafted_units = 0                 # draft work in this phase (see above)
         self._sent: dict[int, float] = {}      # one-token runs sent into an empty pipeline
 
     # --- what the scheduler reports ---------------------------------------------------------
@@ -61,9 +63,10 @@ class Guard:
         if self.enabled:
             self._sent[run_id] = self.clock()
 
-    def guessed(self, n: int) -> None:
-        """A speculative run with `n` guessed tokens left the pipeline."""
-        self.guesses += n
+    def drafted(self, n: int = 1) -> None:
+        """Draft work: a speculative run with `n` guessed tokens left the pipeline, or a draft
+        model's attempt drafted nothing (n = 1)."""
+        self.drafted_units += n
 
     def returned(self, run_id: int) -> None:
         """A run's result came back (or it was dropped)."""
@@ -81,7 +84,7 @@ class Guard:
         while len(self.marks) > 2 and n_generated - self.marks[1][0] >= 2 * self.window:
             self.marks.popleft()
         first_n, first_t = self.marks[0]
-        if n_generated - first_n < self.window or self.guesses < self.window:
+        if n_generated - first_n < self.window or self.drafted_units < self.window:
             return None
         self.spec_s = (self.marks[-1][1] - first_t) / (n_generated - first_n)
         if self.plain_s is None:
@@ -107,7 +110,7 @@ class Guard:
         self._measure_pause()
         self.resume_at, self.probing = None, not measuring
         self.marks.clear()
-        self.guesses = 0
+        self.drafted_units = 0
         plain = "" if self.plain_s is None else f" ({1000 * self.plain_s:.0f} ms a token plain)"
         return True, f"probing after a pause of {self.pause}{plain}"
 
