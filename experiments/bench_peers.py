@@ -25,7 +25,7 @@ prompt is the coding prompt in the target's chat template, greedy, -n tokens wit
 Repeats are interleaved (rep, then node count, then system) so the ratios compare like with
 like on a noisy machine. Peak resident memory per node is kept for every run (peak_rss_mb).
 --prompt TEXT asks something else than the CSV question; --variant NAME=FLAGS (repeatable)
-adds a pipeinfer system run with more flags, e.g. --variant "unguarded=--guard-accept 0", so
+adds a pipeinfer system run with more flags, e.g. --variant "unguarded=--no-guard", so
 that two settings are compared within one run. --prompt-tokens N sends a long prompt instead (a Python source file cut to N tokens, then the
 coding question): the summary's prefill column (prompt tokens over the time to the first
 token: llama-completion's prompt evaluation, pipeinfer's prefill_tps) compares how fast each
