@@ -105,7 +105,9 @@ def test_without_a_plain_figure_the_first_pause_measures_one():
     [why] = tokens(guard, clock, 0, 5, 0.5)
     assert "no plain-decoding figure yet: measuring one: pause for 3 tokens" in why
     tokens(guard, clock, 5, 3, 1.0)
-    assert guard.allows(8)[0] and guard.plain_s == 1.0
+    ok, why = guard.allows(8)
+    assert ok and why == "probing after a pause of 3 (1000 ms a token plain)"
+    assert guard.plain_s == 1.0
     assert tokens(guard, clock, 8, 20, 0.5) == []
     assert guard.pause == 8                            # a measurement is not a failed probe
 

@@ -91,7 +91,7 @@ class Scheduler:
                 self._timed = len(self.gen.tokens)
                 why = self.guard.generated(self._timed)
                 if why:
-                    self.record("guard", self.guard.pause, why)
+                    self.record("guard", self.guard.paused_for, why)
             self.on_result(absorbed)
 
     def _observe(self, run) -> None:

@@ -12,16 +12,15 @@ guard compares measured times, not an acceptance rate against a threshold:
 - speculating: seconds per token over the last `window` to 2 `window` tokens generated while
   speculating (from the first token that arrived after speculation began).
 
-After `window` tokens of speculation that did at least `window` units of draft work (a
-guessed token sent, or a draft-model attempt that found nothing confident enough: both take
-the head's CPU; a phase whose n-gram lookups found nothing cost nothing to judge), and at
-every token after, speculation
-pauses when its seconds per token exceed plain decoding's by more than MARGIN (a draft
-that neither helps nor hurts is left alone rather than paused on noise): plain decoding for `pause` tokens, then a *probe*
-(speculation again, judged after `window` tokens). A probe that fails doubles the pause (at
-most `max_pause`); one that pays resets it to `first_pause`. Without a plain figure yet (no
-run went into an empty pipeline: the speculative strategy drafts from its first run on), a
-pause of `MEASURE` tokens measures one.
+After `window` tokens of a phase that did at least `window` units of draft work (a guessed
+token sent, or an attempt of the draft model that found nothing confident enough: both take
+the head's CPU; n-gram lookups that found nothing cost nothing), and at every token after,
+speculation pauses when its seconds per token exceed plain decoding's by more than MARGIN (a
+draft that neither helps nor hurts is left alone rather than paused on noise): plain decoding
+for `pause` tokens, then a *probe* (speculation again, judged after `window` tokens). A probe
+that fails doubles the pause (at most `max_pause`); one that pays resets it to `first_pause`.
+Without a plain figure yet (no run went into an empty pipeline: the speculative strategy
+drafts from its first run on), a pause of MEASURE tokens measures one.
 
 The clock is a parameter so that the policy can be tested on scripted times.
 """
@@ -55,6 +54,7 @@ class Guard:
         self.probing = False                   # the phase after a pause: one chance
         self.asked = False                     # the strategy asked: it speculates
         self.drafted_units = 0                 # draft work in this phase (see above)
+        self.paused_for = 0                   # the length of the pause under way
         self._sent: dict[int, float] = {}      # one-token runs sent into an empty pipeline
 
     # --- what the scheduler reports ---------------------------------------------------------
@@ -112,11 +112,11 @@ class Guard:
         self.marks.clear()
         self.drafted_units = 0
         plain = "" if self.plain_s is None else f" ({1000 * self.plain_s:.0f} ms a token plain)"
-        return True, f"probing after a pause of {self.pause}{plain}"
+        return True, f"probing after a pause of {self.paused_for}{plain}"
 
     # --- phases ---------------------------------------------------------------------------------
     def _pause(self, n_generated: int, why: str, length: int | None = None) -> str:
-        length = length or self.pause
+        length = self.paused_for = length or self.pause
         self.resume_at, self.probing = n_generated + length, False
         self.marks.clear()
         self.marks.append((n_generated, self.clock()))

@@ -44,7 +44,7 @@ CANCEL_END = -1
 # while its sender calls into MPI.
 SEND_PROGRESS_S = 250e-6
 # How often the head's polls for a result also look for another rank's error report (a
-# probe of every rank: it was a third of the head's polling).
+# probe of every rank, the dearest part of a poll).
 ERROR_CHECK_S = 0.01
 
 
