@@ -91,7 +91,7 @@ def test_local_transport_exact(tiny, strategy, draft, delay):
 def test_stepped_pipeline_exact(tiny, strategy, draft, head_layers, lag, abort):
     """Results arrive while the head speculates: `lag` idle polls per pipeline tick. (The
     abort variants also return argmaxes only, as greedy workers do.)"""
-    spec = SpecOptions(draft_thread=False, n_parallel=2, p_split=0.1)
+    spec = SpecOptions(draft_thread=False, n_parallel=2, p_split=0.1, guard=False)
     out = run_inprocess(tiny, strategy, getattr(tiny, draft), spec=spec,
                         head_layers=head_layers,
                         transport=lambda stages: SteppedTransport(stages, lag=lag, abort=abort,
@@ -152,7 +152,7 @@ def test_draft_thread_speculates(tiny):
 
 @pytest.mark.parametrize("continuous,cancel", [(False, True), (True, False), (False, False)])
 def test_pipeinfer_ablations_exact(tiny, continuous, cancel):
-    spec = SpecOptions(draft_thread=False, continuous=continuous, cancel=cancel)
+    spec = SpecOptions(draft_thread=False, continuous=continuous, cancel=cancel, guard=False)
     for draft in (tiny.aligned, tiny.unrelated):
         out = run_inprocess(tiny, "pipeinfer", draft, spec=spec,
                             transport=lambda stages: SteppedTransport(stages, lag=2))
@@ -166,7 +166,9 @@ def test_pipeinfer_ablations_exact(tiny, continuous, cancel):
 
 def test_pipeinfer_saves_work_in_process(tiny):
     """Cancelling invalidated runs skips stage computations that --no-cancel performs."""
-    spec = SpecOptions(draft_thread=False, p_accept=0.0, p_recovery=0.0, p_decay=0.0, max_runs=4)
+    # (the guard off: it times tokens in real time, and both runs must schedule alike)
+    spec = SpecOptions(draft_thread=False, p_accept=0.0, p_recovery=0.0, p_decay=0.0, max_runs=4,
+                       guard=False)
     runs = {}
     for cancel in (True, False):
         runs[cancel] = run_inprocess(
