@@ -148,13 +148,8 @@ class Drafter:
         engine/drafting/grammar_drafts.py drafts without the model, up to `room`: unused here)."""
         limit = params.max_tokens if max_tokens is None else max_tokens
         self.interrupted = False
-        if limit <= 0:
+        if limit <= 0 or not self._catch_up(context, should_stop):
             return [], []
-        while should_stop is not None and len(context) - self._common(context) > WARM_STEP:
-            self.prepare(context, max_tokens=WARM_STEP)
-            if should_stop():
-                self.interrupted = True
-                return [], []
         logits = [self._sync(context)]
         branches: list[list[int]] = [[]]
         active = [True]
@@ -197,6 +192,16 @@ class Drafter:
             last_evaluated = last_evaluated or 0 in grown
         self._finish(context, branches, logits[0] if last_evaluated else None)
         return [br for br in branches if br], main_probs
+
+    def _catch_up(self, context: Sequence[int], should_stop: Callable[[], bool] | None) -> bool:
+        """Evaluate a long unevaluated tail of `context` in WARM_STEP steps, asking
+        `should_stop` after each; False (and `interrupted`) when it said stop."""
+        while should_stop is not None and len(context) - self._common(context) > WARM_STEP:
+            self.prepare(context, max_tokens=WARM_STEP)
+            if should_stop():
+                self.interrupted = True
+                return False
+        return True
 
     def _finish(self, context: Sequence[int], branches: list[list[int]],
                 last_logits: np.ndarray | None) -> None:

@@ -15,7 +15,7 @@ from typing import Callable, Protocol, Sequence
 import numpy as np
 
 from ...model.embedding import Embedder
-from ..transport.backoff import WOKEN_LATENCY_SHARE, WOKEN_MAX_SLEEP_S, IdleBackoff
+from ..transport.backoff import IdleBackoff, idle_backoff
 from ...model.stage import Stage
 from ...schedule.transaction import DecodeTx, KvOp, RunResult
 from ..worker.core import apply_kv
@@ -116,11 +116,7 @@ class Pipeline:
         core next to nothing while it waits; else they stay short (polling finds what
         came)."""
         tr = self.transport
-        sleep = getattr(tr, "sleep", None)
-        if getattr(tr, "woken", False):
-            return IdleBackoff(max_limit=WOKEN_MAX_SLEEP_S, share=WOKEN_LATENCY_SHARE,
-                               sleep=sleep)
-        return IdleBackoff(sleep=sleep)
+        return idle_backoff(getattr(tr, "woken", False), sleep=getattr(tr, "sleep", None))
 
     def wait(self, idle: Callable[[], None] | None = None) -> RunResult:
         """Block (politely: the sleep between polls grows with the time waited) for the next

@@ -52,6 +52,17 @@ WOKEN_LATENCY_SHARE = 0.1
 WOKEN_MAX_SLEEP_S = 0.1
 
 
+def idle_backoff(woken: bool, channel: Channel = Channel.MAIN,
+                 sleep: Sleep | None = None) -> "IdleBackoff":
+    """An idle wait on `channel` (`sleep`: e.g. a link's, which keeps its sends moving): with
+    wake-ups from every rank it waits for (wakeup.woken_by) its sleeps may grow long, as a
+    message ends them; else they stay short, as only a poll finds what came."""
+    if not woken:
+        return IdleBackoff(channel=channel, sleep=sleep)
+    return IdleBackoff(max_limit=WOKEN_MAX_SLEEP_S, share=WOKEN_LATENCY_SHARE, channel=channel,
+                       sleep=sleep)
+
+
 class IdleBackoff(Backoff):
     """Backoff whose ceiling rises from `limit` to `max_limit` the longer nothing happens."""
 

@@ -293,8 +293,7 @@ class HeadTransport(Link):
     def woken(self) -> bool:
         """Whether every other rank of the job wakes the head when it sends to it (results,
         errors, draft ranks' messages), so that the head's waits may sleep long."""
-        wakeups = wakeup.current()
-        return wakeups is not None and set(range(1, self.size)) <= wakeups.wakes_from
+        return wakeup.woken_by(range(1, self.size))
 
     def poll_result(self) -> RunResult | None:
         """The next result if it is there; when none is, other ranks' errors (RankFailed) at

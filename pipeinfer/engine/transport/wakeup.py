@@ -338,6 +338,11 @@ def current() -> Wakeups | None:
     return _current
 
 
+def woken_by(ranks) -> bool:
+    """Whether every one of `ranks` wakes this process when it sends to it."""
+    return _current is not None and set(ranks) <= _current.wakes_from
+
+
 def install(wakeups: Wakeups | None) -> None:
     """Make `wakeups` the process's (None: back to plain sleeps); the old one is closed."""
     global _current

@@ -22,7 +22,8 @@ import time
 import numpy as np
 
 from ..transport import wakeup
-from ..transport.backoff import WOKEN_LATENCY_SHARE, WOKEN_MAX_SLEEP_S, Backoff, IdleBackoff
+from ..transport.backoff import Backoff, IdleBackoff
+from ..transport.backoff import idle_backoff as backoff_for
 from .core import COMPUTED, StageCore
 from ...report.metrics import peak_rss_mb, rss_mb
 from ..transport.mpi import CANCEL_END, WorkerLink
@@ -194,14 +195,10 @@ class Idle:
 
 def woken_by(*ranks: int) -> bool:
     """Whether every one of `ranks` wakes this rank when it sends to it."""
-    wakeups = wakeup.current()
-    return wakeups is not None and set(ranks) <= wakeups.wakes_from
+    return wakeup.woken_by(ranks)
 
 
 def idle_backoff(link: WorkerLink, channel: Channel, woken: bool) -> IdleBackoff:
-    """A worker's idle wait on `channel`: its sleeps keep the link's sends moving, and with
-    wake-ups from every rank it waits for they may grow long (a message ends them)."""
-    if not woken:
-        return IdleBackoff(channel=channel, sleep=lambda seconds: link.sleep(seconds, channel))
-    return IdleBackoff(max_limit=WOKEN_MAX_SLEEP_S, share=WOKEN_LATENCY_SHARE, channel=channel,
-                       sleep=lambda seconds: link.sleep(seconds, channel))
+    """A worker's idle wait on `channel`: its sleeps keep the link's sends moving
+    (backoff.idle_backoff)."""
+    return backoff_for(woken, channel, lambda seconds: link.sleep(seconds, channel))
