@@ -7,6 +7,7 @@ KV cache of the prompt and the tokens sent, until the last client's first new to
 answer is compared with the undisturbed one (taken first, on the same server).
 
     flock /tmp/cpu.lock python experiments/bench_failover.py --scenario worker,host -K 3
+    ... --keep both     # also without kept KV cells (-rebuilt rows), interleaved
     python experiments/bench_failover.py --replot streams.csv     # the chart again
 
 --out DIR also keeps every client's token arrival times (DIR/streams.csv: scenario, repeat,
@@ -87,7 +88,7 @@ class Client(threading.Thread):
 
 
 class Front:
-    def __init__(self, args, state: Path, log: Path):
+    def __init__(self, args, state: Path, log: Path, keep: bool = True):
         cmd = [str(PIPEINFER), "serve", "--ranks", str(args.nodes), "--port", "0",
                "-m", args.model, "--parallel", str(args.clients), "--no-cache-prompt",
                "-c", "2048", *args.job_args.split()]
@@ -98,8 +99,9 @@ class Front:
                     f"{sys.executable} {CLUSTER} --cpu {args.cpu} --link gigabit "
                     f"--state {state} --as-mpiexec"]
         self.log = log
+        env = dict(os.environ, PIPEINFER_KEEP_CELLS="1" if keep else "0")
         self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=open(log, "w"),
-                                     start_new_session=True)
+                                     start_new_session=True, env=env)
         self.url = ""
 
     def health(self) -> tuple[int, dict]:
@@ -146,7 +148,7 @@ def disturbed(front: Front, args, scenario: str, state: Path) -> dict:
     while any(len(c.chunks) < args.kill_at and c.is_alive() for c in clients):
         time.sleep(0.01)
     t_kill = time.monotonic()
-    if scenario == "worker":
+    if scenario.startswith("worker"):
         os.kill(next(r["pid"] for r in before["ranks"] if r["rank"] == 1), signal.SIGKILL)
     else:
         (state / "down" / f"node{args.nodes - 2}").touch()
@@ -172,6 +174,12 @@ def disturbed(front: Front, args, scenario: str, state: Path) -> dict:
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--scenario", default="worker,host", help="worker, host, or both")
+    parser.add_argument("--keep", choices=("on", "off", "both"), default="on",
+                        help="the ranks keep copies of their KV cells (the default), or not "
+                        "(every request's context is evaluated again), or both, interleaved")
+    parser.add_argument("--cost", action="store_true",
+                        help="no failure: the clients' tokens per second with and without "
+                        "kept KV cells, interleaved, K times (what keeping costs)")
     parser.add_argument("-K", type=int, default=3)
     parser.add_argument("--nodes", type=int, default=4)
     parser.add_argument("--cpu", type=float, default=0.5)
@@ -200,10 +208,13 @@ def main() -> int:
         return replot(args.replot)
     if args.small:
         args.model, args.draft, args.nodes = "smollm2", None, 3
-    scenarios = [s for s in args.scenario.split(",") if s]
-    if args.small and "host" in scenarios:
+    keeps = {"on": ("",), "off": ("-rebuilt",), "both": ("", "-rebuilt")}[args.keep]
+    scenarios = [s + k for s in args.scenario.split(",") if s for k in keeps]
+    if args.small and any(s.startswith("host") for s in scenarios):
         parser.error("--small runs on plain mpiexec: --scenario worker only")
     work = Path(tempfile.mkdtemp(prefix="bench-failover-"))
+    if args.cost:
+        return keeping_cost(args, work)
     print(f"# bench_failover: {args.model}" + (f" + {args.draft} ({args.strategy})"
           if args.draft else "") + f", {args.nodes} " + ("ranks on this machine"
           if args.small else f"nodes x {args.cpu} core") + f", {args.clients} clients x "
@@ -214,7 +225,8 @@ def main() -> int:
         for scenario in scenarios:
             state = work / f"{scenario}{k}"
             (state / "down").mkdir(parents=True)
-            front = Front(args, state, state / "front.log")
+            front = Front(args, state, state / "front.log",
+                          keep=not scenario.endswith("-rebuilt"))
             try:
                 front.wait_ready()
                 if reference is None:
@@ -236,6 +248,33 @@ def main() -> int:
         args.out.mkdir(parents=True, exist_ok=True)
         write_streams(args.out / "streams.csv", streams)
         return replot(args.out / "streams.csv")
+    return 0
+
+
+def keeping_cost(args, work: Path) -> int:
+    """Undisturbed runs with and without kept cells, interleaved: every client's chunks over
+    the time from the clients' start to the last one's end."""
+    print(f"# bench_failover --cost: {args.model}, {args.nodes} nodes x {args.cpu} core, "
+          f"{args.clients} clients x {args.n} tokens; K={args.K}", flush=True)
+    speeds = {True: [], False: []}
+    for k in range(args.K):
+        for keep in (True, False):
+            state = work / f"cost{k}{'kept' if keep else ''}"
+            (state / "down").mkdir(parents=True)
+            front = Front(args, state, state / "front.log", keep=keep)
+            try:
+                front.wait_ready()
+                t0 = time.monotonic()
+                clients = _undisturbed(front, args)
+                wall = max(c.chunks[-1][0] for c in clients) - t0
+            finally:
+                front.stop()
+            tokens = sum(len(c.chunks) for c in clients)
+            speeds[keep].append(tokens / wall)
+            print(f"rep {k + 1} {'kept' if keep else 'none'}: {tokens} chunks in {wall:.1f} s "
+                  f"= {tokens / wall:.2f} tokens/s", flush=True)
+    on, off = (statistics.median(speeds[x]) for x in (True, False))
+    print(f"\nmedian tokens/s: kept {on:.2f}, none {off:.2f}; kept / none = {on / off:.3f}")
     return 0
 
 

@@ -125,7 +125,12 @@ SERVE_HELP = """Serve the model over HTTP with an OpenAI-compatible API. Two way
                    "it sent, with the same tokens (greedy, or sampled with a seed; the front "
                    "draws a seed for a request without one; its prompt is evaluated in the "
                    "batches a fresh evaluation uses, so with --cache-prompt exact or off the "
-                   "resumed answer is the undisturbed one). Without --ranks, under "
+                   "resumed answer is the undisturbed one). Every rank keeps a copy of its "
+                   "KV cells of each request under way on its own disk (in the cache "
+                   "directory, removed when the request ends), which the next job's rank "
+                   "with the same layers on the same host takes back: a request then "
+                   "evaluates only what followed its last copy (PIPEINFER_KEEP_CELLS=0: "
+                   "nothing kept). Without --ranks, under "
                    "`mpiexec -n N`, the server is the job itself, without failover.",
               show_default=False)
 @click.option("--hostfile", type=click.Path(dir_okay=False), default=None,

@@ -38,6 +38,7 @@ from ..engine.worker.loop import Idle, Worker
 from ..config.job import JobConfig
 from ..engine.files.draft_files import DraftFile, settle_drafts
 from ..engine.head.generate import Drafting, driver_for
+from .restore import restore, stage_store, token_store
 from .setup import (SETUP_ERRORS, HeadSetup, draft_rank_file, head_setup,
                     load_draft_rank_stage, load_stage, own_stage_file, plan, prompt_tokens)
 from ..engine.transport.transfer import TransferError
@@ -173,6 +174,7 @@ class Job:
                                                                      statuses)
         self.ranges = ranges
         self.predicted = predicted   # the planner's, with --layer-split auto (on rank 0)
+        self.kept = None             # where this rank copies its KV cells (restore.py)
 
     @property
     def rank(self) -> int:
@@ -232,11 +234,18 @@ class Job:
         if failure:
             raise StartFailed(failure)
         offsets = clock_offsets(link)
+        layers = stage if rank < cfg.n_pipeline(size) else None
+        kept = stage_store(layers, (ranges[rank].first, ranges[rank].last) if layers else None)
+        restored = restore(link, layers, kept, cfg.slots)
         wakeup.connect(link)  # from now on a message wakes the rank waiting for it
         head = Head(cfg, setup, ranges, size, offsets or {}) if rank == 0 else None
         if head is not None:
             head.weights_received = [s[4] for s in statuses]
-        return cls(cfg, link, stage, head, statuses, ranges, predicted)
+            head.restored, head.tokens_kept = restored, token_store()
+            setup.pipeline.kept = kept
+        job = cls(cfg, link, stage, head, statuses, ranges, predicted)
+        job.kept = kept
+        return job
 
     def serve(self) -> int:
         """A worker or draft rank's role until the head shuts the job down: 0 when it ended
@@ -254,7 +263,8 @@ class Job:
             ranks = chain(self.ranges[:n_pipeline]) if self.ranges else list(range(n_pipeline))
             if self.rank in ranks:
                 link = WorkerLink(n_ranks=n_pipeline, chain=ranks)
-                role = Worker(link, self.stage, argmax_only=self.cfg.argmax_only)
+                role = Worker(link, self.stage, argmax_only=self.cfg.argmax_only,
+                              kept=self.kept)
             else:  # no layers: out of the chain, it waits for the end of the job
                 link = WorkerLink(n_ranks=n_pipeline, chain=[0, self.rank])
                 role = Idle(link)
@@ -284,6 +294,8 @@ class Head:
         self.generations = 0
         self.run_ids = itertools.count()  # one counter for every generation (and lane)
         self.weights_received: list[int] = []  # bytes of weights each rank received at start
+        self.restored = {}       # requests whose cells the ranks took back (job/restore.py)
+        self.tokens_kept = None  # where the head writes the tokens of kept cells
 
     @property
     def tokenizer(self):
@@ -358,6 +370,9 @@ class Head:
         """Stop every worker; their statistics (rank order). Their stage spans go into the
         trace, moved to the head's clock."""
         stats = self.setup.pipeline.shutdown()
+        for store in (self.tokens_kept, self.setup.pipeline.kept):
+            if store is not None:   # (an orderly end: nothing resumes)
+                store.clear()
         for s in stats:
             spans = s.pop("spans", [])
             if self.trace is not None:

@@ -242,6 +242,23 @@ class Stage:
             raise LlamaError(f"{self.label}: could not compact sequence {seq} ({size} bytes): "
                              f"{llama_lib.recent_log(3)}")
 
+    def seq_state(self, seq: int, slot: int = 0) -> bytes:
+        """`seq`'s cells in context `slot` as llama.cpp writes a sequence's state."""
+        ctx = self._slots[slot].ctx
+        size = llama_cpp.llama_state_seq_get_size(ctx, seq)
+        buf = (ctypes.c_uint8 * size)()
+        got = llama_cpp.llama_state_seq_get_data(ctx, buf, size, seq)
+        if got != size:
+            raise LlamaError(f"{self.label}: could not read sequence {seq} ({size} bytes)")
+        return bytes(buf)
+
+    def set_seq_state(self, seq: int, state: bytes, slot: int = 0) -> bool:
+        """Cells written by seq_state() into `seq` of context `slot` (which llama.cpp
+        empties first): whether llama.cpp took them (it checks the layers and types)."""
+        buf = (ctypes.c_uint8 * len(state)).from_buffer_copy(state)
+        return bool(llama_cpp.llama_state_seq_set_data(self._slots[slot].ctx, buf,
+                                                       len(state), seq))
+
     def seq_pos_max(self, seq: int, slot: int = 0) -> int:
         """Last cached position of `seq`, -1 when it has none."""
         return llama_cpp.llama_memory_seq_pos_max(self._slots[slot].mem, seq)

@@ -17,7 +17,8 @@ class Request:
     n_predict: int
     n_ctx: int
     ignore_eos: bool = False
-    cached: int = 0     # prompt positions [0, cached) already in sequence 0 (a kept prefix)
+    cached: int = 0     # positions [0, cached) already in sequence 0: a kept prefix of the
+    # prompt, or for a resumed request the cells the ranks kept (past the prompt, maybe)
     # Tokens generated before (by a job that ended): evaluated after the prompt in runs of
     # the exact run size, as they were when generated, then the generation goes on from them.
     resumed: tuple[int, ...] = ()

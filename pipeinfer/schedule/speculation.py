@@ -114,9 +114,10 @@ class Speculation:
         self.chain(tokens, runs_of(range(request.cached, n_prompt), chunk),
                    (CANONICAL_SEQ,), count_cells=False, final=not request.resumed)
         # Tokens generated before a restart: in runs of at most the exact run size, which
-        # compute as one-token decoding did (options.py), so every cell is as it was.
-        self.chain(tokens, runs_of(range(n_prompt, len(tokens)), self.max_run),
-                   (CANONICAL_SEQ,), count_cells=False)
+        # compute as one-token decoding did (options.py), so every cell is as it was. (Those
+        # whose cells the ranks kept, request.cached past the prompt, are not evaluated.)
+        self.chain(tokens, runs_of(range(max(n_prompt, request.cached), len(tokens)),
+                                   self.max_run), (CANONICAL_SEQ,), count_cells=False)
 
     def chain(self, tokens, chunks: list[range], seqs: tuple[int, ...], ops: list = (),
               tree_ids: tuple[int, ...] = (), count_cells: bool = True,

@@ -15,6 +15,8 @@ class KvOpType(enum.IntEnum):
     KV_SEQ_RM = 2
     KV_SEQ_KEEP = 3
     KV_SEQ_COMPACT = 4  # move a sequence's cells to the front of the cache, in cell order
+    KV_SEQ_SAVE = 5     # copy a request's cells to the rank's disk (model/kept_cells.py)
+    KV_SEQ_DROP = 6     # remove that copy
 
 
 ALL_SEQS = -1  # a KV operation's sequence meaning every sequence (seq_clear)
@@ -39,6 +41,10 @@ class KvOp:
             return f"rm({self.seq}, [{self.p0},{self.p1})){at}"
         if self.kind == KvOpType.KV_SEQ_COMPACT:
             return f"compact({self.seq}){at}"
+        if self.kind == KvOpType.KV_SEQ_SAVE:
+            return f"save({self.seq} as {self.dst}, {self.p0} cells){at}"
+        if self.kind == KvOpType.KV_SEQ_DROP:
+            return f"drop({self.dst})"
         return f"keep({self.seq}){at}"
 
 
@@ -66,6 +72,17 @@ def seq_compact(seq: int) -> KvOp:
     the next batch goes right after them, as it would in a cache that never held anything
     else: attention then adds the cells up in the order llama.cpp alone would."""
     return KvOp(KvOpType.KV_SEQ_COMPACT, seq)
+
+
+def seq_save(seq: int, key: int, n: int, digest: int) -> KvOp:
+    """Every rank copies `seq`'s cells to its disk as request `key`'s, which then holds
+    cells of its first `n` tokens (whose digest is `digest`): model/kept_cells.py."""
+    return KvOp(KvOpType.KV_SEQ_SAVE, seq, key, n, digest)
+
+
+def seq_drop(key: int) -> KvOp:
+    """Every rank removes its copy of request `key`'s cells."""
+    return KvOp(KvOpType.KV_SEQ_DROP, -1, key)
 
 
 @dataclass(frozen=True)

@@ -41,6 +41,7 @@ class Ticket:
     resumed: tuple[int, ...] = ()   # tokens it sent before its job ended (a resumed request)
     inputs: tuple[tuple[int, ...], ...] = ()   # an embedding request's inputs (no generation)
     pooling: str = ""               # and how its tokens' states become a vector
+    keep: int = 0                   # the key its ranks keep its cells under (0: none)
     cancelled: threading.Event = field(default_factory=threading.Event)
     arrived: float = field(default_factory=time.perf_counter)
     number: int = field(default_factory=lambda: next(_ids))

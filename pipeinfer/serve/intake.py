@@ -59,6 +59,8 @@ class Intake:
 
         tickets = [t for t in prepare.tickets(ask, tokenizer, self.job.n_ctx, sink, resumed,
                                               self.cache_mode) if t.index not in done]
+        for ticket in tickets:   # (under a front, its ranks keep its cells under this key)
+            ticket.keep = keep_key(rid, ticket.index)
         self._submit(rid, ask, tickets)
 
     @property
@@ -112,3 +114,9 @@ def open_intake(link: FrontLink, served: ServeConfig, job: JobConfig,
     stats.on_pulse = lambda pulse: link.send(("pulse", pulse))
     link.listen(intake.handle)
     return bridge, stats
+
+
+def keep_key(rid: int, choice: int) -> int:
+    """A request choice's key for its kept cells (engine/head/kept.py): positive, in 31 bits
+    (it travels in a KvOp), the same on every job of one front."""
+    return ((rid << 8 | choice) & 0x7FFFFFFF) or 1

@@ -205,7 +205,7 @@ def _start(lanes: Lanes, head: Head, bridge: Bridge, stats: JobStats,
     request = head.request(ticket.prompt, ticket.n_predict, ignore_eos=ticket.ignore_eos,
                            resumed=ticket.resumed)
     lane = lanes.start(request, ticket.sampling, completion, completion.on_token,
-                       completion.observe, ticket.cache, ticket.constraint)
+                       completion.observe, ticket.cache, ticket.constraint, ticket.keep)
     log.info("request %d: %d prompt tokens (%d kept in its slot)%s, slot %d, %s (%d under "
              "way)", ticket.number, len(ticket.prompt), lane.gen.request.cached,
              f", resumed after {len(ticket.resumed)} tokens" if ticket.resumed else "",

@@ -39,6 +39,7 @@ from .generate import Drafting, driver_for
 from ..drafting.grammar_drafts import GrammarDrafter, GrammarTrack, Probe, free_drafts_on
 from .pipeline import Pipeline
 from ...config.serving import EXACT, OFF
+from .kept import Keeper
 from .prompt_cache import PromptCache
 from .refill import REFILL, RefillJob
 from ...model.grammar import Grammar
@@ -153,6 +154,10 @@ class Lanes:
         self._free = list(range(cfg.slots))
         self._to_refill: set[int] = set()   # free slots a refill may add exact cells to
         self.cache = PromptCache(cfg.slots, cfg.chunk)
+        self.keeper = Keeper(getattr(head, "tokens_kept", None),
+                             getattr(head, "restored", {}), cfg.chunk)
+        for restored in self.keeper.restored.values():
+            self.cache.reserve(restored.slot, restored.tokens)
         self._probe: Probe | None = None     # the vocabulary's one-character tokens (grammars)
         self._owners: dict[int, Lane] = {}   # run id in flight -> its lane
         self._share = PipelineShare(self)
@@ -169,17 +174,25 @@ class Lanes:
 
     def start(self, request: Request, sampling: SamplingParams, owner: Any,
               on_token: Callable[[int], None], observe: LogitObserver | None = None,
-              cache: str = OFF, constraint: Constraint | None = None) -> Lane:
+              cache: str = OFF, constraint: Constraint | None = None, keep: int = 0) -> Lane:
         """A generation of `request` in a free slot (its prefill goes out now); `observe`
         sees each generated position's logits and the token chosen (model/sampling.py);
         `cache`: what of the prefix a slot keeps may spare evaluating it again
         (prompt_cache.py: EXACT, LLAMA_SERVER or OFF); `constraint`: a grammar its tokens
-        keep to."""
-        slot, cached = self.cache.pick(self._free, request.prompt, cache)
+        keep to; `keep`: the request's key, under which the ranks keep copies of its cells
+        (kept.py), and its cells taken back after a failure, if they were."""
+        claimed = self.keeper.claim(keep, self._free, request) if keep else None
+        if claimed is not None:
+            slot, cached = claimed
+            ops = self.cache.resume(slot, cached, len(request.prompt))
+        else:
+            slot, cached = self.cache.pick(self._free, request.prompt, cache)
+            ops = self.cache.take(slot, cached)
         self._take(slot)
+        self.keeper.started(slot, keep, cached)
         head = self.head
         pipe = SlotPipeline(self.pipe, slot, self._owners)
-        pipe.kv(self.cache.take(slot, cached))
+        pipe.kv(ops)
         request = replace(request, cached=cached)
         gen = Generation(request, head.tokenizer.is_eog, on_token, run_ids=head.run_ids)
         strategy = self.strategy_now()
@@ -212,6 +225,7 @@ class Lanes:
     def _take(self, slot: int) -> None:
         self._free.remove(slot)
         self._to_refill.discard(slot)
+        self.keeper.forfeit(slot)
 
     def _drafter_for(self, slot: int, gen: Generation, constraint: Constraint | None):
         """The slot's draft model, under the request's grammar if it has one: its drafts
@@ -275,6 +289,7 @@ class Lanes:
         if result is not None:
             lane = self._owners.pop(result.run_id)
             lane.driver.feed(ResultArrived(result.run_id, result))
+            lane.driver.pipe.kv(self.keeper.progressed(lane))
             return True
         busy = False
         for lane in self.active:
@@ -330,7 +345,7 @@ class Lanes:
                 continue
             if lane.driver.drafts is not None:
                 lane.driver.drafts.close()
-            lane.driver.pipe.kv(self._release(lane))   # (the lane's SlotPipeline: its slot)
+            lane.driver.pipe.kv(self.keeper.ended(lane.slot) + self._release(lane))   # (the lane's SlotPipeline: its slot)
             drafter = self._drafters[lane.slot]
             if isinstance(drafter, Drafter):
                 if self.cache.slots[lane.slot].tokens and _keeps_draft_context(lane.strategy):

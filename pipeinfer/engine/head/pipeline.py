@@ -37,6 +37,7 @@ class Pipeline:
             raise ValueError("a pipeline needs a head stage, a transport, or both")
         self.embed, self.stage, self.transport = embed, stage, transport
         self.whole_model = whole_model  # the head stage is the unsliced model: feed token ids
+        self.kept = None   # where the head's stage copies its KV cells (model/kept_cells.py)
         self._local: deque[RunResult] = deque()
         self.busy_s = 0.0
         self.in_flight = 0
@@ -82,7 +83,7 @@ class Pipeline:
         if not ops:
             return
         if self.stage is not None:
-            apply_kv(self.stage, ops)
+            apply_kv(self.stage, ops, self.kept)
         if self.transport is not None:
             self.transport.send_kv(ops)
 

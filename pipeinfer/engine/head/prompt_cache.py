@@ -41,6 +41,9 @@ from ...schedule.generation import CANONICAL_SEQ
 from ...schedule.transaction import KvOp, seq_clear, seq_compact, seq_keep, seq_rm
 
 
+RESERVED = 1 << 62   # a reserved slot's `used`: the least recently used of all last
+
+
 @dataclass
 class SlotPrefix:
     tokens: tuple[int, ...] = ()   # the tokens whose cells sequence 0 keeps, from position 0
@@ -91,6 +94,20 @@ class PromptCache:
         if cached == 0:
             return [seq_clear()] if kept else []
         return [seq_rm(CANONICAL_SEQ, cached, -1)] if cached < kept else []
+
+    def resume(self, slot: int, cached: int, n_prompt: int) -> list[KvOp]:
+        """The slot holds cells a failed job's ranks kept of a request now resumed there
+        (engine/head/kept.py), which reuses `cached` positions of them: the KV operations
+        removing the rest (every rank may hold a different number)."""
+        entry = self.slots[slot]
+        entry.tokens, entry.exact, entry.used = (), 0, next(self._clock)
+        self._base[slot] = min(cached, n_prompt // self.chunk * self.chunk)
+        return [seq_rm(CANONICAL_SEQ, cached, -1)] if cached else [seq_clear()]
+
+    def reserve(self, slot: int, tokens) -> None:
+        """`slot` holds cells taken back for a request that has not come again yet: a new
+        request takes it only when no other slot is free."""
+        self.slots[slot] = SlotPrefix(tuple(tokens), 0, RESERVED)
 
     def release(self, slot: int, kept: Sequence[int], n_prompt: int, cached: int) -> list[KvOp]:
         """The slot's request, whose prompt had `n_prompt` tokens (`cached` of them reused),

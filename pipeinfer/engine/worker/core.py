@@ -23,6 +23,7 @@ from collections import deque
 
 import numpy as np
 
+from ...model.kept_cells import KeptCells
 from ...model.stage import Stage, StageAborted
 from ...schedule.transaction import DecodeTx, KvOp, KvOpType
 
@@ -33,10 +34,17 @@ COMPUTED, ABORTED, SKIPPED = "computed", "aborted", "skipped"
 SPANS_MAX = 100_000
 
 
-def apply_kv(stage: Stage, ops: list[KvOp]) -> None:
-    """Apply `ops` in order, each in its own context (slot) of `stage`."""
+def apply_kv(stage: Stage, ops: list[KvOp], kept: KeptCells | None = None) -> None:
+    """Apply `ops` in order, each in its own context (slot) of `stage`; copies of cells
+    go to `kept` (none without it)."""
     for op in ops:
-        if op.kind == KvOpType.KV_SEQ_CP:
+        if op.kind == KvOpType.KV_SEQ_SAVE:
+            if kept is not None:
+                kept.save_stage(stage, op.slot, op.seq, op.dst, op.p0, op.p1)
+        elif op.kind == KvOpType.KV_SEQ_DROP:
+            if kept is not None:
+                kept.drop(op.dst)
+        elif op.kind == KvOpType.KV_SEQ_CP:
             stage.seq_cp(op.seq, op.dst, op.p0, op.p1, slot=op.slot)
         elif op.kind == KvOpType.KV_SEQ_RM:
             stage.seq_rm(op.seq, op.p0, op.p1, slot=op.slot)
@@ -62,8 +70,9 @@ class StageCore:
     """
 
     def __init__(self, stage: Stage | None, computing: threading.Event | None = None,
-                 spans_max: int | None = SPANS_MAX):
+                 spans_max: int | None = SPANS_MAX, kept: KeptCells | None = None):
         self.stage = stage
+        self.kept = kept                 # where KV_SEQ_SAVE copies cells (serve --ranks)
         self._computing = computing
         # _cancelled, _done_through and _active are shared with the thread calling cancel()
         self._lock = threading.Lock()
@@ -145,5 +154,5 @@ class StageCore:
         self._cancelled.discard(run_id)
 
     def kv(self, ops: list[KvOp]) -> None:
-        apply_kv(self.stage, ops)
+        apply_kv(self.stage, ops, self.kept)
         self.stats["kv_ops"] += len(ops)

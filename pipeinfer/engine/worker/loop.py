@@ -27,6 +27,7 @@ from ..transport.backoff import idle_backoff as backoff_for
 from .core import COMPUTED, StageCore
 from ...report.metrics import peak_rss_mb, rss_mb
 from ..transport.mpi import CANCEL_END, WorkerLink
+from ...model.kept_cells import KeptCells
 from ...model.stage import Stage
 from ..transport.wire import DecodeFlag, Tag, TxType, decode_header, decode_kv_ops, decode_tx
 from ..transport.wakeup import Channel
@@ -40,13 +41,14 @@ PROBE_FIELDS = ("busy_s", "cpu_s", "rss_mb")
 
 
 class Worker:
-    def __init__(self, link: WorkerLink, stage: Stage, argmax_only: bool = False):
+    def __init__(self, link: WorkerLink, stage: Stage, argmax_only: bool = False,
+                 kept: KeptCells | None = None):
         self.link = link
         self.argmax_only = argmax_only  # greedy sampling: return argmaxes, not logits
         self.is_last = link.next is None
         self._stop = threading.Event()
         self._computing = threading.Event()  # wakes the cancel watcher when a decode starts
-        self.core = StageCore(stage, computing=self._computing)
+        self.core = StageCore(stage, computing=self._computing, kept=kept)
         self._cancel_lock = threading.Lock()  # one thread at a time receives cancellations
         self._cancels_ended = False           # CANCEL_END received (and passed upstream)
         self._rss_trace_mb: list[float] = []
@@ -75,6 +77,8 @@ class Worker:
                 if kind == TxType.SHUTDOWN:
                     if not self.is_last:
                         self.link.forward(header)
+                    if self.core.kept is not None:   # (an orderly end: nothing resumes)
+                        self.core.kept.clear()
                     break
                 handler = handlers.get(kind)
                 if handler is None:

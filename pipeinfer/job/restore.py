@@ -1,0 +1,118 @@
+"""A served job's start after a failure: every rank takes back the KV cells it kept of the
+requests the last job was generating (model/kept_cells.py), so that they resume without
+evaluating their whole context again.
+
+Collective, on every rank, once all are ready: the head reads its token files (which
+requests were under way and the tokens their cells are of) and names a slot for each, up to
+the job's slots, most recent first; every rank holding target layers puts its copy of each
+into that slot's sequence 0 and says how many leading positions it holds (0, with the
+reason, when its copy is missing, damaged, or of another model, split or build); the head
+takes, per request, the positions every rank holds, whose tokens' digests agree with its
+own. Copies of requests not named are removed. What the head keeps (Restored) goes to its
+slots (engine/head/lanes.py), where the request, when the front sends it again, evaluates
+only what follows them."""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+
+import llama_cpp
+
+from ..model.kept_cells import TOKENS, KeptCells, identity_of, load_into, token_digest
+from ..model.llama_lib import system_info
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Restored:
+    """A request whose cells every rank took back: in `slot`'s sequence 0, of `tokens`
+    (from position 0); its prompt had `n_prompt` tokens."""
+    key: int
+    slot: int
+    tokens: tuple[int, ...]
+    n_prompt: int
+
+
+def stage_store(stage, layers) -> KeptCells | None:
+    """The store of a rank holding `stage` (layers `layers`), None when nothing is kept."""
+    if stage is None:
+        return None
+    identity = identity_of(os.path.basename(stage.path), os.path.getsize(stage.path),
+                           layers, stage.config, llama_cpp.__version__, system_info())
+    return KeptCells.for_job(identity)
+
+
+def token_store() -> KeptCells | None:
+    return KeptCells.for_job(identity_of(TOKENS))
+
+
+def restore(link, stage, kept: KeptCells | None, n_slots: int) -> dict[int, Restored]:
+    """Collective (every rank): the requests whose cells were taken back (on the head, by
+    key; empty elsewhere)."""
+    heads, named = {}, []
+    if link.rank == 0:
+        tokens = token_store()
+        if tokens is not None:
+            tokens.sweep()
+            heads, named = _named(tokens, n_slots)
+    named = link.bcast(named)
+    held = _take_back(stage, kept, named)
+    reports = link.gather(held)
+    if link.rank != 0:
+        return {}
+    return _agreed(heads, named, reports)
+
+
+def _named(tokens: KeptCells, n_slots: int) -> tuple[dict, list[tuple[int, int]]]:
+    """The head's token files (key -> Kept) and (key, slot) for each request to take back."""
+    heads, named = {}, []
+    for key in tokens.keys():
+        copy, why = tokens.read(key)
+        if copy is None or len(named) >= n_slots:
+            log.info("kept cells of request %d: not used (%s)", key,
+                     why or f"more requests than the job's {n_slots} slots")
+            tokens.drop(key)
+            continue
+        heads[key] = copy
+        named.append((key, len(named)))
+    return heads, named
+
+
+def _take_back(stage, kept: KeptCells | None, named) -> list | None:
+    """This rank's copies of the named requests in their slots: [(key, n, digest, why)];
+    None for a rank without target layers."""
+    if stage is None or not hasattr(stage, "set_seq_state"):
+        return None
+    held = []
+    for key, slot in named:
+        copy, why = kept.read(key) if kept is not None else (None, "nothing kept")
+        if copy is not None and not load_into(stage, slot, 0, copy):
+            copy, why = None, "llama.cpp refused it"
+        held.append((key, copy.n, copy.digest, "") if copy else (key, 0, 0, why))
+    if kept is not None:
+        for key in set(kept.keys()) - {key for key, _ in named}:
+            kept.drop(key)
+    return held
+
+
+def _agreed(heads: dict, named, reports) -> dict[int, Restored]:
+    restored = {}
+    for i, (key, slot) in enumerate(named):
+        tokens = heads[key].tokens
+        n, why = len(tokens), ""
+        for rank, held in enumerate(reports):
+            if held is None:
+                continue
+            _, n_r, digest, reason = held[i]
+            if n_r and n_r <= len(tokens) and token_digest(tokens[:n_r]) != digest:
+                n_r, reason = 0, "of other tokens"
+            if n_r < n:
+                n, why = n_r, why or (f"rank {rank}: {reason}" if reason else "")
+        log.info("kept cells of request %d: %d of its %d tokens on every rank%s", key, n,
+                 len(tokens), f" ({why})" if why else "")
+        if n:
+            restored[key] = Restored(key, slot, tokens[:n], heads[key].n_prompt)
+    return restored

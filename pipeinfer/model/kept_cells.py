@@ -1,0 +1,188 @@
+"""Each rank's copy, on its own host's disk, of the KV cells its stage holds for every request
+a served job generates, so that a job started after a failure takes them back instead of
+evaluating every request's context again (engine/head/kept.py decides what is kept and
+when; job/restore.py brings the copies back at start-up).
+
+One file per request and rank, `<key>-<stage identity>.cells`, written whole (a new file
+renamed over the old one, so a reader sees either copy whole, never a partial one) each time
+the head asks (a KvOp KV_SEQ_SAVE: the request's canonical sequence holds the cells of its
+first `n` accepted tokens then), and removed when the request ends (KV_SEQ_DROP). The head
+writes `<key>.tokens` beside them: the tokens those cells are of, which only it knows.
+
+A copy is taken back only if it is whole and of this very stage: same slice file, same
+layers, same context settings, same llama.cpp build and CPU features (`identity`); then its
+cells are the same bits a rebuild computes (the runs that made them were of the sizes a
+rebuild uses: schedule/speculation.py). Anything else is left unused, with the reason.
+
+Keeping is on only under a front (`serve --ranks`): the directory is named after the
+front's channel key, so a copy is never taken by another server's job.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import struct
+import time
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from .models import cache_dir
+
+log = logging.getLogger(__name__)
+
+KEY_ENV = "PIPEINFER_FRONT_KEY"      # the front's channel key (front/channel.py sets it)
+OFF_ENV = "PIPEINFER_KEEP_CELLS"     # "0": keep nothing (to measure what keeping costs)
+MAGIC = b"PIKC1\n"
+HEADER = struct.Struct("<6s32sqqqqqI")   # magic, identity, key, n, digest, n_prompt,
+                                         # n_tokens, crc32 of the body
+TOKENS = "tokens"                    # the head's token file's identity
+STALE_S = 24 * 3600.0                # another front's directory untouched this long: removed
+
+
+def token_digest(tokens: Sequence[int]) -> int:
+    """A 31-bit digest of a token prefix (it travels in an int32 field of a KvOp)."""
+    return zlib.crc32(np.asarray(tokens, dtype=np.int32).tobytes()) & 0x7FFFFFFF
+
+
+def identity_of(*parts) -> bytes:
+    return hashlib.sha256(repr(parts).encode()).digest()
+
+
+@dataclass(frozen=True)
+class Kept:
+    """One copy read back: its request's key, how many leading positions it holds cells of,
+    their tokens' digest (and, in the head's token file, the tokens and the prompt's
+    length); `body` is the sequence state llama.cpp wrote, or the tokens."""
+    key: int
+    n: int
+    digest: int
+    n_prompt: int
+    tokens: tuple[int, ...]
+    body: bytes
+
+
+class KeptCells:
+    """The copies of one rank's stage (`identity`: identity_of what makes its cells)."""
+
+    def __init__(self, directory: Path, identity: bytes):
+        self.dir, self.identity = Path(directory), identity
+        self._warned = False
+
+    @classmethod
+    def for_job(cls, identity: bytes, environ=os.environ) -> "KeptCells | None":
+        """The store of a job a front launched (None otherwise, or when turned off)."""
+        key = environ.get(KEY_ENV, "")
+        if not key or environ.get(OFF_ENV, "").strip() == "0":
+            return None
+        name = hashlib.sha256(key.encode()).hexdigest()[:16]
+        return cls(cache_dir() / "kept" / name, identity)
+
+    def path(self, key: int) -> Path:
+        if self.identity == identity_of(TOKENS):
+            return self.dir / f"{key}.tokens"
+        return self.dir / f"{key}-{self.identity.hex()[:16]}.cells"
+
+    # --- writing -------------------------------------------------------------------------
+    def save(self, key: int, n: int, digest: int, body: bytes, n_prompt: int = 0,
+             tokens: Sequence[int] = ()) -> None:
+        """Write a request's copy whole (a failure to write is logged once, not raised: a
+        request is never failed for its copy)."""
+        raw = np.asarray(tokens, dtype=np.int32).tobytes()
+        payload = raw + body
+        header = HEADER.pack(MAGIC, self.identity, key, n, digest, n_prompt, len(tokens),
+                             zlib.crc32(payload))
+        target = self.path(key)
+        tmp = target.with_suffix(target.suffix + f".{os.getpid()}.tmp")
+        try:
+            self.dir.mkdir(parents=True, exist_ok=True)
+            with open(tmp, "wb") as f:
+                f.write(header)
+                f.write(payload)
+            os.replace(tmp, target)
+        except OSError as err:
+            if not self._warned:
+                log.warning("kept cells: cannot write %s (%s); a failure will evaluate "
+                            "its requests again", target, err)
+                self._warned = True
+
+    def drop(self, key: int) -> None:
+        try:
+            self.path(key).unlink()
+        except OSError:
+            pass
+
+    def save_stage(self, stage, slot: int, seq: int, key: int, n: int, digest: int) -> None:
+        """`stage`'s cells of `seq` in context `slot` (all of them: a reader keeps the
+        first `n`)."""
+        self.save(key, n, digest, stage.seq_state(seq, slot=slot))
+
+    # --- reading -------------------------------------------------------------------------
+    def read(self, key: int) -> tuple[Kept | None, str]:
+        """The copy of request `key`, or None and why it cannot be used."""
+        try:
+            data = self.path(key).read_bytes()
+        except FileNotFoundError:
+            return None, "no copy"
+        except OSError as err:
+            return None, f"unreadable: {err}"
+        if len(data) < HEADER.size:
+            return None, "truncated"
+        magic, identity, k, n, digest, n_prompt, n_tokens, crc = HEADER.unpack_from(data)
+        payload = data[HEADER.size:]
+        if magic != MAGIC:
+            return None, "not a copy of cells"
+        if identity != self.identity:
+            return None, "of another model, split or build"
+        if k != key or len(payload) < 4 * n_tokens or zlib.crc32(payload) != crc:
+            return None, "truncated or damaged"
+        tokens = tuple(int(t) for t in np.frombuffer(payload[:4 * n_tokens], dtype=np.int32))
+        return Kept(key, n, digest, n_prompt, tokens, payload[4 * n_tokens:]), ""
+
+    def keys(self) -> list[int]:
+        """The keys of this store's copies, most recently written first."""
+        try:
+            entries = [(p.stat().st_mtime, p) for p in self.dir.iterdir()]
+        except OSError:
+            return []
+        suffix = self.path(0).name[1:]
+        found = []
+        for mtime, p in sorted(entries, reverse=True):
+            head = p.name[:-len(suffix)] if p.name.endswith(suffix) else ""
+            if head.isdigit():
+                found.append(int(head))
+        return found
+
+    def clear(self) -> None:
+        """Remove this store's copies (the job ends in order: nothing is resumed)."""
+        for key in self.keys():
+            self.drop(key)
+
+    def sweep(self, now: float | None = None) -> None:
+        """Remove other fronts' directories untouched for STALE_S (a front killed outright
+        never removed its own), and this directory's leftover temporary files."""
+        now = time.time() if now is None else now
+        for other in (self.dir.parent.iterdir() if self.dir.parent.is_dir() else ()):
+            try:
+                if other != self.dir and now - other.stat().st_mtime > STALE_S:
+                    for p in other.iterdir():
+                        p.unlink()
+                    other.rmdir()
+            except OSError:
+                pass
+        for p in (self.dir.glob("*.tmp") if self.dir.is_dir() else ()):
+            if now - p.stat().st_mtime > 60:
+                p.unlink(missing_ok=True)
+
+
+def load_into(stage, slot: int, seq: int, kept: Kept) -> bool:
+    """Put a copy's cells into `seq` of context `slot` (emptied first): whether llama.cpp
+    took them."""
+    stage.clear(slot)
+    return stage.set_seq_state(seq, kept.body, slot=slot)
+
