@@ -346,8 +346,10 @@ def _read_some(client: httpx.Client, stream: Stream) -> None:
 
 
 # --- the soak: clients in a loop while ranks are killed at random -------------------------
+# (a short one: the 10-minute soak with its speed and memory figures is a benchmark,
+# experiments/bench_soak.py)
 
-SOAK_S = float(os.environ.get("PIPEINFER_SOAK_S", 600))
+SOAK_S = float(os.environ.get("PIPEINFER_SOAK_S", 90))
 
 
 def _rss_kb(pid: int) -> int:

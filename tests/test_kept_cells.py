@@ -82,7 +82,7 @@ def store_env(tmp_path, monkeypatch):
 
 
 def _stage(model) -> Stage:
-    return Stage(model, StageConfig(n_ctx=256, n_batch=64, n_slots=2))
+    return Stage(model, StageConfig(n_ctx=256, n_batch=64, n_slots=3))
 
 
 def _prefill(stage: Stage, tokens, slot: int = 0) -> np.ndarray:
@@ -142,6 +142,25 @@ def test_damaged_foreign_and_stale_copies_are_never_used(tiny_model, store_env, 
     assert "request 3: 0 of its 40 tokens on every rank (rank 0: of other tokens)" in said
 
 
+class OtherRankHasNone(OneRank):
+    """A job of two ranks whose other rank found no copy of anything."""
+
+    def gather(self, obj):
+        return [obj, [(key, 0, 0, "no copy") for key, *_ in obj]]
+
+
+def test_cells_one_rank_took_back_are_dropped_when_another_has_none(tiny_model, store_env):
+    prompt = list(range(100, 140))
+    cells = KeptCells.for_job(identity_of("stage"))
+    tokens = KeptCells.for_job(identity_of(TOKENS))
+    with _stage(tiny_model) as stage:
+        _prefill(stage, prompt)
+        _kept_request(stage, cells, tokens, 4, prompt, 32)
+    with _stage(tiny_model) as stage:
+        assert restore(OtherRankHasNone(), stage, cells, n_slots=2) == {}
+        assert stage.seq_pos_max(0, slot=0) == -1   # (a request there starts from nothing)
+
+
 def test_without_a_front_or_turned_off_nothing_is_kept(tmp_path, monkeypatch):
     monkeypatch.setenv("PIPEINFER_CACHE", str(tmp_path))
     monkeypatch.delenv("PIPEINFER_FRONT_KEY", raising=False)
@@ -185,3 +204,20 @@ def test_a_slot_another_request_took_is_not_claimed():
     keeper = Keeper(None, {9: _Restored(range(100), slot=2)}, chunk=64)
     request = Request(tuple(range(100)), 256, 4096)
     assert keeper.claim(9, [0, 1], request) is None
+
+
+def test_copies_no_request_rewrites_and_dead_fronts_dirs_are_swept(store_env):
+    import os
+
+    from pipeinfer.model import kept_cells
+    cells = KeptCells.for_job(identity_of("stage"))
+    for key in (1, 2):
+        cells.save(key, 4, token_digest([1, 2, 3, 4]), b"cells")
+    old = time.time() - kept_cells.ORPHAN_S - 5
+    os.utime(cells.path(1), (old, old))                # no request rewrote it for 30 min
+    dead = cells.dir.parent / "0123456789abcdef"       # a front killed a day ago
+    dead.mkdir()
+    (dead / "7-0.cells").write_bytes(b"x")
+    os.utime(dead, (time.time() - kept_cells.STALE_S - 5,) * 2)
+    cells.sweep()
+    assert cells.keys() == [2] and not dead.exists()

@@ -3,5 +3,5 @@ it if a signal kills it) -> roles.py (plan the split, `--layer-split auto` throu
 pipeinfer/plan/; obtain each rank's files through engine/files/; load; agree that all are
 ready; take back the KV cells the last job's ranks kept: restore.py; then the head's role,
 generating, or a worker's) with setup.py (loading a rank's stage, and the head's tokenizer,
-pipeline and draft models) -> layout.py (what each rank of
-the started job holds, for the front's console)."""
+pipeline and draft models) and startup.py (how long each step took on each rank, logged) ->
+layout.py (what each rank of the started job holds, for the front's console)."""

@@ -8,7 +8,8 @@ the job's slots, most recent first; every rank holding target layers puts its co
 into that slot's sequence 0 and says how many leading positions it holds (0, with the
 reason, when its copy is missing, damaged, or of another model, split or build); the head
 takes, per request, the positions every rank holds, whose tokens' digests agree with its
-own. Copies of requests not named are removed. What the head keeps (Restored) goes to its
+own, and every rank keeps those in the slot (none where the head takes none). Copies of
+requests not named are removed. What the head keeps (Restored) goes to its
 slots (engine/head/lanes.py), where the request, when the front sends it again, evaluates
 only what follows them."""
 
@@ -53,6 +54,8 @@ def restore(link, stage, kept: KeptCells | None, n_slots: int) -> dict[int, Rest
     """Collective (every rank): the requests whose cells were taken back (on the head, by
     key; empty elsewhere)."""
     heads, named = {}, []
+    if kept is not None:
+        kept.sweep()
     if link.rank == 0:
         tokens = token_store()
         if tokens is not None:
@@ -61,9 +64,15 @@ def restore(link, stage, kept: KeptCells | None, n_slots: int) -> dict[int, Rest
     named = link.bcast(named)
     held = _take_back(stage, kept, named)
     reports = link.gather(held)
-    if link.rank != 0:
-        return {}
-    return _agreed(heads, named, reports)
+    restored = _agreed(heads, named, reports) if link.rank == 0 else {}
+    kept_n = link.bcast({r.slot: len(r.tokens) for r in restored.values()})
+    if held is not None:   # every slot as the head sees it: the agreed cells, or none
+        for _, slot in named:
+            if kept_n.get(slot):
+                stage.seq_rm(0, kept_n[slot], -1, slot=slot)
+            else:
+                stage.clear(slot)
+    return restored
 
 
 def _named(tokens: KeptCells, n_slots: int) -> tuple[dict, list[tuple[int, int]]]:

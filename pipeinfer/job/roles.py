@@ -39,6 +39,7 @@ from ..config.job import JobConfig
 from ..engine.files.draft_files import DraftFile, settle_drafts
 from ..engine.head.generate import Drafting, driver_for
 from .restore import restore, stage_store, token_store
+from .startup import Marks
 from .setup import (SETUP_ERRORS, HeadSetup, draft_rank_file, head_setup,
                     load_draft_rank_stage, load_stage, own_stage_file, plan, prompt_tokens)
 from ..engine.transport.transfer import TransferError
@@ -204,8 +205,11 @@ class Job:
         everywhere with its message) and the head measures the clock offsets of the other
         ranks (for traces). `check` runs first on the head (e.g. that an output file is
         writable); what it raises fails the start."""
+        marks = Marks()
+        marks.mark("imported")
         link = Link()
         cfg, shared, tokenizer, drafts, predicted = _plan_phase(link, cfg, check)
+        marks.mark("planned")
         model, ranges, manifest = shared
         rank, size = link.rank, link.size
         stage, setup, error, received = None, None, None, 0
@@ -229,6 +233,7 @@ class Job:
             error = describe(err, cfg.output.verbose)
         if setup is None and tokenizer is not None:  # (head_setup did not take it)
             tokenizer.close()
+        marks.mark("loaded")
         statuses, failure = link.agree((rank, hostname(), os.getpid(), error, received,
                                         rss_mb(), memory_limit_mb()))
         if failure:
@@ -236,7 +241,10 @@ class Job:
         offsets = clock_offsets(link)
         layers = stage if rank < cfg.n_pipeline(size) else None
         kept = stage_store(layers, (ranges[rank].first, ranges[rank].last) if layers else None)
+        marks.mark("agreed")
         restored = restore(link, layers, kept, cfg.slots)
+        marks.mark("restored")
+        marks.report(link)
         wakeup.connect(link)  # from now on a message wakes the rank waiting for it
         head = Head(cfg, setup, ranges, size, offsets or {}) if rank == 0 else None
         if head is not None:

@@ -43,6 +43,7 @@ HEADER = struct.Struct("<6s32sqqqqqI")   # magic, identity, key, n, digest, n_pr
                                          # n_tokens, crc32 of the body
 TOKENS = "tokens"                    # the head's token file's identity
 STALE_S = 24 * 3600.0                # another front's directory untouched this long: removed
+ORPHAN_S = 1800.0                    # a copy not rewritten this long belongs to no request
 
 
 def token_digest(tokens: Sequence[int]) -> int:
@@ -165,8 +166,16 @@ class KeptCells:
 
     def sweep(self, now: float | None = None) -> None:
         """Remove other fronts' directories untouched for STALE_S (a front killed outright
-        never removed its own), and this directory's leftover temporary files."""
+        never removed its own), and in this one temporary files left over and copies not
+        rewritten for ORPHAN_S: a request under way rewrites its copies every few tokens,
+        and those of a split no job uses any more (a host was lost) are never read again."""
         now = time.time() if now is None else now
+        for p in (self.dir.iterdir() if self.dir.is_dir() else ()):
+            try:
+                if now - p.stat().st_mtime > (60 if p.suffix == ".tmp" else ORPHAN_S):
+                    p.unlink()
+            except OSError:
+                pass
         for other in (self.dir.parent.iterdir() if self.dir.parent.is_dir() else ()):
             try:
                 if other != self.dir and now - other.stat().st_mtime > STALE_S:
@@ -175,9 +184,6 @@ class KeptCells:
                     other.rmdir()
             except OSError:
                 pass
-        for p in (self.dir.glob("*.tmp") if self.dir.is_dir() else ()):
-            if now - p.stat().st_mtime > 60:
-                p.unlink(missing_ok=True)
 
 
 def load_into(stage, slot: int, seq: int, kept: Kept) -> bool:
