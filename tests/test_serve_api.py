@@ -253,7 +253,7 @@ class FakeLanes:
         pass
 
     def start(self, request, sampling, owner, on_token, observe=None, cache_prompt=False,
-              constraint=None):
+              constraint=None, keep=0):
         assert self.n_free > 0
         lane = SimpleNamespace(owner=owner, on_token=on_token, n=request.n_predict, given=0,
                                next_at=time.monotonic() + self.delay, finished=False,
