@@ -81,6 +81,8 @@ class Clients:
             self.results.append((time.monotonic(), len(c.chunks),
                                  c.done and c.error is None, c.text == self.reference[prompt],
                                  c.error))
+            if c.error is not None:
+                time.sleep(1.0)   # (an answer refused: no loop of refusals)
 
     def tokens_between(self, t0: float, t1: float) -> int:
         return sum(n for end, n, *_ in self.results if t0 <= end < t1)
@@ -135,6 +137,7 @@ def main() -> int:
           f"nodes x {args.cpu} core") + f", {args.clients} clients x {args.n} tokens; "
           f"{args.calm:.0f} s undisturbed, then {args.soak:.0f} s with a rank killed every "
           f"{args.every} s", flush=True)
+    args.job_args += " --max-restarts 1000"   # (kills closer than a minute count in a row)
     front = Front(args, state, state / "front.log")
     try:
         front.wait_ready()

@@ -60,6 +60,8 @@ def test_a_killed_worker_resumes_from_kept_cells_exactly(smollm2, tmp_path, monk
         taken = [(int(n), int(of)) for _, n, of in TAKEN.findall(srv.stderr)]
         assert len(taken) == len(PROMPTS), srv.stderr[-4000:]
         assert all(n > 0 for n, _ in taken), taken
+        # (the relaunched ranks loaded their stages while the head planned: preload.py)
+        assert "loaded early" in srv.stderr, srv.stderr[-3000:]
         deadline = time.monotonic() + 30
         while (left := _copies(tmp_path / "cache")) and time.monotonic() < deadline:
             time.sleep(0.2)
@@ -69,7 +71,7 @@ def test_a_killed_worker_resumes_from_kept_cells_exactly(smollm2, tmp_path, monk
 
 
 def _copies(cache) -> list:
-    return [p.name for p in (cache / "kept").rglob("*") if p.is_file()]
+    return [p.name for p in (cache / "kept").rglob("*") if p.suffix in (".cells", ".tokens")]
 
 
 # --- the store and restore() on a real stage ----------------------------------------------

@@ -16,154 +16,49 @@ Progress (fetching, slicing) is logged at INFO by the modules doing it, tracebac
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import logging
 import os
 from pathlib import Path
-from typing import Callable, Iterator, Sequence, TypeVar
+from typing import Callable, Iterator, Sequence
 
+from ..config.job import JobConfig
 from ..engine.drafting.hierarchy import Level
 from ..engine.drafting.hierarchy_remote import DraftRank
-from ..model.llama_lib import LlamaError
+from ..engine.files.weights import WeightsError, obtain
+from ..engine.head.generate import Drafting, driver_for
+from ..engine.head.trace import Trace
 from ..engine.transport import wakeup
 from ..engine.transport.clock_sync import clock_offsets
 from ..engine.transport.draft_link import DraftLink
-from ..engine.transport.mpi import LOST_PEER, MPI_ERRORS, Link, RankFailed, WorkerLink, hostname
-from ..model.sampling import Sampler, SamplingParams
-from ..schedule.generation import Generation, Request
-from ..schedule.transaction import seq_clear
-from ..model.partition import chain
-from ..engine.worker.loop import Idle, Worker
-from ..config.job import JobConfig
-from ..engine.files.draft_files import DraftFile, settle_drafts
-from ..engine.head.generate import Drafting, driver_for
-from .restore import restore, stage_store, token_store
-from .startup import Marks
-from .setup import (SETUP_ERRORS, HeadSetup, draft_rank_file, head_setup,
-                    load_draft_rank_stage, load_stage, own_stage_file, plan, prompt_tokens)
+from ..engine.transport.mpi import Link, WorkerLink, hostname
 from ..engine.transport.transfer import TransferError
-from ..engine.files.weights import Manifest, WeightsError, draft_need, obtain, target_needs
-from ..model.stage_cache import content_digest
+from ..engine.worker.loop import Idle, Worker
+from ..model.partition import chain
+from ..model.sampling import Sampler, SamplingParams
 from ..plan.cgroups import memory_limit_mb
 from ..report.metrics import rss_mb
-from ..model.tokenizer import Tokenizer
-from ..engine.head.trace import Trace
+from ..schedule.generation import Generation, Request
+from ..schedule.transaction import seq_clear
+from .plan_phase import StartFailed, describe, plan_phase
+from .preload import Preload
+from .restore import restore, stage_store, token_store
+from .setup import (SETUP_ERRORS, HeadSetup, head_setup, load_draft_rank_stage, load_stage,
+                    own_stage_file, stage_config)
+from .startup import Marks
+
+__all__ = ["Head", "Job", "StartFailed", "describe"]
 
 
 log = logging.getLogger(__name__)
-T = TypeVar("T")
 
 
-class StartFailed(Exception):
-    """A rank could not load its part of the job; the message names it."""
-
-
-RUN_ERRORS = (RankFailed, LlamaError)          # expected while a job runs
-
-
-def describe(err: Exception, verbose: int = 0, known: tuple = RUN_ERRORS) -> str:
-    """The one-line report of an error: its message if it is of a `known` kind, else (a bug)
-    its type too, and a hint unless `verbose`; its traceback is logged (DEBUG, shown by -v)."""
-    log.debug("traceback of %s: %s", type(err).__name__, err, exc_info=err)
-    if isinstance(err, known):
-        return str(err)
-    if isinstance(err, MPI_ERRORS):   # a peer is gone: the launcher names it
-        return f"{LOST_PEER}; MPI said: {str(err).splitlines()[0]}"
-    return f"internal error: {type(err).__name__}: {err}" + ("" if verbose else
-                                                             " (run with -v for the traceback)")
-
-
-def _plan_phase(link: Link, cfg: JobConfig, check: Callable[[], None] | None):
-    """Collective: rank 0 checks, settles the draft files and --draft-vocab (draft_files.py),
-    plans the split (auto: every rank takes part) and names every rank's file; every rank gets
-    the settled config and (model, ranges, manifest), rank 0 the target's tokenizer and the
-    draft files too (None and () elsewhere) and with --layer-split auto what the planner
-    predicts (plan/auto.predicted), or StartFailed. Its first link.agree is the one
-    abandon_start (cli/runner.py) answers."""
-    rank, size = link.rank, link.size
-    shared, tokenizer, drafts, error, predicted = None, None, (), None, None
-    if rank == 0:
-        settled, error = _attempt(cfg, lambda: _first_checks(cfg, check, size))
-        if settled is not None:
-            cfg, drafts = settled
-    if cfg.split == "auto":  # collective: calibrate (or probe) and solve, all ranks being well
-        _agreed(link, error)
-        from ..plan.auto import auto_split
-        solved, error = _attempt(cfg, lambda: auto_split(link, cfg, drafts[:1]))
-        if solved is not None:
-            fractions, predicted = solved
-            cfg = dataclasses.replace(cfg, split=fractions, leave_empty=True)
-    if rank == 0 and error is None:
-        planned, error = _attempt(cfg, lambda: _manifest(cfg, size, drafts))
-        if planned is not None:
-            shared, tokenizer = planned
-    _agreed(link, error, tokenizer)
-    model, ranges, manifest, kv_cells, draft_vocab = link.bcast(shared)
-    cfg = dataclasses.replace(cfg, draft_vocab=draft_vocab)
-    if kv_cells:
-        cfg = dataclasses.replace(cfg, spec=dataclasses.replace(cfg.spec, kv_size=kv_cells))
-    return cfg, (model, ranges, manifest), tokenizer, drafts, predicted
-
-
-def _agreed(link: Link, error: str | None, tokenizer: Tokenizer | None = None) -> None:
-    """Collective: StartFailed on every rank if one failed (`error`: this rank's)."""
-    _, failure = link.agree((link.rank, hostname(), os.getpid(), error))
-    if failure:
-        if tokenizer is not None:
-            tokenizer.close()
-        raise StartFailed(failure)
-
-
-def _first_checks(cfg: JobConfig, check: Callable[[], None] | None, size: int):
-    """Rank 0: `check`, then the settled config and the draft files (`size`: the job's
-    ranks)."""
-    if check is not None:
-        check()
-    return settle_drafts(cfg, size)
-
-
-def _attempt(cfg: JobConfig, step: Callable[[], T]) -> tuple[T | None, str | None]:
-    """(what `step` returns, None), or (None, the message of what it raised): a rank that
-    fails a step of the start still takes part in the collective ones after it."""
-    try:
-        return step(), None
-    except SETUP_ERRORS + (WeightsError, TransferError) as err:  # (auto: calibration's)
-        return None, str(err)
-    except Exception as err:
-        return None, describe(err, cfg.output.verbose)
-
-
-def job_kv_cells(cfg: JobConfig, tokenizer: Tokenizer) -> int:
-    """The KV cells every stage of a `run` job reserves: what its generation can use, not
-    what -c allows (llama.cpp zeroes, so keeps resident, every cell it reserves). A
-    speculative strategy gets 4x the prompt plus -n (rejected tokens keep their cells: the
-    ratio the default 4 x -c has), plus 512, in whole 256-cell blocks, at most 4 x -c; 0 (as
-    configured) for serve, an explicit --kv-size, and strategies without speculation."""
-    if cfg.request.prompt is None or cfg.spec.kv_size or not cfg.speculates:
-        return 0
-    cells = 4 * (len(prompt_tokens(cfg, tokenizer)) + cfg.request.n_predict) + 512
-    return min(cfg.kv_size, -(-cells // 256) * 256)
-
-
-def _manifest(cfg: JobConfig, size: int, drafts: Sequence[DraftFile]):
-    """Rank 0: (model, ranges, Manifest, KV cells, --draft-vocab's K) of the job, and the
-    target's tokenizer, opened once for the draft ranks' checks, the KV size and the head
-    (head_setup)."""
-    ranges, model = plan(cfg, size)
-    n_pipeline = cfg.n_pipeline(size)
-    digest = content_digest(model)
-    needs = target_needs(model, digest, ranges, n_pipeline)
-    tokenizer = Tokenizer(model)
-    try:
-        for i, rank in enumerate(range(n_pipeline, size)):
-            needs[rank] = draft_need(draft_rank_file(drafts[i], tokenizer), cfg.drafts[i])
-        kv_cells = job_kv_cells(cfg, tokenizer)
-    except BaseException:
-        tokenizer.close()
-        raise
-    manifest = Manifest(str(model), str(cfg.model), digest, needs)
-    return (model, ranges, manifest, kv_cells, cfg.draft_vocab), tokenizer
+def _load(cfg: JobConfig, early: Preload, path, rng, n_pipeline: int):
+    """The rank's stage: the one loaded early if the plan gives it that one (preload.py)."""
+    stage = early.take(path, rng, stage_config(cfg, rng)) or load_stage(cfg, path, rng,
+                                                                           n_pipeline)
+    early.note(path, rng)
+    return stage
 
 
 class Job:
@@ -208,7 +103,10 @@ class Job:
         marks = Marks()
         marks.mark("imported")
         link = Link()
-        cfg, shared, tokenizer, drafts, predicted = _plan_phase(link, cfg, check)
+        early = Preload(link.rank, link.size,
+                        lambda path, rng, cfg=cfg: load_stage(cfg, path, rng,
+                                                              cfg.n_pipeline(link.size)))
+        cfg, shared, tokenizer, drafts, predicted = plan_phase(link, cfg, check)
         marks.mark("planned")
         model, ranges, manifest = shared
         rank, size = link.rank, link.size
@@ -219,12 +117,12 @@ class Job:
             if rank >= n_pipeline:
                 stage = load_draft_rank_stage(cfg, path, rank)
             elif rank == 0:
-                stage = load_stage(cfg, own_stage_file(model, ranges[0], n_pipeline),
-                                   ranges[0], n_pipeline)
+                stage = _load(cfg, early, own_stage_file(model, ranges[0], n_pipeline),
+                              ranges[0], n_pipeline)
                 setup = head_setup(cfg, model, stage, size, drafts, chain(ranges[:n_pipeline]),
                                    tokenizer)
             elif path is not None:
-                stage = load_stage(cfg, path, ranges[rank], n_pipeline)
+                stage = _load(cfg, early, path, ranges[rank], n_pipeline)
         except WeightsError as err:  # raised on every rank alike: the start fails here
             raise StartFailed(str(err)) from None
         except SETUP_ERRORS + (TransferError,) as err:
@@ -233,7 +131,7 @@ class Job:
             error = describe(err, cfg.output.verbose)
         if setup is None and tokenizer is not None:  # (head_setup did not take it)
             tokenizer.close()
-        marks.mark("loaded")
+        marks.mark("loaded early" if early.used else "loaded")
         statuses, failure = link.agree((rank, hostname(), os.getpid(), error, received,
                                         rss_mb(), memory_limit_mb()))
         if failure:

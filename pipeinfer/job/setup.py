@@ -110,12 +110,16 @@ def load_stage(cfg: JobConfig, path: Path, rng: StageRange, size: int) -> Stage 
     the rank's stage file)."""
     if rng.n_layer == 0:
         return None
-    pool = cfg.pool()
-    config = StageConfig(n_ctx=cfg.kv_size, n_batch=cfg.n_batch,
-                         n_seq_max=pool.n_seq if pool else 1, n_threads=cfg.threads_for(rng.rank),
-                         repack=cfg.repack_target, n_slots=cfg.slots, max_outputs=MAX_OUTPUTS)
     label = f"rank {rng.rank} layers [{rng.first},{rng.last})"
-    return Stage(path, config, final=True if size == 1 else rng.final, label=label)
+    return Stage(path, stage_config(cfg, rng), final=True if size == 1 else rng.final,
+                 label=label)
+
+
+def stage_config(cfg: JobConfig, rng: StageRange) -> StageConfig:
+    pool = cfg.pool()
+    return StageConfig(n_ctx=cfg.kv_size, n_batch=cfg.n_batch,
+                       n_seq_max=pool.n_seq if pool else 1, n_threads=cfg.threads_for(rng.rank),
+                       repack=cfg.repack_target, n_slots=cfg.slots, max_outputs=MAX_OUTPUTS)
 
 
 def own_stage_file(model: Path, rng: StageRange, size: int) -> Path | None:

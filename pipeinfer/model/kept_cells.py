@@ -46,6 +46,14 @@ STALE_S = 24 * 3600.0                # another front's directory untouched this 
 ORPHAN_S = 1800.0                    # a copy not rewritten this long belongs to no request
 
 
+def front_dir(environ=os.environ) -> Path | None:
+    """This rank's directory for what its front's jobs keep (None without a front)."""
+    key = environ.get(KEY_ENV, "")
+    if not key:
+        return None
+    return cache_dir() / "kept" / hashlib.sha256(key.encode()).hexdigest()[:16]
+
+
 def token_digest(tokens: Sequence[int]) -> int:
     """A 31-bit digest of a token prefix (it travels in an int32 field of a KvOp)."""
     return zlib.crc32(np.asarray(tokens, dtype=np.int32).tobytes()) & 0x7FFFFFFF
@@ -78,11 +86,10 @@ class KeptCells:
     @classmethod
     def for_job(cls, identity: bytes, environ=os.environ) -> "KeptCells | None":
         """The store of a job a front launched (None otherwise, or when turned off)."""
-        key = environ.get(KEY_ENV, "")
-        if not key or environ.get(OFF_ENV, "").strip() == "0":
+        directory = front_dir(environ)
+        if directory is None or environ.get(OFF_ENV, "").strip() == "0":
             return None
-        name = hashlib.sha256(key.encode()).hexdigest()[:16]
-        return cls(cache_dir() / "kept" / name, identity)
+        return cls(directory, identity)
 
     def path(self, key: int) -> Path:
         if self.identity == identity_of(TOKENS):
