@@ -6,6 +6,7 @@ process behind."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -459,3 +460,25 @@ def test_embeddings_and_tool_calls_come_through_the_front(front, smollm2):
     choice = r.json()["choices"][0]
     assert choice["finish_reason"] == "tool_calls"
     assert choice["message"]["tool_calls"][0]["function"]["name"] == "get_weather"
+
+
+def test_a_job_that_served_a_while_is_started_again_at_once(smollm2, tmp_path):
+    """The back-off is for jobs that fail as they start: a job that was up for USEFUL_S
+    before a rank died is launched again at once, also the second time in a row (the soak's
+    kills 30-60 s apart would otherwise wait 1, 2, 5, 10, then 30 s each)."""
+    trace = tmp_path / "front.jsonl"
+    srv = Server(tmp_path, 3, "-m", str(smollm2), "--parallel", "2", "--no-cache-prompt",
+                 "--trace", str(trace))
+    try:
+        health = srv.wait_ready()
+        for _ in range(2):
+            time.sleep(11)   # (USEFUL_S: 10)
+            os.kill(next(r["pid"] for r in health["ranks"] if r["rank"] == 1), signal.SIGKILL)
+            health = srv.wait_ready(after_job=health["job"])
+        events = [json.loads(line) for line in trace.read_text().splitlines()]
+        ends = [e["t"] for e in events if e["name"] == "job_end"]
+        starts = [e["t"] for e in events if e["name"] == "job_start"][1:]
+        gaps = [start - end for end, start in zip(ends, starts)]
+        assert len(gaps) == 2 and max(gaps) < 0.8, gaps
+    finally:
+        srv.kill()

@@ -145,7 +145,8 @@ SERVE_HELP = """Serve the model over HTTP with an OpenAI-compatible API. Two way
               show_default=False)
 @click.option("--max-restarts", default=5, type=click.IntRange(0, None),
               help="With --ranks: give up after the job failed this many times in a row "
-                   "(a job that ran for a minute resets the count); back-off 1 to 30 s.")
+                   "(a job that ran for a minute resets the count); back-off 1 to 30 s, "
+                   "none after a job that had been up 10 s.")
 @click.option("--stall-timeout", default=60.0, type=click.FloatRange(0, None),
               help="With --ranks: a job that sends nothing (no token, no end, no heartbeat) "
                    "for this many seconds while requests (or /metrics, /tokenize calls) are "

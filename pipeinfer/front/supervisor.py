@@ -1,6 +1,6 @@
 """The front's job, kept running: launch it, take its head's messages, notice when it ends,
-and launch it again on the hosts that still answer (hosts.py), at a back-off, up to
---max-restarts times in a row. Hosts left out are probed every REJOIN_EVERY_S; one that
+and launch it again on the hosts that still answer (hosts.py), at a back-off unless it had
+been up for USEFUL_S, up to --max-restarts times in a row. Hosts left out are probed every REJOIN_EVERY_S; one that
 answers again joins at the next moment no request is under way (or after REJOIN_WAIT_S):
 the job is stopped in order and started again on every host, its requests resumed.
 
@@ -40,6 +40,7 @@ END_WAIT_S = 5.0        # after its head went away, for the launcher to end the 
 STOP_WAIT_S = 20.0      # an orderly stop, before the job is killed (all gone within 30 s)
 BACKOFF_S = (0.0, 1.0, 2.0, 5.0, 10.0, 30.0)   # before the 1st, 2nd, ... launch in a row
 STABLE_S = 60.0         # a job up this long resets the count of restarts in a row
+USEFUL_S = 10.0         # a job up this long is started again without a back-off
 REJOIN_EVERY_S = float(os.environ.get("PIPEINFER_REJOIN_S", 30.0))
 REJOIN_WAIT_S = 120.0   # a host back joins at the next idle moment, or after this long
 RANK_FAILED = re.compile(r"pipeinfer: error: rank (\d+) ")
@@ -172,12 +173,14 @@ class Supervisor:
             watch.cancel()
 
     async def _keep_running(self) -> None:
-        in_a_row = 0
+        in_a_row, useful = 0, False
         while not self.stopping:
             if in_a_row > self.max_restarts:
                 self._give_up(in_a_row)
                 return
-            await asyncio.sleep(BACKOFF_S[min(in_a_row, len(BACKOFF_S) - 1)])
+            # (a job that served for USEFUL_S before it failed is started again at once:
+            # the back-off is for jobs that fail as they start)
+            await asyncio.sleep(0.0 if useful else BACKOFF_S[min(in_a_row, len(BACKOFF_S) - 1)])
             if self.job is not None and not self.job.planned:
                 await self.hosts.leave_out_silent(self.launcher.probe)
             if self.hosts.ranks < 1 or self.hosts.hosts == []:
@@ -195,7 +198,8 @@ class Supervisor:
             if job.planned:
                 in_a_row = 0
                 continue
-            stable = job.ready is not None and time.monotonic() - job.ready >= STABLE_S
+            up = time.monotonic() - job.ready if job.ready is not None else 0.0
+            stable, useful = up >= STABLE_S, up >= USEFUL_S
             if stable:
                 self.hosts.stable()
             elif job.failed_rank is not None:
