@@ -8,6 +8,7 @@ answer is compared with the undisturbed one (taken first, on the same server).
 
     flock /tmp/cpu.lock python experiments/bench_failover.py --scenario worker,host -K 3
     ... --keep both     # also without kept KV cells (-rebuilt rows), interleaved
+    python experiments/bench_failover.py soak --help   # ranks killed for 10 minutes
     python experiments/bench_failover.py --replot streams.csv     # the chart again
 
 --out DIR also keeps every client's token arrival times (DIR/streams.csv: scenario, repeat,
@@ -202,6 +203,9 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main() -> int:
+    if sys.argv[1:2] == ["soak"]:   # the 10-minute soak (experiments/harness/soak.py)
+        from experiments.harness import soak
+        return soak.main(sys.argv[2:])
     parser = _parser()
     args = parser.parse_args()
     if args.replot:

@@ -348,7 +348,7 @@ def _read_some(client: httpx.Client, stream: Stream) -> None:
 
 # --- the soak: clients in a loop while ranks are killed at random -------------------------
 # (a short one: the 10-minute soak with its speed and memory figures is a benchmark,
-# experiments/bench_soak.py)
+# experiments/bench_failover.py soak)
 
 SOAK_S = float(os.environ.get("PIPEINFER_SOAK_S", 90))
 

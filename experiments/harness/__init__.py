@@ -13,7 +13,8 @@ machine, cached) -> peers (rpc-servers on the emulated nodes) -> peer_output (wh
 read back). bench_runs runs one system once and writes its CSV row; charts draws the figures
 of the results pages from those CSVs; proc_stat samples a job's CPU from /proc;
 hops reads the cost per hop out of a run's trace; experiment_config reads the paper protocol's
-TOML configs; json_task is the structured-output benchmarks' task.
+TOML configs; json_task is the structured-output benchmarks' task; soak is the failover
+benchmark's 10-minute soak (`bench_failover.py soak`).
 """
 
 from pathlib import Path

@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """`pipeinfer serve --ranks N` under failures for a while: clients ask one answer after
 another while a random rank of the job is SIGKILLed every 30-60 s; every answer must complete
 and equal the undisturbed one. Prints the clients' tokens per second during the soak against
@@ -6,8 +5,8 @@ an undisturbed stretch of the same length before it (same server, same clients),
 memory growth from the soak's first minute to its end, and whether anything of the job
 outlived the front's SIGTERM.
 
-    flock /tmp/cpu.lock python experiments/bench_soak.py                # 10 minutes, Qwen
-    python experiments/bench_soak.py --small --soak 120 --calm 60       # SmolLM2, 3 ranks here
+    flock /tmp/cpu.lock python experiments/bench_failover.py soak        # 10 minutes, Qwen
+    python experiments/bench_failover.py soak --small --soak 120 --calm 60   # SmolLM2 here
 
 Defaults: the failover benchmark's cluster (4 emulated nodes x 0.5 core on gigabit links,
 Qwen2.5-Coder 1.5B + 0.5B with --strategy pipeinfer, 4 clients, 128-token coding answers);
@@ -20,20 +19,17 @@ import argparse
 import os
 import random
 import signal
-import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
 
-if not __package__:   # run as `python experiments/NAME.py`: the repository on the path
-    sys.path[0] = str(Path(__file__).resolve().parents[1])
-
-from experiments.bench_failover import PROMPTS, Client, Front  # noqa: E402
+from experiments.bench_failover import PROMPTS, Client, Front
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="bench_failover.py soak",
+                                     description=__doc__.split("\n\n")[0])
     parser.add_argument("--soak", type=float, default=600.0, help="seconds of kills")
     parser.add_argument("--calm", type=float, default=300.0,
                         help="seconds of the undisturbed stretch before it")
@@ -126,8 +122,8 @@ def soak(front: Front, args, clients: Clients, rng: random.Random) -> tuple[int,
     return kills, grown
 
 
-def main() -> int:
-    args = _parser().parse_args()
+def main(argv: list[str]) -> int:
+    args = _parser().parse_args(argv)
     if args.small:
         args.model, args.draft, args.nodes = "smollm2", None, 3
     state = Path(tempfile.mkdtemp(prefix="bench-soak-"))
@@ -170,6 +166,3 @@ def main() -> int:
     print(f"# the front's log: {state}/front.log")
     return 0 if done == exact == len(clients.results) and not left else 1
 
-
-if __name__ == "__main__":
-    sys.exit(main())
