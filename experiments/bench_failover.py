@@ -172,6 +172,28 @@ def disturbed(front: Front, args, scenario: str, state: Path) -> dict:
             "total": first - t_kill, "ranks_after": ranks}
 
 
+def front_arguments(parser: argparse.ArgumentParser, n: int) -> None:
+    """The options of the server a Front starts and of its clients (also the soak's)."""
+    parser.add_argument("--nodes", type=int, default=4)
+    parser.add_argument("--cpu", type=float, default=0.5)
+    parser.add_argument("-m", "--model", default="qwen-coder-1.5b")
+    parser.add_argument("-md", "--draft", default="qwen-coder-0.5b")
+    parser.add_argument("--strategy", default="pipeinfer")
+    parser.add_argument("-n", type=int, default=n)
+    parser.add_argument("--clients", type=int, default=4)
+    parser.add_argument("--job-args", default="",
+                        help="more options for pipeinfer serve, e.g. \"-v\" (its log, with "
+                             "the front's, is kept in the run's directory, printed at the end)")
+    parser.add_argument("--small", action="store_true",
+                        help="SmolLM2, 3 ranks on this machine (the tests' server)")
+
+
+def small_server(args) -> None:
+    """--small: SmolLM2 alone on 3 ranks of this machine."""
+    if args.small:
+        args.model, args.draft, args.nodes = "smollm2", None, 3
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--scenario", default="worker,host", help="worker, host, or both")
@@ -182,19 +204,8 @@ def _parser() -> argparse.ArgumentParser:
                         help="no failure: the clients' tokens per second with and without "
                         "kept KV cells, interleaved, K times (what keeping costs)")
     parser.add_argument("-K", type=int, default=3)
-    parser.add_argument("--nodes", type=int, default=4)
-    parser.add_argument("--cpu", type=float, default=0.5)
-    parser.add_argument("-m", "--model", default="qwen-coder-1.5b")
-    parser.add_argument("-md", "--draft", default="qwen-coder-0.5b")
-    parser.add_argument("--strategy", default="pipeinfer")
-    parser.add_argument("-n", type=int, default=256)
+    front_arguments(parser, n=256)
     parser.add_argument("--kill-at", type=int, default=64)
-    parser.add_argument("--clients", type=int, default=4)
-    parser.add_argument("--job-args", default="",
-                        help="more options for pipeinfer serve, e.g. \"-v\" (its log, with "
-                             "the front's, is kept in the run's directory, printed at the end)")
-    parser.add_argument("--small", action="store_true",
-                        help="SmolLM2, 3 ranks on this machine (the tests' server)")
     parser.add_argument("--out", type=Path, help="keep the token times (DIR/streams.csv) and "
                         "draw the first repeat's tokens per second (DIR/failover.png)")
     parser.add_argument("--replot", type=Path, metavar="CSV",
@@ -210,8 +221,7 @@ def main() -> int:
     args = parser.parse_args()
     if args.replot:
         return replot(args.replot)
-    if args.small:
-        args.model, args.draft, args.nodes = "smollm2", None, 3
+    small_server(args)
     keeps = {"on": ("",), "off": ("-rebuilt",), "both": ("", "-rebuilt")}[args.keep]
     scenarios = [s + k for s in args.scenario.split(",") if s for k in keeps]
     if args.small and any(s.startswith("host") for s in scenarios):

@@ -24,7 +24,7 @@ import threading
 import time
 from pathlib import Path
 
-from experiments.bench_failover import PROMPTS, Client, Front
+from experiments.bench_failover import PROMPTS, Client, Front, front_arguments, small_server
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -34,16 +34,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--calm", type=float, default=300.0,
                         help="seconds of the undisturbed stretch before it")
     parser.add_argument("--every", default="30,60", help="seconds between kills: MIN,MAX")
-    parser.add_argument("--nodes", type=int, default=4)
-    parser.add_argument("--cpu", type=float, default=0.5)
-    parser.add_argument("-m", "--model", default="qwen-coder-1.5b")
-    parser.add_argument("-md", "--draft", default="qwen-coder-0.5b")
-    parser.add_argument("--strategy", default="pipeinfer")
-    parser.add_argument("-n", type=int, default=128)
-    parser.add_argument("--clients", type=int, default=4)
-    parser.add_argument("--job-args", default="")
-    parser.add_argument("--small", action="store_true")
     parser.add_argument("--seed", type=int, default=49)
+    front_arguments(parser, n=128)
     return parser
 
 
@@ -124,8 +116,7 @@ def soak(front: Front, args, clients: Clients, rng: random.Random) -> tuple[int,
 
 def main(argv: list[str]) -> int:
     args = _parser().parse_args(argv)
-    if args.small:
-        args.model, args.draft, args.nodes = "smollm2", None, 3
+    small_server(args)
     state = Path(tempfile.mkdtemp(prefix="bench-soak-"))
     (state / "down").mkdir()
     print(f"# bench_soak: {args.model}" + (f" + {args.draft} ({args.strategy})" if args.draft

@@ -1,8 +1,9 @@
 """The front's job, kept running: launch it, take its head's messages, notice when it ends,
 and launch it again on the hosts that still answer (hosts.py), at a back-off unless it had
-been up for USEFUL_S, up to --max-restarts times in a row. Hosts left out are probed every REJOIN_EVERY_S; one that
-answers again joins at the next moment no request is under way (or after REJOIN_WAIT_S):
-the job is stopped in order and started again on every host, its requests resumed.
+been up for USEFUL_S, up to --max-restarts times in a row. Hosts left out are probed every
+REJOIN_EVERY_S; one that answers again joins at the next moment no request is under way (or
+after REJOIN_WAIT_S): the job is stopped in order and started again on every host, its
+requests resumed.
 
 The launcher's stderr passes through the front, which reads in it which rank failed (the
 rank supervisors' `pipeinfer: error: rank N ...` lines) to know which host to blame. A job

@@ -93,7 +93,7 @@ def _named(tokens: KeptCells, n_slots: int) -> tuple[dict, list[tuple[int, int]]
 def _take_back(stage, kept: KeptCells | None, named) -> list | None:
     """This rank's copies of the named requests in their slots: [(key, n, digest, why)];
     None for a rank without target layers."""
-    if stage is None or not hasattr(stage, "set_seq_state"):
+    if stage is None:
         return None
     held = []
     for key, slot in named:

@@ -81,6 +81,8 @@ class KeptCells:
 
     def __init__(self, directory: Path, identity: bytes):
         self.dir, self.identity = Path(directory), identity
+        self._suffix = (".tokens" if identity == identity_of(TOKENS)
+                        else f"-{identity.hex()[:16]}.cells")
         self._warned = False
 
     @classmethod
@@ -92,9 +94,7 @@ class KeptCells:
         return cls(directory, identity)
 
     def path(self, key: int) -> Path:
-        if self.identity == identity_of(TOKENS):
-            return self.dir / f"{key}.tokens"
-        return self.dir / f"{key}-{self.identity.hex()[:16]}.cells"
+        return self.dir / f"{key}{self._suffix}"
 
     # --- writing -------------------------------------------------------------------------
     def save(self, key: int, n: int, digest: int, body: bytes, n_prompt: int = 0,
@@ -102,16 +102,16 @@ class KeptCells:
         """Write a request's copy whole (a failure to write is logged once, not raised: a
         request is never failed for its copy)."""
         raw = np.asarray(tokens, dtype=np.int32).tobytes()
-        payload = raw + body
         header = HEADER.pack(MAGIC, self.identity, key, n, digest, n_prompt, len(tokens),
-                             zlib.crc32(payload))
+                             zlib.crc32(body, zlib.crc32(raw)))
         target = self.path(key)
         tmp = target.with_suffix(target.suffix + f".{os.getpid()}.tmp")
         try:
             self.dir.mkdir(parents=True, exist_ok=True)
             with open(tmp, "wb") as f:
                 f.write(header)
-                f.write(payload)
+                f.write(raw)
+                f.write(body)
             os.replace(tmp, target)
         except OSError as err:
             if not self._warned:
@@ -158,10 +158,9 @@ class KeptCells:
             entries = [(p.stat().st_mtime, p) for p in self.dir.iterdir()]
         except OSError:
             return []
-        suffix = self.path(0).name[1:]
         found = []
         for mtime, p in sorted(entries, reverse=True):
-            head = p.name[:-len(suffix)] if p.name.endswith(suffix) else ""
+            head = p.name[:-len(self._suffix)] if p.name.endswith(self._suffix) else ""
             if head.isdigit():
                 found.append(int(head))
         return found

@@ -33,11 +33,6 @@ class Keeper:
         self._keys: dict[int, int] = {}    # slot -> key of the request it generates
         self._saved: dict[int, int] = {}   # slot -> positions its last copy holds
 
-    @property
-    def reserved(self) -> set[int]:
-        """Slots holding cells taken back for a request not sent again yet."""
-        return {r.slot for r in self.restored.values()}
-
     def claim(self, key: int, free, request: Request) -> tuple[int, int] | None:
         """(slot, positions reused) for request `key` if its cells were taken back into a
         free slot; None otherwise."""

@@ -345,7 +345,8 @@ class Lanes:
                 continue
             if lane.driver.drafts is not None:
                 lane.driver.drafts.close()
-            lane.driver.pipe.kv(self.keeper.ended(lane.slot) + self._release(lane))   # (the lane's SlotPipeline: its slot)
+            # (the lane's SlotPipeline: its slot)
+            lane.driver.pipe.kv(self.keeper.ended(lane.slot) + self._release(lane))
             drafter = self._drafters[lane.slot]
             if isinstance(drafter, Drafter):
                 if self.cache.slots[lane.slot].tokens and _keeps_draft_context(lane.strategy):
