@@ -463,6 +463,30 @@ def test_draft_ranks_exact(tiny, drafts, name, delay):
         assert rows[1]["proposed"] > 0
 
 
+def test_draft_rank_counts_an_end_that_came_before_its_stop(tiny, drafts):
+    """M0 can take its STOP, finish and send END before M1 sees its own STOP (they come from
+    different senders): M1 still ends once its STOP comes, with its KV trimmed to the output."""
+    from pipeinfer.engine.drafting.hierarchy_remote import END, STOP, SYNC
+    stages = DraftStages([drafts["aligned"]])
+    try:
+        net = ThreadNet([3, 4])
+        level = Level(stages.stages[0], N_BATCH)
+        rank = DraftRank(net.endpoint(4), level, 1, [3, 4], window=4)
+        prompt = list(tiny.prompt)
+        final = prompt + list(tiny.reference[:3])
+        net.inbox[4].extend([(0, SYNC, len(prompt), prompt), (3, END, 0, []),
+                             (0, STOP, 0, final)])
+        done: list[dict] = []
+        thread = threading.Thread(target=lambda: done.append(rank.run()), daemon=True)
+        thread.start()
+        thread.join(timeout=30)
+        assert not thread.is_alive(), "M1 waits for an END it already took in"
+        assert done[0]["kv_end"] <= len(final) and level.out == final
+        assert [m[:2] for m in net.inbox[3]] == [(4, END)]  # and M0 hears M1 end
+    finally:
+        stages.close()
+
+
 @pytest.mark.parametrize("lag", [1, 3])
 def test_draft_ranks_stepped_pipeline(tiny, drafts, lag):
     spec = SpecOptions(draft=3)

@@ -133,6 +133,7 @@ class DraftRank:
         self.started = False
         self._sent_down: list[int] | None = None
         self._sent_up: list[int] | None = None
+        self.ended: set[int] = set()  # draft ranks whose END came (before or after our STOP)
 
     def run(self) -> dict:
         backoff = IdleBackoff()
@@ -153,7 +154,7 @@ class DraftRank:
     def _receive(self) -> list[int] | None:
         """Apply every waiting message; the final tokens if STOP came."""
         while (message := self.link.poll_draft()) is not None:
-            _source, kind, arg, tokens = message
+            source, kind, arg, tokens = message
             if kind == STOP:
                 return tokens
             if kind == SYNC:
@@ -167,6 +168,8 @@ class DraftRank:
                 self.level.merge(tokens)
             elif kind == BUFFER:
                 self.lower = tokens
+            elif kind == END:  # from a rank that had its STOP first: _stop counts it
+                self.ended.add(source)
         return None
 
     def _work(self) -> bool:
@@ -201,13 +204,12 @@ class DraftRank:
         others = [r for r in self.ranks if r != self.ranks[self.index]]
         for rank in others + [HEAD]:
             self.link.send_draft(rank, END, 0, [])
-        ended: set[int] = set()
         backoff = Backoff()
-        while len(ended) < len(others):
+        while len(self.ended) < len(others):
             message = self.link.poll_draft()
             if message is None:
                 backoff.wait()
             elif message[1] == END:
-                ended.add(message[0])
+                self.ended.add(message[0])
         self.link.flush()
         return row
