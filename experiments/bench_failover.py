@@ -43,6 +43,7 @@ if not __package__:   # run as `python experiments/NAME.py`: the repository on t
     sys.path[0] = str(Path(__file__).resolve().parents[1])
 
 from experiments.harness import CLUSTER, charts  # noqa: E402
+from experiments.harness.cluster import FRONT_ADDRESS  # noqa: E402
 
 PIPEINFER = Path(sys.executable).parent / "pipeinfer"
 PROMPTS = ["Write a Python function that parses a CSV file of transactions and returns the "
@@ -96,7 +97,8 @@ class Front:
         if args.draft:
             cmd += ["-md", args.draft, "--strategy", args.strategy]
         if not args.small:
-            cmd += ["--hosts", ",".join(f"node{i}" for i in range(args.nodes)), "--mpiexec",
+            cmd += ["--hosts", ",".join(f"node{i}" for i in range(args.nodes)),
+                    "--front-address", FRONT_ADDRESS, "--mpiexec",
                     f"{sys.executable} {CLUSTER} --cpu {args.cpu} --link gigabit "
                     f"--state {state} --as-mpiexec"]
         self.log = log

@@ -181,20 +181,21 @@ def test_a_bad_hostfile_is_one_line(tmp_path, smollm2) -> None:
 
 # --- a host lost, on the emulated cluster (experiments/cluster.py --as-mpiexec) -----------
 
-def _cluster_launcher(state: Path) -> str:
-    from support.cluster import CLUSTER
-    return (f"{sys.executable} {CLUSTER} --cpu 0.5 --link gigabit --state {state} "
-            "--as-mpiexec")
+def _cluster_hosts(state: Path) -> list[str]:
+    """serve's options for the 4 emulated nodes, their hosts marked down under `state`; the
+    nodes reach the front (on this machine, outside them) over TCP."""
+    from support.cluster import CLUSTER, FRONT_ADDRESS
+    return ["--hosts", "node0,node1,node2,node3", "--front-address", FRONT_ADDRESS,
+            "--mpiexec", f"{sys.executable} {CLUSTER} --cpu 0.5 --link gigabit --state {state} "
+                         "--as-mpiexec"]
 
 
-def test_a_host_lost_is_left_out_and_answers_stay_exact(smollm2, tmp_path, undisturbed):
-    from support.cluster import NO_NETNS
-    if NO_NETNS is not None:
-        pytest.skip(NO_NETNS)
-    state = tmp_path / "hosts"
-    (state / "down").mkdir(parents=True)
-    srv = Server(tmp_path, 4, "-m", str(smollm2), "--parallel", "4", "--no-cache-prompt",
-                "--hosts", "node0,node1,node2,node3", "--mpiexec", _cluster_launcher(state))
+@pytest.mark.parametrize("lost", ["node2", "node0"])   # a worker's host; the head's
+def test_a_host_lost_is_left_out_and_answers_stay_exact(smollm2, tmp_path, undisturbed, lost):
+    """The front outside the nodes, the head reaching it over TCP: a node whose link goes
+    down is left out, the next job (its head on node1 when node0 went) resumes every
+    request exactly."""
+    srv, state = _cluster_front(smollm2, tmp_path, "--parallel", "4", "--no-cache-prompt")
     try:
         before = srv.wait_ready(240)
         assert len(before["ranks"]) == 4
@@ -205,14 +206,15 @@ def test_a_host_lost_is_left_out_and_answers_stay_exact(smollm2, tmp_path, undis
         while any(len(s.chunks) < KILL_AFTER and s.is_alive() for s in streams):
             assert time.monotonic() < deadline
             time.sleep(0.01)
-        (state / "down" / "node2").touch()   # its link goes down, its rank dies
+        (state / "down" / lost).touch()   # its links go down, its rank dies
         after = srv.wait_ready(240, after_job=before["job"])
-        assert len(after["ranks"]) == 3
+        assert len(after["ranks"]) == 3   # (the head on node1 when node0 went)
         for s, prompt in zip(streams, PROMPTS):
             s.join(240)
             assert s.error is None and s.done, s.error
             assert s.text == undisturbed[prompt], (prompt, s.text, undisturbed[prompt])
-        assert "host node2 does not answer: left out" in srv.stderr
+        assert f"host {lost} does not answer: left out" in srv.stderr
+        assert "the job's head reaches the front at 10.78.255.1:" in srv.stderr
     finally:
         srv.kill()
 
@@ -223,8 +225,7 @@ def _cluster_front(smollm2, tmp_path: Path, *args: str, env: dict | None = None)
         pytest.skip(NO_NETNS)
     state = tmp_path / "hosts"
     (state / "down").mkdir(parents=True)
-    srv = Server(tmp_path, 4, "-m", str(smollm2), "--hosts", "node0,node1,node2,node3",
-                "--mpiexec", _cluster_launcher(state), *args)
+    srv = Server(tmp_path, 4, "-m", str(smollm2), *_cluster_hosts(state), *args)
     return srv, state
 
 

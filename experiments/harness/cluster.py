@@ -31,6 +31,7 @@ from .cpu_quota import PERIOD_US, CpuQuotas, QuotaError, parse_cpus
 
 LINK_PRESETS = {"gigabit": ("1gbit", "0.2ms", "0ms"), "slow": ("100mbit", "1ms", "0ms")}
 SUBNET = "10.77.0"
+FRONT_ADDRESS = "10.78.255.1"   # this machine, as every node reaches it (`serve --front-address`)
 
 
 class ClusterError(RuntimeError):
@@ -109,6 +110,7 @@ class Links:
         if shaper in ("netem", "htb"):
             self._create_veths(shaper)
         self.used = shaper
+        self._create_front_links()
 
     def _has_netem(self) -> bool:
         ns = self.ns(0)
@@ -146,6 +148,21 @@ class Links:
                 self._netem(ns, inner)
             else:
                 self._htb(ns, inner)
+
+    def _create_front_links(self) -> None:
+        """Each node's own unshaped link to this machine (its `front` device), on which it
+        reaches FRONT_ADDRESS: where a front started here listens for the job's head, as a
+        front on a machine of the user's network would. The node's address on it is the
+        job's own (a relaunched job's cluster may exist beside the ending one's)."""
+        subnet = f"10.78.{int(self.job, 16) % 250}"
+        for rank in range(self.nodes):
+            ns, outer, node = self.ns(rank), f"pi{self.job}f{rank}", f"{subnet}.{rank + 2}"
+            _ip("link", "add", outer, "type", "veth", "peer", "name", "front", "netns", ns)
+            _ip("addr", "add", f"{FRONT_ADDRESS}/32", "peer", f"{node}/32", "dev", outer)
+            _ip("link", "set", outer, "up")
+            _ip("-n", ns, "addr", "add", f"{node}/32", "peer", f"{FRONT_ADDRESS}/32", "dev",
+                "front")
+            _ip("-n", ns, "link", "set", "front", "up")
 
     def _netem(self, ns: str, dev: str) -> None:
         """netem (delay, jitter, rate) on the rank's egress."""

@@ -99,9 +99,10 @@ class Watcher(threading.Thread):
                     self._cut(rank)
 
     def _cut(self, rank: int) -> None:
-        if self.netns is not None:
-            subprocess.run(["ip", "-n", f"{self.netns}r{rank}", "link", "set", "eth0", "down"],
-                           capture_output=True)
+        if self.netns is not None:   # its links to the other nodes and to this machine
+            for dev in ("eth0", "front"):
+                subprocess.run(["ip", "-n", f"{self.netns}r{rank}", "link", "set", dev, "down"],
+                               capture_output=True)
         try:
             pid = int((Path(self.state) / "pids" / self.hosts[rank]).read_text())
             os.kill(pid, signal.SIGKILL)

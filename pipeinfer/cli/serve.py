@@ -143,6 +143,13 @@ SERVE_HELP = """Serve the model over HTTP with an OpenAI-compatible API. Two way
               help="With --ranks: the launcher command (e.g. experiments/cluster.py ... "
                    "--as-mpiexec). [default: the mpiexec beside pipeinfer's Python]",
               show_default=False)
+@click.option("--front-address", default=None, metavar="HOST",
+              help="With --ranks: the name or IPv4 address of this machine by which the "
+                   "job's head reaches the front. The front then listens on TCP on every "
+                   "interface, on a free port; both ends prove they hold a random key the "
+                   "job gets in its environment before anything is read. [default: a Unix "
+                   "socket when every host is this machine, else this machine's name]",
+              show_default=False)
 @click.option("--max-restarts", default=5, type=click.IntRange(0, None),
               help="With --ranks: give up after the job failed this many times in a row "
                    "(a job that ran for a minute resets the count); back-off 1 to 30 s, "
@@ -170,14 +177,15 @@ def serve(model, draft, compact_draft, draft_vocab, alias, n_ctx, n_batch, prefi
           threads, split,
           profile, strategy, temp, top_k, top_p, seed, host, port, queue_size, parallel,
           busy_strategy, api_key, cache_prompt, cors_origins, ranks, hostfile, host_list,
-          mpiexec, max_restarts, stall_timeout, trace_path, channel, verbose, quiet,
+          mpiexec, front_address, max_restarts, stall_timeout, trace_path, channel, verbose,
+          quiet,
           **speculation_values):
     from ..config.job import JobConfig
     from ..config.run import OutputConfig, RequestConfig
     from ..model.sampling import SamplingParams
 
     setup_logging(verbose, quiet, rank=supervisor.launcher_rank() or 0)
-    _refuse_launch(ranks, hostfile or host_list or mpiexec or trace_path)
+    _refuse_launch(ranks, hostfile or host_list or mpiexec or trace_path or front_address)
     if split[1]:
         raise Failure("--layer-split: draft models on ranks of their own ('/') run one "
                       "generation per job; serve runs them in the head process", 2)
@@ -196,7 +204,8 @@ def serve(model, draft, compact_draft, draft_vocab, alias, n_ctx, n_batch, prefi
     if ranks is not None:   # the front: no MPI, no llama.cpp in this process
         from ..front.main import LaunchOptions, main as front_main
         launch = LaunchOptions(ranks, _hosts(hostfile, host_list), mpiexec, max_restarts,
-                               tuple(job_args(sys.argv)), stall_timeout, trace_path)
+                               tuple(job_args(sys.argv)), stall_timeout, trace_path,
+                               front_address)
         sys.exit(front_main(served, launch))
     from ..engine.transport.mpi import world
     from ..serve.service import main as serve_main
@@ -221,8 +230,9 @@ def _refuse_launch(ranks: int | None, launch_options) -> None:
                       "without mpiexec (or `mpiexec -n N pipeinfer serve` without "
                       "--ranks, which has no failover)", 2)
     if ranks is None and launch_options:
-        raise Failure("--hostfile, --hosts, --mpiexec and --trace go with --ranks (the "
-                      "front launches the job); under mpiexec, give the hosts to mpiexec", 2)
+        raise Failure("--hostfile, --hosts, --mpiexec, --front-address and --trace go with "
+                      "--ranks (the front launches the job); under mpiexec, give the hosts to "
+                      "mpiexec", 2)
 
 
 def _busy(given: str, strategy: str, parallel: int) -> str | None:
@@ -261,7 +271,7 @@ def _hosts(hostfile: str | None, host_list: str | None):
 # The front's own options, each with a value: the job gets every other option as given.
 FRONT_ONLY = ("--ranks", "--hostfile", "--hosts", "--mpiexec", "--max-restarts", "--host",
               "--port", "--api-key", "--cors-origin", "--queue", "--channel", "--stall-timeout",
-              "--trace")
+              "--trace", "--front-address")
 
 
 def job_args(argv: list[str]) -> list[str]:

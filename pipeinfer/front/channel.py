@@ -1,6 +1,8 @@
 """The front's end of the channel to the job's head: a multiprocessing.connection Listener
 (length-framed pickled messages, the peer authenticated by a random key the job gets in its
-environment), on a Unix socket when the head runs on this host, else on TCP.
+environment), on a Unix socket when every rank runs on this host, else on TCP: listening on
+every interface, on a free port, the head connecting to the address `reach` names (multiprocessing
+authenticates both ends with the key, HMAC challenges, before a message is read).
 
 One listener for the front's whole life, so every job (the first and each relaunch) connects
 to the same address; a job says which one it is in its first message, and a connection of a
@@ -26,26 +28,31 @@ JOB_ENV = "PIPEINFER_FRONT_JOB"     # which launch a job is
 
 
 class Channel:
-    def __init__(self, deliver: Callable[[int, tuple | None], None], tcp_host: str | None = None):
+    def __init__(self, deliver: Callable[[int, tuple | None], None], reach: str | None = None):
         """`deliver(job, message)` on a receiving thread; message None: that job's
-        connection closed. `tcp_host`: listen on TCP there (a head on another host) instead
-        of a Unix socket."""
+        connection closed. `reach`: the name or address of this host by which a head on
+        another host connects (TCP); None: a Unix socket."""
         self.key = secrets.token_bytes(32)
         self.deliver = deliver
-        if tcp_host is None:
+        if reach is None:
             self.dir = tempfile.mkdtemp(prefix="pipeinfer-front-")
             self.listener = Listener(os.path.join(self.dir, "head"), "AF_UNIX", authkey=self.key)
             self.address = self.listener.address
         else:
             self.dir = None
-            self.listener = Listener((tcp_host, 0), "AF_INET", authkey=self.key)
-            host, port = self.listener.address
-            self.address = f"{socket.getfqdn() if host in ('0.0.0.0', '') else host}:{port}"
+            self.listener = Listener(("0.0.0.0", 0), "AF_INET", authkey=self.key)
+            self.address = f"{reach}:{self.listener.address[1]}"
+            log.info("the job's head reaches the front at %s (TCP, authenticated)",
+                     self.address)
         self._conns: dict[int, Connection] = {}
         self._lock = threading.Lock()
         self.current = -1   # the job whose connection is kept
         self._closed = False
         threading.Thread(target=self._accept, name="front-accept", daemon=True).start()
+
+    @property
+    def tcp(self) -> bool:
+        return self.dir is None
 
     def env(self, job: int) -> dict[str, str]:
         """What a job's processes need to connect (into their environment)."""
@@ -113,3 +120,18 @@ class Channel:
             for name in os.listdir(self.dir):
                 os.unlink(os.path.join(self.dir, name))
             os.rmdir(self.dir)
+
+
+def reach_of(hosts: list[str] | None, given: str | None) -> str | None:
+    """How a head reaches the front: `given` (--front-address) if set; else None (a Unix
+    socket) when every host is this one (or none is named), else this host's name."""
+    if given:
+        return given
+    if not hosts or all(is_this_host(h) for h in hosts):
+        return None
+    name = socket.getfqdn()   # ("localhost" where /etc/hosts maps the name to 127.0.1.1)
+    return socket.gethostname() if name.startswith("localhost") else name
+
+
+def is_this_host(name: str) -> bool:
+    return name in ("localhost", "127.0.0.1", "::1", socket.gethostname(), socket.getfqdn())

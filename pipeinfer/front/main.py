@@ -19,6 +19,7 @@ import uvicorn
 
 from ..config.serving import ServeConfig
 from .app import Front, build_app
+from .channel import reach_of
 from .console import Console
 from .launcher import Host, Launcher
 from .metrics import ServiceMetrics
@@ -42,6 +43,7 @@ class LaunchOptions:
     job_args: tuple[str, ...]
     stall_timeout: float = 60.0
     trace: str | None = None
+    front_address: str | None = None   # how a head on another host reaches the front
 
 
 # A job's keeper: made on the event loop from the request table, the metrics and the console.
@@ -128,8 +130,9 @@ def main(options: ServeConfig, launch: LaunchOptions) -> int:
         launcher = Launcher(launch.mpiexec, launch.ranks,
                             list(launch.hosts) if launch.hosts else None,
                             list(launch.job_args))
+        hosts = [h.name for h in launch.hosts] if launch.hosts else None
         return Supervisor(launcher, table, metrics, launch.max_restarts,
-                          stall_s=launch.stall_timeout,
+                          reach_of(hosts, launch.front_address), stall_s=launch.stall_timeout,
                           trace=FrontTrace(launch.trace, also=console.record))
 
     front = FrontThread(options, supervisor, f"starting the job: {launch.ranks} ranks")

@@ -63,7 +63,7 @@ class Job:
 
 class Supervisor:
     def __init__(self, launcher: Launcher, table: Table, metrics: ServiceMetrics,
-                 max_restarts: int, tcp_host: str | None = None,
+                 max_restarts: int, reach: str | None = None,
                  stall_s: float = DEFAULT_STALL_S, trace: FrontTrace | None = None):
         self.launcher, self.table, self.metrics = launcher, table, metrics
         self.max_restarts = max_restarts
@@ -71,7 +71,7 @@ class Supervisor:
         self.trace = trace or FrontTrace(None)
         table.on_resumed = self._resumed
         self.loop = asyncio.get_running_loop()
-        self.channel = Channel(self._deliver, tcp_host)
+        self.channel = Channel(self._deliver, reach)
         self.hosts = HostSet(launcher.hosts, launcher.ranks, self.trace)
         self.state, self.reason = "loading", ""
         self.on_state = lambda: None   # the state or reason changed (the console's)

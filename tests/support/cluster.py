@@ -12,6 +12,7 @@ import subprocess
 import pytest
 
 from experiments.harness import CLUSTER  # noqa: F401 (the tests' name for it)
+from experiments.harness.cluster import FRONT_ADDRESS  # noqa: F401 (where nodes reach us)
 from experiments.harness.cpu_quota import QuotaError, controller
 
 
