@@ -6,7 +6,7 @@ the first token after the kill, for every client, and its phases: detect (the ki
 KV cache of the prompt and the tokens sent, until the last client's first new token). Every
 answer is compared with the undisturbed one (taken first, on the same server).
 
-    flock /tmp/cpu.lock python experiments/bench_failover.py --scenario worker,host -K 3
+    flock /tmp/cpu.lock python experiments/bench_failover.py --scenario worker,host,head-host -K 3
     ... --keep both     # also without kept KV cells (-rebuilt rows), interleaved
     python experiments/bench_failover.py soak --help   # ranks killed for 10 minutes
     python experiments/bench_failover.py --replot streams.csv     # the chart again
@@ -153,8 +153,8 @@ def disturbed(front: Front, args, scenario: str, state: Path) -> dict:
     t_kill = time.monotonic()
     if scenario.startswith("worker"):
         os.kill(next(r["pid"] for r in before["ranks"] if r["rank"] == 1), signal.SIGKILL)
-    else:
-        (state / "down" / f"node{args.nodes - 2}").touch()
+    else:   # host: a worker's node; head-host: node0, the head's (its channel to the front too)
+        (state / "down" / f"node{0 if scenario.startswith('head') else args.nodes - 2}").touch()
     detect = None
     while True:
         status, body = front.health()
@@ -198,7 +198,10 @@ def small_server(args) -> None:
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--scenario", default="worker,host", help="worker, host, or both")
+    parser.add_argument("--scenario", default="worker,host",
+                        help="a comma list of: worker (rank 1 killed), host (a worker's node "
+                             "lost), head-host (the head's node lost: the next job's head "
+                             "reaches the front from another node)")
     parser.add_argument("--keep", choices=("on", "off", "both"), default="on",
                         help="the ranks keep copies of their KV cells (the default), or not "
                         "(every request's context is evaluated again), or both, interleaved")
@@ -226,7 +229,7 @@ def main() -> int:
     small_server(args)
     keeps = {"on": ("",), "off": ("-rebuilt",), "both": ("", "-rebuilt")}[args.keep]
     scenarios = [s + k for s in args.scenario.split(",") if s for k in keeps]
-    if args.small and any(s.startswith("host") for s in scenarios):
+    if args.small and any("host" in s for s in scenarios):
         parser.error("--small runs on plain mpiexec: --scenario worker only")
     work = Path(tempfile.mkdtemp(prefix="bench-failover-"))
     if args.cost:
