@@ -26,6 +26,7 @@ import os
 import signal
 import threading
 import time
+from typing import TYPE_CHECKING
 
 from ..config.job import JobConfig
 from ..job import supervisor
@@ -35,11 +36,13 @@ from ..job.supervisor import JOB_LOST
 from ..engine.transport.backoff import IdleBackoff
 from ..engine.transport.mpi import LOST_PEER, Link, abort_job
 from ..config.serving import ServeConfig
-from ..front.in_job import InJobFront
 from .bridge import Bridge
 from .intake import open_intake
 from .link import FrontLink, connect
 from .loop import serve_requests
+
+if TYPE_CHECKING:   # (imported where used: a job under a front has no HTTP server)
+    from ..front.in_job import InJobFront
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +68,7 @@ class Rank0:
         if options.channel is not None:
             self.link = FrontLink(connect(options.channel))
             return
+        from ..front.in_job import InJobFront   # uvicorn, starlette: only for this front
         front_end, job_end = multiprocessing.Pipe()
         self.front = InJobFront(options, front_end)
         self.link = FrontLink(job_end)
