@@ -274,7 +274,10 @@ def test_no_host_left_is_a_503_saying_so_until_hosts_answer_again(smollm2, tmp_p
     finally:
         srv.kill()
 
-def test_a_host_whose_rank_keeps_dying_is_left_out(smollm2, tmp_path):
+def test_a_host_whose_rank_keeps_dying_is_left_out(smollm2, tmp_path, monkeypatch):
+    """Its host answers all along: it stays out (quarantined) although the front looks for
+    hosts to take back every second here."""
+    monkeypatch.setenv("PIPEINFER_REJOIN_S", "1")
     srv, state = _cluster_front(smollm2, tmp_path)
     try:
         health = srv.wait_ready(240)
@@ -282,8 +285,12 @@ def test_a_host_whose_rank_keeps_dying_is_left_out(smollm2, tmp_path):
             os.kill(next(r["pid"] for r in health["ranks"] if r["rank"] == 3), signal.SIGKILL)
             health = srv.wait_ready(240, after_job=health["job"])
         assert len(health["ranks"]) == 3
-        assert "host node3 answers, but its rank failed 3 times in a row: left out" in \
-            srv.stderr
+        assert "host node3 answers, but its rank failed 3 times in a row (not taken back " \
+               "for 600 s): left out" in srv.stderr
+        time.sleep(5)
+        later = srv.health().json()
+        assert later["job"] == health["job"] and len(later["ranks"]) == 3
+        assert "answer again" not in srv.stderr
     finally:
         srv.kill()
 

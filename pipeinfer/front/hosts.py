@@ -1,13 +1,16 @@
 """Which of the user's hosts the front's next job runs on: all of them at first; a host that
 does not answer the launcher's probe is left out (the ranks it held with it), and so is one
 whose rank failed HOST_FAILURES times in a row; a host left out that answers again is taken
-back. Ranks fill the hosts as the launcher places them (launcher.placement), so the job
+back (one left out for its rank's failures answered all along: it waits QUARANTINE_S first,
+or it would be taken back, fail again and be left out again, over and over). Ranks fill the hosts as the launcher places them (launcher.placement), so the job
 keeps the ranks of the hosts that remain."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import time
 from collections import Counter
 from typing import Awaitable, Callable
 
@@ -17,17 +20,21 @@ from .trace import FrontTrace
 log = logging.getLogger(__name__)
 
 HOST_FAILURES = 3   # a host whose rank failed this many times in a row is left out
+QUARANTINE_S = float(os.environ.get("PIPEINFER_QUARANTINE_S", 600.0))  # ... for this long
 
 Probe = Callable[[Host], Awaitable[bool]]
 
 
 class HostSet:
-    def __init__(self, hosts: list[Host] | None, ranks: int, trace: FrontTrace | None = None):
+    def __init__(self, hosts: list[Host] | None, ranks: int, trace: FrontTrace | None = None,
+                 clock: Callable[[], float] = time.monotonic):
         self.all, self.total = hosts, ranks
         self.trace = trace or FrontTrace(None)
         self.held = placement(hosts, ranks) if hosts else {}
         self.left: list[Host] = []
         self.failures: Counter[str] = Counter()
+        self.clock = clock
+        self.quarantined: dict[str, float] = {}   # host -> until when it may not come back
 
     @property
     def hosts(self) -> list[Host] | None:
@@ -74,7 +81,9 @@ class HostSet:
             return
         self.failures[host.name] += 1
         if self.failures[host.name] >= HOST_FAILURES and len(self.hosts or []) > 1:
-            self._leave(host, f"answers, but its rank failed {HOST_FAILURES} times in a row")
+            self.quarantined[host.name] = self.clock() + QUARANTINE_S
+            self._leave(host, f"answers, but its rank failed {HOST_FAILURES} times in a row "
+                              f"(not taken back for {QUARANTINE_S:.0f} s)")
 
     def stable(self) -> None:
         """A job ran long enough: failures so far were not a host's fault."""
@@ -89,12 +98,16 @@ class HostSet:
                     self.ranks, ", ".join(h.name for h in self.hosts or []) or "no host")
 
     async def returning(self, probe: Probe) -> list[Host]:
-        """The hosts left out that answer again."""
-        answers = await asyncio.gather(*(probe(h) for h in self.left))
-        return [h for h, ok in zip(self.left, answers) if ok]
+        """The hosts left out that answer again (past their quarantine, if any)."""
+        now = self.clock()
+        candidates = [h for h in self.left if self.quarantined.get(h.name, now) <= now]
+        answers = await asyncio.gather(*(probe(h) for h in candidates))
+        return [h for h, ok in zip(candidates, answers) if ok]
 
     def take_back(self, hosts: list[Host]) -> None:
         self.left = [h for h in self.left if h not in hosts]
+        for host in hosts:
+            self.quarantined.pop(host.name, None)
         self.trace.record("host_back", hosts=[h.name for h in hosts], ranks=self.ranks)
         log.warning("host(s) %s answer again: the next job runs %d ranks on %s",
                     ", ".join(h.name for h in hosts), self.ranks,
