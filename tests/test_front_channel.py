@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import socket
 import threading
+import time
 from multiprocessing import AuthenticationError
 from multiprocessing.connection import Client
 
@@ -100,3 +101,36 @@ def test_the_channel_is_a_unix_socket_only_when_every_host_is_this_one():
         assert not unix.tcp and unix.address.startswith("/")
     finally:
         unix.close()
+
+
+def test_a_head_keeps_trying_until_the_front_listens_then_gives_up(monkeypatch):
+    from multiprocessing.connection import Listener
+    key = b"k" * 32
+    monkeypatch.setenv(link.KEY_ENV, key.hex())
+    spare = socket.socket()
+    spare.bind(("127.0.0.1", 0))
+    port = spare.getsockname()[1]
+    spare.close()                       # nothing listens there yet: refused at first
+    got: list = []
+
+    def front_later():
+        time.sleep(2.0)
+        with Listener(("127.0.0.1", port), "AF_INET", authkey=key) as listener:
+            while True:   # the head's reachability probe comes first, without the key
+                try:
+                    conn = listener.accept()
+                    break
+                except (AuthenticationError, EOFError, OSError):
+                    continue
+            got.append(conn.recv())
+            conn.close()
+
+    thread = threading.Thread(target=front_later, daemon=True)
+    thread.start()
+    conn = link.connect(f"127.0.0.1:{port}", wait_s=30)
+    conn.send(("hello",))
+    thread.join(10)
+    conn.close()
+    assert got == [("hello",)]
+    with pytest.raises(ConnectionRefusedError):   # no front at all: it gives up, saying why
+        link.connect(f"127.0.0.1:{port}", wait_s=1.5)

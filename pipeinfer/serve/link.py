@@ -49,15 +49,31 @@ log = logging.getLogger(__name__)
 KEY_ENV = "PIPEINFER_FRONT_KEY"   # the channel's key (hex), from the front
 JOB_ENV = "PIPEINFER_FRONT_JOB"   # which of the front's launches this job is
 BEAT_S = 0.5                      # at most one beat this often
+CONNECT_WAIT_S = 60.0             # a front on another host: how long to keep trying
+ATTEMPT_S = 5.0
 
 
-def connect(address: str) -> Connection:
-    """The channel to a front listening at `address` (a Unix socket path or host:port)."""
+def connect(address: str, wait_s: float = CONNECT_WAIT_S) -> Connection:
+    """The channel to a front listening at `address` (a Unix socket path or host:port). Over
+    TCP, attempts of ATTEMPT_S each (Client's own connect waits for the kernel's SYN retries,
+    minutes) until one gets through or `wait_s` has passed: a host whose link or neighbour
+    entry is not ready yet as the job starts drops the first SYNs."""
     key = bytes.fromhex(os.environ.get(KEY_ENV, ""))
     if address.startswith("/"):
         return Client(address, family="AF_UNIX", authkey=key)
     host, _, port = address.rpartition(":")
-    return Client((host.strip("[]"), int(port)), family="AF_INET", authkey=key)
+    target = (host.strip("[]"), int(port))
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:   # (the front's listener drops this probe connection: it has no key)
+            socket.create_connection(target, timeout=ATTEMPT_S).close()
+            return Client(target, family="AF_INET", authkey=key)
+        except OSError as err:
+            if time.monotonic() >= deadline:
+                raise
+            log.warning("cannot reach the front at %s yet (%s): trying again", address,
+                        err.strerror or err)
+            time.sleep(1.0)
 
 
 class FrontLink:
