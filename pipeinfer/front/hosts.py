@@ -2,7 +2,8 @@
 does not answer the launcher's probe is left out (the ranks it held with it), and so is one
 whose rank failed HOST_FAILURES times in a row; a host left out that answers again is taken
 back (one left out for its rank's failures answered all along: it waits QUARANTINE_S first,
-or it would be taken back, fail again and be left out again, over and over). Ranks fill the hosts as the launcher places them (launcher.placement), so the job
+or it would be taken back, fail again and be left out again, over and over). Ranks fill the
+hosts as the launcher places them (launcher.placement), so the job
 keeps the ranks of the hosts that remain."""
 
 from __future__ import annotations

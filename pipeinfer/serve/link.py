@@ -55,9 +55,10 @@ ATTEMPT_S = 5.0
 
 def connect(address: str, wait_s: float = CONNECT_WAIT_S) -> Connection:
     """The channel to a front listening at `address` (a Unix socket path or host:port). Over
-    TCP, attempts of ATTEMPT_S each (Client's own connect waits for the kernel's SYN retries,
-    minutes) until one gets through or `wait_s` has passed: a host whose link or neighbour
-    entry is not ready yet as the job starts drops the first SYNs."""
+    TCP, attempts of ATTEMPT_S each with a fresh socket (Client's own connect waits out the
+    kernel's SYN retries, minutes, on one) until one gets through or `wait_s` has passed: a
+    first job's head on an emulated node once got no answer at all (cause not found), and a
+    front on another host may be unreachable for a moment as the job starts."""
     key = bytes.fromhex(os.environ.get(KEY_ENV, ""))
     if address.startswith("/"):
         return Client(address, family="AF_UNIX", authkey=key)
