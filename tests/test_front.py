@@ -24,6 +24,9 @@ from support.failover import (KILL_AFTER, N_TOKENS, PROMPTS, Stream, complete, k
                               streams_going)
 from support.serving import Server
 
+# a job's log of what it took back after a failure (job/restore.py)
+TAKEN = re.compile(r"kept cells of request (\d+): (\d+) of its (\d+) tokens on every rank")
+
 pytestmark = pytest.mark.slow
 
 
@@ -187,7 +190,7 @@ def _cluster_hosts(state: Path) -> list[str]:
     from support.cluster import CLUSTER, FRONT_ADDRESS
     return ["--hosts", "node0,node1,node2,node3", "--front-address", FRONT_ADDRESS,
             "--mpiexec", f"{sys.executable} {CLUSTER} --cpu 0.5 --link gigabit --state {state} "
-                         "--as-mpiexec"]
+                         f"--disks private --disk-root {state / 'disks'} --as-mpiexec"]
 
 
 @pytest.mark.parametrize("lost", ["node2", "node0"])   # a worker's host; the head's
@@ -215,6 +218,10 @@ def test_a_host_lost_is_left_out_and_answers_stay_exact(smollm2, tmp_path, undis
             assert s.text == undisturbed[prompt], (prompt, s.text, undisturbed[prompt])
         assert f"host {lost} does not answer: left out" in srv.stderr
         assert "the job's head reaches the front at 10.78.255.1:" in srv.stderr
+        if lost == "node2":   # a worker's: its neighbours took over its layers and their
+            assert "every surviving rank keeps its layers" in srv.stderr   # cells
+            taken = [int(n) for _, n, _ in TAKEN.findall(srv.stderr)]
+            assert len(taken) == len(PROMPTS) and all(taken), srv.stderr[-4000:]
     finally:
         srv.kill()
 

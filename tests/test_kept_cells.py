@@ -18,6 +18,7 @@ from support.failover import PROMPTS, complete, kill_mid_stream
 from support.serving import Server
 
 from pipeinfer.engine.head.kept import Keeper
+from pipeinfer.job.assemble import StageCopies
 from pipeinfer.job.restore import restore
 from pipeinfer.model.kept_cells import TOKENS, KeptCells, identity_of, token_digest
 from pipeinfer.model.stage import Stage, StageConfig
@@ -112,7 +113,7 @@ def test_cells_taken_back_compute_as_the_undisturbed_ones(tiny_model, store_env)
         tokens = KeptCells.for_job(identity_of(TOKENS))
         _kept_request(first, cells, tokens, 5, prompt, 32)
     with _stage(tiny_model) as second:   # the next job's rank
-        restored = restore(OneRank(), second, cells, n_slots=2)
+        restored = restore(OneRank(), second, StageCopies(cells, None, ()), n_slots=2)
         assert list(restored) == [5] and restored[5].tokens == tuple(prompt)
         slot = restored[5].slot   # (the copy holds position 40 too: the lane cuts it off)
         second.seq_rm(0, len(prompt), -1, slot=slot)
@@ -136,7 +137,7 @@ def test_damaged_foreign_and_stale_copies_are_never_used(tiny_model, store_env, 
         tokens.save(3, len(prompt), token_digest(prompt), b"", 32,    # request 3: the head's
                     [9] + prompt[1:])                                  # tokens are others
         caplog.set_level(logging.INFO)
-        restored = restore(OneRank(), stage, cells, n_slots=3)
+        restored = restore(OneRank(), stage, StageCopies(cells, None, ()), n_slots=3)
     assert restored == {}
     said = caplog.text
     assert "kept cells of request 1: 0 of its 40 tokens on every rank (rank 0: truncated" in said
@@ -159,7 +160,8 @@ def test_cells_one_rank_took_back_are_dropped_when_another_has_none(tiny_model, 
         _prefill(stage, prompt)
         _kept_request(stage, cells, tokens, 4, prompt, 32)
     with _stage(tiny_model) as stage:
-        assert restore(OtherRankHasNone(), stage, cells, n_slots=2) == {}
+        copies = StageCopies(cells, None, ())
+        assert restore(OtherRankHasNone(), stage, copies, n_slots=2) == {}
         assert stage.seq_pos_max(0, slot=0) == -1   # (a request there starts from nothing)
 
 

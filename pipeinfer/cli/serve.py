@@ -129,8 +129,12 @@ SERVE_HELP = """Serve the model over HTTP with an OpenAI-compatible API. Two way
                    "KV cells of each request under way on its own disk (in the cache "
                    "directory, removed when the request ends), which the next job's rank "
                    "with the same layers on the same host takes back: a request then "
-                   "evaluates only what followed its last copy (PIPEINFER_KEEP_CELLS=0: "
-                   "nothing kept). Without --ranks, under "
+                   "evaluates only what followed its last copy. A worker also sends its "
+                   "neighbours copies of the layers they would take over if its host were "
+                   "lost; then the next job keeps every surviving rank's layers, gives them "
+                   "the lost ones, and takes the cells back too, unless that split's "
+                   "heaviest stage would be over 25% heavier than the balanced one's "
+                   "(PIPEINFER_KEEP_CELLS=0: nothing kept). Without --ranks, under "
                    "`mpiexec -n N`, the server is the job itself, without failover.",
               show_default=False)
 @click.option("--hostfile", type=click.Path(dir_okay=False), default=None,

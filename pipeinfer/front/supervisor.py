@@ -32,6 +32,7 @@ from .hosts import HostSet
 from .launcher import Launcher, kill_group
 from .metrics import ServiceMetrics
 from .table import Pending, Table
+from .takeover import placed, takeover_env
 from .trace import FrontTrace
 from .watchdog import DEFAULT_STALL_S, Watchdog, stopped_ranks
 
@@ -59,6 +60,7 @@ class Job:
     head_pid: int | None = None
     info: dict = field(default_factory=dict)
     traced: bool = False    # its end is in the trace
+    placed: list = field(default_factory=list)   # each rank's host (takeover.placed)
 
 
 class Supervisor:
@@ -75,6 +77,7 @@ class Supervisor:
         self.hosts = HostSet(launcher.hosts, launcher.ranks, self.trace)
         self.state, self.reason = "loading", ""
         self.on_state = lambda: None   # the state or reason changed (the console's)
+        self.last_ready: tuple[dict, list] | None = None
         self.job: Job | None = None
         self.stopping = False
         self.ever_ready = False
@@ -113,6 +116,7 @@ class Supervisor:
 
     def _ready(self, job: Job, info: dict) -> None:
         job.ready, job.info = time.monotonic(), info
+        self.last_ready = (info, job.placed)   # what a job after a lost host may keep
         self.ever_ready = True
         statuses = info.get("statuses", [])
         self.trace.record("job_ready", job=job.number, ranks=[
@@ -218,6 +222,9 @@ class Supervisor:
                                         self.hosts.changed)
         self.channel.expect(number)
         env = dict(os.environ, **self.channel.env(number))
+        where = placed(hosts, ranks)
+        if self.hosts.changed and self.last_ready is not None:   # (a host lost or back)
+            env.update(takeover_env(*self.last_ready, where))
         log.info("starting job %d: %d ranks%s", number, ranks,
                  f" on {', '.join(h.name for h in hosts)}" if hosts else "")
         self.trace.record("job_start", job=number, ranks=ranks,
@@ -227,7 +234,7 @@ class Supervisor:
                                                     stdin=asyncio.subprocess.DEVNULL,
                                                     stderr=asyncio.subprocess.PIPE)
         self._ended = asyncio.Event()
-        self.job = Job(number, proc)
+        self.job = Job(number, proc, placed=where)
         return self.job
 
     async def _relay(self, job: Job) -> None:

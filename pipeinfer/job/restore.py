@@ -5,7 +5,8 @@ evaluating their whole context again.
 Collective, on every rank, once all are ready: the head reads its token files (which
 requests were under way and the tokens their cells are of) and names a slot for each, up to
 the job's slots, most recent first; every rank holding target layers puts its copy of each
-into that slot's sequence 0 and says how many leading positions it holds (0, with the
+(its own, or one assembled from its last stage's and its neighbours' copies after the split
+changed: job/assemble.py) into that slot's sequence 0 and says how many leading positions it holds (0, with the
 reason, when its copy is missing, damaged, or of another model, split or build); the head
 takes, per request, the positions every rank holds, whose tokens' digests agree with its
 own, and every rank keeps those in the slot (none where the head takes none). Copies of
@@ -16,13 +17,15 @@ only what follows them."""
 from __future__ import annotations
 
 import logging
-import os
 from dataclasses import dataclass
 
 import llama_cpp
 
-from ..model.kept_cells import TOKENS, KeptCells, identity_of, load_into, token_digest
+from ..engine.worker.replicas import Replicas
+from ..model.handover import replica_plan
+from ..model.kept_cells import REPLICAS, TOKENS, KeptCells, identity_of, load_into, token_digest
 from ..model.llama_lib import system_info
+from .assemble import StageCopies
 
 log = logging.getLogger(__name__)
 
@@ -37,25 +40,50 @@ class Restored:
     n_prompt: int
 
 
-def stage_store(stage, layers) -> KeptCells | None:
-    """The store of a rank holding `stage` (layers `layers`), None when nothing is kept."""
+def stamp_of(stage, model_digest: str) -> tuple:
+    """What, besides its layers, makes a stage's cells the bits they are: the model, the
+    settings that choose llama.cpp's kernels and batches, the build and the CPU's features."""
+    c = stage.config
+    return (model_digest, c.n_ctx, c.n_batch, c.n_threads, c.repack, llama_cpp.__version__,
+            system_info())
+
+
+def stage_copies(stage, layers: tuple[int, int], model_digest: str) -> StageCopies | None:
+    """The copies a rank holding `stage` (layers [first, last)) keeps and can take back,
+    None when nothing is kept."""
     if stage is None:
         return None
-    identity = identity_of(os.path.basename(stage.path), os.path.getsize(stage.path),
-                           layers, stage.config, llama_cpp.__version__, system_info())
-    return KeptCells.for_job(identity)
+    stamp = stamp_of(stage, model_digest)
+    own = KeptCells.for_job(identity_of(*stamp, *layers), layers)
+    if own is None:
+        return None
+    return StageCopies(own, KeptCells.for_job(b"", sub=REPLICAS), stamp)
+
+
+def replicas(copies: StageCopies | None, ranges, rank: int, per_layer, final) -> Replicas | None:
+    """Where a worker's KV_SEQ_SAVE and _DROP go: its copies, and those it sends the ranks
+    that would take over its layers (model/handover.py), and keeps of its neighbours'."""
+    if copies is None:
+        return None
+    plan = replica_plan(ranges, per_layer, final)
+    parts = [(dest, lo, hi, identity_of(*copies.stamp, lo, hi))
+             for dest, lo, hi in plan.get(rank, [])]
+    senders = [r for r, sent in plan.items() if any(dest == rank for dest, *_ in sent)]
+    return Replicas(copies.own, copies.held, parts, senders)
 
 
 def token_store() -> KeptCells | None:
     return KeptCells.for_job(identity_of(TOKENS))
 
 
-def restore(link, stage, kept: KeptCells | None, n_slots: int) -> dict[int, Restored]:
+def restore(link, stage, kept: StageCopies | None, n_slots: int) -> dict[int, Restored]:
     """Collective (every rank): the requests whose cells were taken back (on the head, by
     key; empty elsewhere)."""
     heads, named = {}, []
     if kept is not None:
-        kept.sweep()
+        kept.own.sweep()
+        if kept.held is not None:
+            kept.held.sweep()
     if link.rank == 0:
         tokens = token_store()
         if tokens is not None:
@@ -90,20 +118,23 @@ def _named(tokens: KeptCells, n_slots: int) -> tuple[dict, list[tuple[int, int]]
     return heads, named
 
 
-def _take_back(stage, kept: KeptCells | None, named) -> list | None:
+def _take_back(stage, kept: StageCopies | None, named) -> list | None:
     """This rank's copies of the named requests in their slots: [(key, n, digest, why)];
     None for a rank without target layers."""
     if stage is None:
         return None
     held = []
     for key, slot in named:
-        copy, why = kept.read(key) if kept is not None else (None, "nothing kept")
+        copy, why = kept.copy_of(key) if kept is not None else (None, "nothing kept")
         if copy is not None and not load_into(stage, slot, 0, copy):
             copy, why = None, "llama.cpp refused it"
         held.append((key, copy.n, copy.digest, "") if copy else (key, 0, 0, why))
-    if kept is not None:
-        for key in set(kept.keys()) - {key for key, _ in named}:
-            kept.drop(key)
+    if kept is not None:   # (copies of other stages of the named requests: removed when
+        names = {key for key, _ in named}   # those end, engine/worker/replicas.py)
+        for key in set(kept.own.keys(every=True)) - names:
+            kept.own.drop_all(key)
+        for key in set(kept.held.keys(every=True) if kept.held else ()) - names:
+            kept.held.drop_all(key)
     return held
 
 

@@ -34,7 +34,9 @@ from ..engine.transport.draft_link import DraftLink
 from ..engine.transport.mpi import Link, WorkerLink, hostname
 from ..engine.transport.transfer import TransferError
 from ..engine.worker.loop import Idle, Worker
+from ..model.balance import layer_bytes
 from ..model.partition import chain
+from ..model.slicing import read_model
 from ..model.sampling import Sampler, SamplingParams
 from ..plan.cgroups import memory_limit_mb
 from ..report.metrics import rss_mb
@@ -42,7 +44,7 @@ from ..schedule.generation import Generation, Request
 from ..schedule.transaction import seq_clear
 from .plan_phase import StartFailed, describe, plan_phase
 from .preload import Preload
-from .restore import restore, stage_store, token_store
+from .restore import replicas, restore, stage_copies, token_store
 from .setup import (SETUP_ERRORS, HeadSetup, head_setup, load_draft_rank_stage, load_stage,
                     own_stage_file, stage_config)
 from .startup import Marks
@@ -138,9 +140,12 @@ class Job:
             raise StartFailed(failure)
         offsets = clock_offsets(link)
         layers = stage if rank < cfg.n_pipeline(size) else None
-        kept = stage_store(layers, (ranges[rank].first, ranges[rank].last) if layers else None)
+        kept = stage_copies(layers, (ranges[rank].first, ranges[rank].last) if layers else None,
+                            manifest.model_digest)
         marks.mark("agreed")
         restored = restore(link, layers, kept, cfg.slots)
+        costs = link.bcast(layer_bytes(read_model(model), ranges[-1].last) if rank == 0
+                           else None)
         marks.mark("restored")
         marks.report(link)
         wakeup.connect(link)  # from now on a message wakes the rank waiting for it
@@ -148,9 +153,9 @@ class Job:
         if head is not None:
             head.weights_received = [s[4] for s in statuses]
             head.restored, head.tokens_kept = restored, token_store()
-            setup.pipeline.kept = kept
+            setup.pipeline.kept = kept.own if kept is not None else None
         job = cls(cfg, link, stage, head, statuses, ranges, predicted)
-        job.kept = kept
+        job.kept = replicas(kept, ranges[:cfg.n_pipeline(size)], rank, *costs)
         return job
 
     def serve(self) -> int:

@@ -28,6 +28,7 @@ from ..model.stage_loading import LoadingStage
 from ..model.tokenizer import Tokenizer
 from ..model.vocab_check import check_same_vocabulary
 from .. import strategies
+from .takeover import takeover_fractions
 from ..config.job import JobConfig
 
 SETUP_ERRORS = (ModelError, PartitionError, LlamaError, ValueError, OSError)
@@ -58,7 +59,11 @@ def plan(cfg: JobConfig, size: int) -> tuple[list[StageRange], Path]:
     model = resolve_model(cfg.model)
     header = read_model(model)
     info = model_info(header, model)
-    fractions = list(cfg.split) if cfg.split else default_split(cfg, header, info.n_layer, size)
+    if cfg.split:
+        fractions = list(cfg.split)
+    else:
+        fractions = default_split(cfg, header, info.n_layer, size)
+        fractions = takeover_fractions(header, info.n_layer, fractions) or fractions
     if cfg.draft_ranks:
         _check_draft_ranks(cfg, size, len(fractions))
     elif len(fractions) != size:

@@ -3,16 +3,20 @@ a served job generates, so that a job started after a failure takes them back in
 evaluating every request's context again (engine/head/kept.py decides what is kept and
 when; job/restore.py brings the copies back at start-up).
 
-One file per request and rank, `<key>-<stage identity>.cells`, written whole (a new file
+One file per request and stage, `<key>-<stage identity>.cells`, written whole (a new file
 renamed over the old one, so a reader sees either copy whole, never a partial one) each time
 the head asks (a KvOp KV_SEQ_SAVE: the request's canonical sequence holds the cells of its
 first `n` accepted tokens then), and removed when the request ends (KV_SEQ_DROP). The head
 writes `<key>.tokens` beside them: the tokens those cells are of, which only it knows.
 
-A copy is taken back only if it is whole and of this very stage: same slice file, same
-layers, same context settings, same llama.cpp build and CPU features (`identity`); then its
-cells are the same bits a rebuild computes (the runs that made them were of the sizes a
-rebuild uses: schedule/speculation.py). Anything else is left unused, with the reason.
+A copy is taken back only if it is whole and of these very layers: same model, same
+layers [first, last) (in the header too), same settings that choose kernels and batches,
+same llama.cpp build and CPU features (`identity`); then its cells are the same bits a
+rebuild computes (the runs that made them were of the sizes a rebuild uses:
+schedule/speculation.py). Anything else is left unused, with the reason. A worker also
+keeps, under REPLICAS, the copies of some layers its neighbours send it
+(engine/worker/replicas.py), from which a stage is assembled after a host is lost
+(job/assemble.py).
 
 Keeping is on only under a front (`serve --ranks`): the directory is named after the
 front's channel key, so a copy is never taken by another server's job.
@@ -38,9 +42,10 @@ log = logging.getLogger(__name__)
 
 KEY_ENV = "PIPEINFER_FRONT_KEY"      # the front's channel key (front/channel.py sets it)
 OFF_ENV = "PIPEINFER_KEEP_CELLS"     # "0": keep nothing (to measure what keeping costs)
-MAGIC = b"PIKC1\n"
-HEADER = struct.Struct("<6s32sqqqqqI")   # magic, identity, key, n, digest, n_prompt,
-                                         # n_tokens, crc32 of the body
+MAGIC = b"PIKC2\n"
+HEADER = struct.Struct("<6s32sqqqqqIii")   # magic, identity, key, n, digest, n_prompt,
+                                           # n_tokens, crc32 of the body, first and last layer
+REPLICAS = "replicas"                # the subdirectory of copies other ranks sent this one
 TOKENS = "tokens"                    # the head's token file's identity
 STALE_S = 24 * 3600.0                # another front's directory untouched this long: removed
 ORPHAN_S = 1800.0                    # a copy not rewritten this long belongs to no request
@@ -67,51 +72,66 @@ def identity_of(*parts) -> bytes:
 class Kept:
     """One copy read back: its request's key, how many leading positions it holds cells of,
     their tokens' digest (and, in the head's token file, the tokens and the prompt's
-    length); `body` is the sequence state llama.cpp wrote, or the tokens."""
+    length); `body` is the sequence state llama.cpp wrote, or the tokens; `identity` and
+    `layers` [first, last) those of the stage whose cells they are."""
     key: int
     n: int
     digest: int
     n_prompt: int
     tokens: tuple[int, ...]
     body: bytes
+    identity: bytes = b""
+    layers: tuple[int, int] = (0, 0)
 
 
 class KeptCells:
     """The copies of one rank's stage (`identity`: identity_of what makes its cells)."""
 
-    def __init__(self, directory: Path, identity: bytes):
-        self.dir, self.identity = Path(directory), identity
-        self._suffix = (".tokens" if identity == identity_of(TOKENS)
-                        else f"-{identity.hex()[:16]}.cells")
+    def __init__(self, directory: Path, identity: bytes, layers: tuple[int, int] = (0, 0)):
+        self.dir, self.identity, self.layers = Path(directory), identity, tuple(layers)
+        self._suffix = self._suffix_of(identity)
         self._warned = False
 
     @classmethod
-    def for_job(cls, identity: bytes, environ=os.environ) -> "KeptCells | None":
-        """The store of a job a front launched (None otherwise, or when turned off)."""
+    def for_job(cls, identity: bytes, layers: tuple[int, int] = (0, 0), sub: str = "",
+                environ=os.environ) -> "KeptCells | None":
+        """The store of a job a front launched (None otherwise, or when turned off); `sub`:
+        a subdirectory (REPLICAS)."""
         directory = front_dir(environ)
         if directory is None or environ.get(OFF_ENV, "").strip() == "0":
             return None
-        return cls(directory, identity)
+        return cls(directory / sub if sub else directory, identity, layers)
 
-    def path(self, key: int) -> Path:
-        return self.dir / f"{key}{self._suffix}"
+    @staticmethod
+    def _suffix_of(identity: bytes) -> str:
+        return ".tokens" if identity == identity_of(TOKENS) else f"-{identity.hex()[:16]}.cells"
+
+    def path(self, key: int, identity: bytes | None = None) -> Path:
+        suffix = self._suffix if identity is None else self._suffix_of(identity)
+        return self.dir / f"{key}{suffix}"
 
     # --- writing -------------------------------------------------------------------------
     def save(self, key: int, n: int, digest: int, body: bytes, n_prompt: int = 0,
              tokens: Sequence[int] = ()) -> None:
-        """Write a request's copy whole (a failure to write is logged once, not raised: a
-        request is never failed for its copy)."""
-        raw = np.asarray(tokens, dtype=np.int32).tobytes()
-        header = HEADER.pack(MAGIC, self.identity, key, n, digest, n_prompt, len(tokens),
-                             zlib.crc32(body, zlib.crc32(raw)))
-        target = self.path(key)
+        """Write a request's copy of this store's stage whole."""
+        self.write(Kept(key, n, digest, n_prompt, tuple(tokens), body, self.identity,
+                        self.layers))
+
+    def write(self, copy: Kept) -> None:
+        """Write a copy whole, under its own identity (a failure to write is logged once,
+        not raised: a request is never failed for its copy)."""
+        raw = np.asarray(copy.tokens, dtype=np.int32).tobytes()
+        header = HEADER.pack(MAGIC, copy.identity, copy.key, copy.n, copy.digest,
+                             copy.n_prompt, len(copy.tokens),
+                             zlib.crc32(copy.body, zlib.crc32(raw)), *copy.layers)
+        target = self.path(copy.key, copy.identity)
         tmp = target.with_suffix(target.suffix + f".{os.getpid()}.tmp")
         try:
             self.dir.mkdir(parents=True, exist_ok=True)
             with open(tmp, "wb") as f:
                 f.write(header)
                 f.write(raw)
-                f.write(body)
+                f.write(copy.body)
             os.replace(tmp, target)
         except OSError as err:
             if not self._warned:
@@ -125,6 +145,14 @@ class KeptCells:
         except OSError:
             pass
 
+    def drop_all(self, key: int) -> None:
+        """Remove every copy of request `key` here, whatever stage it is of."""
+        for p in self._files_of(key):
+            try:
+                p.unlink()
+            except OSError:
+                pass
+
     def save_stage(self, stage, slot: int, seq: int, key: int, n: int, digest: int) -> None:
         """`stage`'s cells of `seq` in context `slot` (all of them: a reader keeps the
         first `n`)."""
@@ -132,36 +160,34 @@ class KeptCells:
 
     # --- reading -------------------------------------------------------------------------
     def read(self, key: int) -> tuple[Kept | None, str]:
-        """The copy of request `key`, or None and why it cannot be used."""
-        try:
-            data = self.path(key).read_bytes()
-        except FileNotFoundError:
-            return None, "no copy"
-        except OSError as err:
-            return None, f"unreadable: {err}"
-        if len(data) < HEADER.size:
-            return None, "truncated"
-        magic, identity, k, n, digest, n_prompt, n_tokens, crc = HEADER.unpack_from(data)
-        payload = data[HEADER.size:]
-        if magic != MAGIC:
-            return None, "not a copy of cells"
-        if identity != self.identity:
+        """The copy of request `key` of this store's stage, or None and why it cannot be
+        used."""
+        copy, why = _read(self.path(key), key)
+        if copy is not None and copy.identity != self.identity:
             return None, "of another model, split or build"
-        if k != key or len(payload) < 4 * n_tokens or zlib.crc32(payload) != crc:
-            return None, "truncated or damaged"
-        tokens = tuple(int(t) for t in np.frombuffer(payload[:4 * n_tokens], dtype=np.int32))
-        return Kept(key, n, digest, n_prompt, tokens, payload[4 * n_tokens:]), ""
+        return copy, why
 
-    def keys(self) -> list[int]:
-        """The keys of this store's copies, most recently written first."""
+    def copies_of(self, key: int) -> list[Kept]:
+        """Every whole copy of request `key` here, whatever stage it is of."""
+        return [copy for p in self._files_of(key) if (copy := _read(p, key)[0]) is not None]
+
+    def _files_of(self, key: int) -> list[Path]:
+        return sorted(self.dir.glob(f"{key}-*.cells")) if self.dir.is_dir() else []
+
+    def keys(self, every: bool = False) -> list[int]:
+        """The keys of this store's copies (`every`: of copies of any stage here), most
+        recently written first."""
         try:
             entries = [(p.stat().st_mtime, p) for p in self.dir.iterdir()]
         except OSError:
             return []
         found = []
         for mtime, p in sorted(entries, reverse=True):
-            head = p.name[:-len(self._suffix)] if p.name.endswith(self._suffix) else ""
-            if head.isdigit():
+            if every:
+                head = p.name.split("-")[0] if p.name.endswith(".cells") else ""
+            else:
+                head = p.name[:-len(self._suffix)] if p.name.endswith(self._suffix) else ""
+            if head.isdigit() and int(head) not in found:
                 found.append(int(head))
         return found
 
@@ -190,6 +216,27 @@ class KeptCells:
                     other.rmdir()
             except OSError:
                 pass
+
+
+def _read(path: Path, key: int) -> tuple[Kept | None, str]:
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return None, "no copy"
+    except OSError as err:
+        return None, f"unreadable: {err}"
+    if len(data) < HEADER.size:
+        return None, "truncated"
+    magic, identity, k, n, digest, n_prompt, n_tokens, crc, first, last = \
+        HEADER.unpack_from(data)
+    payload = data[HEADER.size:]
+    if magic != MAGIC:
+        return None, "not a copy of cells"
+    if k != key or len(payload) < 4 * n_tokens or zlib.crc32(payload) != crc:
+        return None, "truncated or damaged"
+    tokens = tuple(int(t) for t in np.frombuffer(payload[:4 * n_tokens], dtype=np.int32))
+    return Kept(key, n, digest, n_prompt, tokens, payload[4 * n_tokens:], identity,
+                (first, last)), ""
 
 
 def load_into(stage, slot: int, seq: int, kept: Kept) -> bool:

@@ -43,6 +43,7 @@ class Tag(enum.IntEnum):
     BUSY = 12       # float64: each rank passed so far: busy s, CPU s, RSS MB (TxType.BUSY)
     WEIGHTS = 13    # rank 0 -> a rank at start-up: chunks of a file it lacks (files/weights.py)
     WEIGHTS_CTL = 14  # both ways at start-up: a file transfer's header, checksum and answer
+    REPLICA = 15    # worker -> a neighbour: a pickled copy of some of its layers' KV cells
 
 
 class DecodeFlag(enum.IntFlag):

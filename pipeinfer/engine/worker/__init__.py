@@ -1,3 +1,4 @@
 """A pipeline rank: core.py (the rules a rank applies to each transaction: compute, skip or
-abort a run, KV operations, statistics) <- loop.py (the MPI side: receive, apply, forward)
+abort a run, KV operations, statistics) <- loop.py (the MPI side: receive, apply, forward;
+with replicas.py, the copies of its KV cells kept and sent to its neighbours, and theirs)
 and local.py (the same rules for stages in the head's process, without MPI)."""

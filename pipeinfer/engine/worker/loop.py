@@ -1,6 +1,7 @@
 """A worker rank: receives the head's transactions in order, has its StageCore apply them
 (engine/worker/core.py: compute, skip or abort a run, KV operations, statistics, spans) and
-forwards them; this module is only the MPI side of it.
+forwards them; this module is only the MPI side of it. Between transactions it takes the
+copies of KV cells its neighbours send it (replicas.py).
 
 Cancellations arrive on a side thread (they travel backwards, independent of the begin
 stream) and go to the core, which may abort the decode the main thread is in.
@@ -28,6 +29,7 @@ from .core import COMPUTED, StageCore
 from ...report.metrics import peak_rss_mb, rss_mb
 from ..transport.mpi import CANCEL_END, WorkerLink
 from ...model.kept_cells import KeptCells
+from .replicas import END as REPLICAS_END, Replicas
 from ...model.stage import Stage
 from ..transport.wire import DecodeFlag, Tag, TxType, decode_header, decode_kv_ops, decode_tx
 from ..transport.wakeup import Channel
@@ -42,13 +44,17 @@ PROBE_FIELDS = ("busy_s", "cpu_s", "rss_mb")
 
 class Worker:
     def __init__(self, link: WorkerLink, stage: Stage, argmax_only: bool = False,
-                 kept: KeptCells | None = None):
+                 kept: KeptCells | Replicas | None = None):
         self.link = link
         self.argmax_only = argmax_only  # greedy sampling: return argmaxes, not logits
         self.is_last = link.next is None
         self._stop = threading.Event()
         self._computing = threading.Event()  # wakes the cancel watcher when a decode starts
         self.core = StageCore(stage, computing=self._computing, kept=kept)
+        self.replicas = kept if isinstance(kept, Replicas) else None
+        self._replicas_from = list(self.replicas.senders) if self.replicas else []
+        if self.replicas is not None:
+            self.replicas.send = lambda rank, copy: link.isend_obj(copy, rank, Tag.REPLICA)
         self._cancel_lock = threading.Lock()  # one thread at a time receives cancellations
         self._cancels_ended = False           # CANCEL_END received (and passed upstream)
         self._rss_trace_mb: list[float] = []
@@ -70,13 +76,15 @@ class Worker:
                 if header is None:
                     if not self.woken:  # else the watcher waits for them
                         self._poll_cancels()
-                    backoff.wait()
+                    if not self._take_replicas():
+                        backoff.wait()
                     continue
                 backoff.reset()
                 kind = TxType(int(header[0]))
                 if kind == TxType.SHUTDOWN:
                     if not self.is_last:
                         self.link.forward(header)
+                    self._end_replicas()
                     if self.core.kept is not None:   # (an orderly end: nothing resumes)
                         self.core.kept.clear()
                     break
@@ -124,6 +132,30 @@ class Worker:
         self.core.kv(decode_kv_ops(buf))
         if not self.is_last:
             self.link.forward(header, (buf, Tag.KV_OPS))
+        self._take_replicas()
+
+    # --- copies of cells to and from the neighbours (replicas.py) ------------------------
+    def _take_replicas(self) -> bool:
+        """Keep the copies of cells neighbours have sent; whether there were any."""
+        took = False
+        for sender in self._replicas_from:
+            while (got := self.link.poll_obj(sender, Tag.REPLICA)) is not None:
+                took = True
+                if not self.replicas.receive(got[1]):
+                    self._replicas_from.remove(sender)
+                    break
+        return took
+
+    def _end_replicas(self) -> None:
+        """Send each neighbour the end mark, and take copies until every sender's has come."""
+        if self.replicas is None:
+            return
+        for rank in sorted({part[0] for part in self.replicas.parts}):
+            self.link.isend_obj(REPLICAS_END, rank, Tag.REPLICA)
+        backoff = self._backoff(Channel.MAIN)
+        while self._replicas_from:
+            if not self._take_replicas():
+                backoff.wait()
 
     def _busy(self, header: np.ndarray) -> None:
         """A busy probe: this rank's PROBE_FIELDS appended (its busy and CPU seconds so far,
