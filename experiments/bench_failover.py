@@ -89,8 +89,14 @@ class Client(threading.Thread):
         return next((at for at, _ in self.chunks if at > t), None)
 
 
+def _disks(args) -> str:
+    root = getattr(args, "disk_root", None)
+    return f"--disks private --disk-root {root} " if root else ""
+
+
 class Front:
-    def __init__(self, args, state: Path, log: Path, keep: bool = True):
+    def __init__(self, args, state: Path, log: Path, keep: bool = True,
+                 private: bool = True):
         cmd = [str(PIPEINFER), "serve", "--ranks", str(args.nodes), "--port", "0",
                "-m", args.model, "--parallel", str(args.clients), "--no-cache-prompt",
                "-c", "2048", *args.job_args.split()]
@@ -100,7 +106,7 @@ class Front:
             cmd += ["--hosts", ",".join(f"node{i}" for i in range(args.nodes)),
                     "--front-address", FRONT_ADDRESS, "--mpiexec",
                     f"{sys.executable} {CLUSTER} --cpu {args.cpu} --link gigabit "
-                    f"--state {state} --as-mpiexec"]
+                    f"--state {state} {_disks(args) if private else ''}--as-mpiexec"]
         self.log = log
         env = dict(os.environ, PIPEINFER_KEEP_CELLS="1" if keep else "0")
         self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=open(log, "w"),
@@ -157,6 +163,8 @@ def disturbed(front: Front, args, scenario: str, state: Path) -> dict:
         (state / "down" / f"node{0 if scenario.startswith('head') else args.nodes - 2}").touch()
     detect = None
     while True:
+        if front.proc.poll() is not None:
+            raise SystemExit(f"bench_failover: the front ended (its log: {front.log})")
         status, body = front.health()
         now = time.monotonic()
         if status != 200 and detect is None:
@@ -232,6 +240,9 @@ def main() -> int:
     if args.small and any("host" in s for s in scenarios):
         parser.error("--small runs on plain mpiexec: --scenario worker only")
     work = Path(tempfile.mkdtemp(prefix="bench-failover-"))
+    # every node but node 0 a disk of its own (a lost host's copies are gone with it), kept
+    # across the runs so that slices travel to the nodes once
+    args.disk_root = work / "disks"
     if args.cost:
         return keeping_cost(args, work)
     print(f"# bench_failover: {args.model}" + (f" + {args.draft} ({args.strategy})"
@@ -244,8 +255,10 @@ def main() -> int:
         for scenario in scenarios:
             state = work / f"{scenario}{k}"
             (state / "down").mkdir(parents=True)
+            # (the head's node lost: the next head needs the model too, as on shared disks)
             front = Front(args, state, state / "front.log",
-                          keep=not scenario.endswith("-rebuilt"))
+                          keep=not scenario.endswith("-rebuilt"),
+                          private=not scenario.startswith("head"))
             try:
                 front.wait_ready()
                 if reference is None:

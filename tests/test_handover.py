@@ -81,11 +81,11 @@ def test_the_front_names_the_surviving_ranks_by_host():
                       {"rank": 3, "role": "stage", "layers": [23, 28]}]}
     before = placed(hosts, 4)
     now = placed([h for h in hosts if h.name != "node2"], 3)
-    env = takeover_env(last, before, now)
+    env = takeover_env((last, before), now)
     assert json.loads(env[KEPT_ENV]) == {"ranges": [[0, 0], [0, 11], [11, 23], [23, 28]],
                                          "survivors": [0, 1, 3]}
-    assert takeover_env({}, before, now) == {}                         # never ready
-    assert takeover_env(last, before, placed([Host("other")] + hosts[1:2], 2)) == {}
+    assert takeover_env(None, now) == {}                               # none was ready
+    assert takeover_env((last, before), placed([Host("other")] + hosts[1:2], 2)) == {}
     assert placed([Host("a", 2), Host("b")], 5) == ["a", "a", "b", "a", "a"]
 
 

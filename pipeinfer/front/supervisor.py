@@ -223,8 +223,7 @@ class Supervisor:
         self.channel.expect(number)
         env = dict(os.environ, **self.channel.env(number))
         where = placed(hosts, ranks)
-        if self.hosts.changed and self.last_ready is not None:   # (a host lost or back)
-            env.update(takeover_env(*self.last_ready, where))
+        env.update(takeover_env(self.last_ready, where) if self.hosts.changed else {})
         log.info("starting job %d: %d ranks%s", number, ranks,
                  f" on {', '.join(h.name for h in hosts)}" if hosts else "")
         self.trace.record("job_start", job=number, ranks=ranks,

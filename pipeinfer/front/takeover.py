@@ -17,10 +17,12 @@ def placed(hosts: list[Host] | None, ranks: int) -> list[str]:
     return [names[i % len(names)] for i in range(ranks)]
 
 
-def takeover_env(last_info: dict, last_placed: list[str], now_placed: list[str]) -> dict:
-    """{KEPT_ENV: ...} for a job placed on `now_placed` after one placed on `last_placed`
-    that said `last_info` when ready (its ranks' layers); {} when there is nothing to keep
-    (it never became ready, it had draft ranks, or a new rank's host was not in it)."""
+def takeover_env(last: tuple[dict, list[str]] | None, now_placed: list[str]) -> dict:
+    """{KEPT_ENV: ...} for a job placed on `now_placed` after the last job that was ready:
+    `last` = (what it said when ready, its ranks' layers among it; the host of each of its
+    ranks); {} when there is nothing to keep (none was ready, it had draft ranks, or a new
+    rank's host was not in it)."""
+    last_info, last_placed = last or ({}, [])
     ranks = last_info.get("ranks") or []
     if not ranks or len(ranks) != len(last_placed) or not now_placed:
         return {}

@@ -22,9 +22,11 @@ from dataclasses import dataclass
 import llama_cpp
 
 from ..engine.worker.replicas import Replicas
+from ..model.balance import layer_bytes
 from ..model.handover import replica_plan
 from ..model.kept_cells import REPLICAS, TOKENS, KeptCells, identity_of, load_into, token_digest
 from ..model.llama_lib import system_info
+from ..model.slicing import read_model
 from .assemble import StageCopies
 
 log = logging.getLogger(__name__)
@@ -60,12 +62,15 @@ def stage_copies(stage, layers: tuple[int, int], model_digest: str) -> StageCopi
     return StageCopies(own, KeptCells.for_job(b"", sub=REPLICAS), stamp)
 
 
-def replicas(copies: StageCopies | None, ranges, rank: int, per_layer, final) -> Replicas | None:
-    """Where a worker's KV_SEQ_SAVE and _DROP go: its copies, and those it sends the ranks
-    that would take over its layers (model/handover.py), and keeps of its neighbours'."""
+def replicas(link, copies: StageCopies | None, ranges, model) -> Replicas | None:
+    """Collective: where a worker's KV_SEQ_SAVE and _DROP go: its copies, and those it sends
+    the ranks that would take over its layers (model/handover.py), and keeps of its
+    neighbours' (rank 0 weighs the layers of `model`, the target's file)."""
+    plan = link.bcast(replica_plan(ranges, *layer_bytes(read_model(model), ranges[-1].last))
+                      if link.rank == 0 else None)
     if copies is None:
         return None
-    plan = replica_plan(ranges, per_layer, final)
+    rank = link.rank
     parts = [(dest, lo, hi, identity_of(*copies.stamp, lo, hi))
              for dest, lo, hi in plan.get(rank, [])]
     senders = [r for r, sent in plan.items() if any(dest == rank for dest, *_ in sent)]

@@ -34,9 +34,7 @@ from ..engine.transport.draft_link import DraftLink
 from ..engine.transport.mpi import Link, WorkerLink, hostname
 from ..engine.transport.transfer import TransferError
 from ..engine.worker.loop import Idle, Worker
-from ..model.balance import layer_bytes
 from ..model.partition import chain
-from ..model.slicing import read_model
 from ..model.sampling import Sampler, SamplingParams
 from ..plan.cgroups import memory_limit_mb
 from ..report.metrics import rss_mb
@@ -144,8 +142,7 @@ class Job:
                             manifest.model_digest)
         marks.mark("agreed")
         restored = restore(link, layers, kept, cfg.slots)
-        costs = link.bcast(layer_bytes(read_model(model), ranges[-1].last) if rank == 0
-                           else None)
+        sending = replicas(link, kept, ranges[:cfg.n_pipeline(size)], model)
         marks.mark("restored")
         marks.report(link)
         wakeup.connect(link)  # from now on a message wakes the rank waiting for it
@@ -155,7 +152,7 @@ class Job:
             head.restored, head.tokens_kept = restored, token_store()
             setup.pipeline.kept = kept.own if kept is not None else None
         job = cls(cfg, link, stage, head, statuses, ranges, predicted)
-        job.kept = replicas(kept, ranges[:cfg.n_pipeline(size)], rank, *costs)
+        job.kept = sending
         return job
 
     def serve(self) -> int:
