@@ -22,11 +22,12 @@ from ...model.kept_cells import Kept, KeptCells
 
 END = None   # the last REPLICA message a rank sends each neighbour
 # Accepted tokens between two copies sent to the neighbours (its own copy is written every
-# engine/head/kept.py SAVE_EVERY): a copy is the whole context's cells and travels on the
-# link the pipeline's activations take, delaying them while it passes; sent with every own
-# copy, that cost an undisturbed run ~5 % (4 x 0.5-core Qwen2.5 1.5B, gigabit). A request
-# resumed after a lost host evaluates at most this many tokens again.
-SEND_EVERY = 32
+# engine/head/kept.py SAVE_EVERY). A copy is the whole context's cells of those layers and
+# travels on the link the activations take, delaying them while it passes; a request
+# resumed after a lost host evaluates again what followed the last one: more often costs
+# every run, less often costs the recovery (both measured by experiments/bench_failover.py,
+# --cost and --scenario host; the figures are on the results pages).
+SEND_EVERY = 16
 ENDED_KEPT = 4096   # ended requests remembered (far more than are ever under way at once)
 
 
