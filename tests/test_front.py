@@ -184,13 +184,17 @@ def test_a_bad_hostfile_is_one_line(tmp_path, smollm2) -> None:
 
 # --- a host lost, on the emulated cluster (experiments/cluster.py --as-mpiexec) -----------
 
-def _cluster_hosts(state: Path) -> list[str]:
+def _cluster_hosts(state: Path, private: bool = False) -> list[str]:
     """serve's options for the 4 emulated nodes, their hosts marked down under `state`; the
-    nodes reach the front (on this machine, outside them) over TCP."""
+    nodes reach the front (on this machine, outside them) over TCP. `private`: every node
+    but node0 has a disk of its own (a lost node's is gone with it; only node0 has the
+    model, so a job without node0 could not start); else all share one, as nodes sharing a
+    file system do."""
     from support.cluster import CLUSTER, FRONT_ADDRESS
+    disks = f"--disks private --disk-root {state / 'disks'} " if private else ""
     return ["--hosts", "node0,node1,node2,node3", "--front-address", FRONT_ADDRESS,
             "--mpiexec", f"{sys.executable} {CLUSTER} --cpu 0.5 --link gigabit --state {state} "
-                         f"--disks private --disk-root {state / 'disks'} --as-mpiexec"]
+                         f"{disks}--as-mpiexec"]
 
 
 @pytest.mark.parametrize("lost", ["node2", "node0"])   # a worker's host; the head's
@@ -198,7 +202,8 @@ def test_a_host_lost_is_left_out_and_answers_stay_exact(smollm2, tmp_path, undis
     """The front outside the nodes, the head reaching it over TCP: a node whose link goes
     down is left out, the next job (its head on node1 when node0 went) resumes every
     request exactly."""
-    srv, state = _cluster_front(smollm2, tmp_path, "--parallel", "4", "--no-cache-prompt")
+    srv, state = _cluster_front(smollm2, tmp_path, "--parallel", "4", "--no-cache-prompt",
+                                private=lost != "node0")
     try:
         before = srv.wait_ready(240)
         assert len(before["ranks"]) == 4
@@ -226,13 +231,14 @@ def test_a_host_lost_is_left_out_and_answers_stay_exact(smollm2, tmp_path, undis
         srv.kill()
 
 
-def _cluster_front(smollm2, tmp_path: Path, *args: str, env: dict | None = None):
+def _cluster_front(smollm2, tmp_path: Path, *args: str, env: dict | None = None,
+                   private: bool = False):
     from support.cluster import NO_NETNS
     if NO_NETNS is not None:
         pytest.skip(NO_NETNS)
     state = tmp_path / "hosts"
     (state / "down").mkdir(parents=True)
-    srv = Server(tmp_path, 4, "-m", str(smollm2), *_cluster_hosts(state), *args)
+    srv = Server(tmp_path, 4, "-m", str(smollm2), *_cluster_hosts(state, private), *args)
     return srv, state
 
 

@@ -24,9 +24,12 @@ def rank_shim(args: argparse.Namespace) -> None:
     cluster_hosts.record_pid(args.state, args.host_names, rank)
     if args.host_id:  # a machine of its own: its wake-ups from the others come over UDP
         os.environ["PIPEINFER_HOST_ID"] = f"{args.host_id}-node{rank}"
-    if args.disk_root and rank > 0:
+    # the disk is the host's, not the rank's: a job relaunched without a lost host places its
+    # ranks on the others, whose disks hold what those hosts kept (node0 has the models)
+    host = args.host_names.split(",")[rank] if args.host_names else f"node{rank}"
+    if args.disk_root and host != "node0":
         try:
-            node_disks.private_disk(rank, Path(args.disk_root), args.hide or [])
+            node_disks.private_disk(host, Path(args.disk_root), args.hide or [])
         except (OSError, node_disks.NodeError) as err:
             # The other ranks would wait for this one in MPI_Init forever: end the job
             print(f"cluster: rank {rank}: cannot give the node its own disk: {err}",

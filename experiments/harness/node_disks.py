@@ -3,10 +3,12 @@ of its own (a private pipeinfer cache, and no view of the model files), and ever
 a memory limit of its own (a memory cgroup per rank), as if it were a machine with that much
 memory.
 
-Disks: node r >= 1 runs in a mount namespace of its own in which the user's pipeinfer cache
-(PIPEINFER_CACHE, or ~/.cache/pipeinfer) and every file or directory named by --hide are
-covered (directories by an empty tmpfs, files by /dev/null), and PIPEINFER_CACHE points at
-<root>/node<r>/cache. Node 0 keeps the real cache and files: it is the machine with the model.
+Disks: a rank on node r >= 1 runs in a mount namespace of its own in which the user's
+pipeinfer cache (PIPEINFER_CACHE, or ~/.cache/pipeinfer) and every file or directory named by
+--hide are covered (directories by an empty tmpfs, files by /dev/null), and PIPEINFER_CACHE
+points at <root>/node<r>/cache: the disk belongs to the node, whichever rank runs there (a
+job relaunched without a lost node has other ranks on the others). Node 0 keeps the real
+cache and files: it is the machine with the model.
 With a --disk-root that outlives the job, a later job finds each node's cache as it was left.
 
 Memory: cgroup v1 `memory` (memory.limit_in_bytes; max_usage_in_bytes read afterwards) or
@@ -40,8 +42,8 @@ def user_cache() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "pipeinfer"
 
 
-def node_cache(root: Path, rank: int) -> Path:
-    return root / f"node{rank}" / "cache"
+def node_cache(root: Path, host: str) -> Path:
+    return root / host / "cache"
 
 
 def model_files(command: list[str]) -> list[str]:
@@ -54,11 +56,11 @@ def model_files(command: list[str]) -> list[str]:
     return list(dict.fromkeys(found))
 
 
-def private_disk(rank: int, root: Path, hide: list[str]) -> None:
+def private_disk(host: str, root: Path, hide: list[str]) -> None:
     """In the calling process (a rank about to exec its command): a mount namespace of its
     own in which the user's cache and `hide` are covered, and PIPEINFER_CACHE set to the
     node's own cache directory."""
-    cache = node_cache(root, rank)
+    cache = node_cache(root, host)
     cache.mkdir(parents=True, exist_ok=True)
     libc = ctypes.CDLL(None, use_errno=True)
     if libc.unshare(CLONE_NEWNS) != 0:
