@@ -138,7 +138,7 @@ class Worker:
     def _take_replicas(self) -> bool:
         """Keep the copies of cells neighbours have sent; whether there were any."""
         took = False
-        for sender in self._replicas_from:
+        for sender in list(self._replicas_from):
             while (got := self.link.poll_obj(sender, Tag.REPLICA)) is not None:
                 took = True
                 if not self.replicas.receive(got[1]):

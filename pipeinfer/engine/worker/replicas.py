@@ -69,11 +69,10 @@ class Replicas:
             self.held.drop_all(key)
 
     def clear(self) -> None:
-        """The job ends in order: nothing is resumed."""
-        self.own.clear()
-        if self.held is not None:
-            for key in self.held.keys(every=True):
-                self.held.drop_all(key)
+        """The job ends in order: nothing is resumed (copies of earlier stages go too)."""
+        for store in (self.own, self.held):
+            for key in store.keys(every=True) if store is not None else ():
+                store.drop_all(key)
 
     def receive(self, message) -> bool:
         """Keep a copy a neighbour sent; False for its end mark."""
