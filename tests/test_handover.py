@@ -13,8 +13,8 @@ import logging
 import numpy as np
 import pytest
 
-from pipeinfer.front.launcher import Host
-from pipeinfer.front.takeover import placed, takeover_env
+from pipeinfer.front.launcher import Host, placed
+from pipeinfer.front.takeover import takeover_env
 from pipeinfer.job.assemble import StageCopies
 from pipeinfer.job.takeover import takeover_fractions
 from pipeinfer.model import kv_state

@@ -83,6 +83,15 @@ def pipeinfer_command() -> list[str]:
     return [str(script)] if script.exists() else [sys.executable, "-m", "pipeinfer"]
 
 
+def placed(hosts: list[Host] | None, ranks: int) -> list[str]:
+    """The host of each rank of a job of `ranks` launched on `hosts` (the launcher fills
+    each host's slots in order); [] when the job runs on this machine alone."""
+    if not hosts:
+        return []
+    names = [h.name for h in hosts for _ in range(max(h.slots, 1))]
+    return [names[i % len(names)] for i in range(ranks)]
+
+
 class Launcher:
     def __init__(self, mpiexec: str | None, ranks: int, hosts: list[Host] | None,
                  job_args: list[str]):

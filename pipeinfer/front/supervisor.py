@@ -29,10 +29,10 @@ from dataclasses import dataclass, field
 
 from .channel import Channel
 from .hosts import HostSet
-from .launcher import Launcher, kill_group
+from .launcher import Launcher, kill_group, placed
 from .metrics import ServiceMetrics
 from .table import Pending, Table
-from .takeover import placed, takeover_env
+from .takeover import takeover_env
 from .trace import FrontTrace
 from .watchdog import DEFAULT_STALL_S, Watchdog, stopped_ranks
 
@@ -60,7 +60,7 @@ class Job:
     head_pid: int | None = None
     info: dict = field(default_factory=dict)
     traced: bool = False    # its end is in the trace
-    placed: list = field(default_factory=list)   # each rank's host (takeover.placed)
+    placed: list = field(default_factory=list)   # each rank's host (launcher.placed)
 
 
 class Supervisor:

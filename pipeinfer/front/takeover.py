@@ -5,16 +5,6 @@ and which of its ranks run on the hosts the new job's ranks are placed on."""
 from __future__ import annotations
 
 from ..model.handover import KEPT_ENV, kept_env
-from .launcher import Host
-
-
-def placed(hosts: list[Host] | None, ranks: int) -> list[str]:
-    """The host of each rank of a job of `ranks` launched on `hosts` (the launcher fills
-    each host's slots in order); [] when the job runs on this machine alone."""
-    if not hosts:
-        return []
-    names = [h.name for h in hosts for _ in range(max(h.slots, 1))]
-    return [names[i % len(names)] for i in range(ranks)]
 
 
 def takeover_env(last: tuple[dict, list[str]] | None, now_placed: list[str]) -> dict:

@@ -65,7 +65,11 @@ def stage_copies(stage, layers: tuple[int, int], model_digest: str) -> StageCopi
 def replicas(link, copies: StageCopies | None, ranges, model) -> Replicas | None:
     """Collective: where a worker's KV_SEQ_SAVE and _DROP go: its copies, and those it sends
     the ranks that would take over its layers (model/handover.py), and keeps of its
-    neighbours' (rank 0 weighs the layers of `model`, the target's file)."""
+    neighbours' (rank 0 weighs the layers of `model`, the target's file). Nothing (not even
+    a collective) when the job keeps nothing, which the environment says alike on every
+    rank (KeptCells.for_job)."""
+    if KeptCells.for_job(b"") is None:
+        return None
     plan = link.bcast(replica_plan(ranges, *layer_bytes(read_model(model), ranges[-1].last))
                       if link.rank == 0 else None)
     if copies is None:
@@ -136,10 +140,9 @@ def _take_back(stage, kept: StageCopies | None, named) -> list | None:
         held.append((key, copy.n, copy.digest, "") if copy else (key, 0, 0, why))
     if kept is not None:   # (copies of other stages of the named requests: removed when
         names = {key for key, _ in named}   # those end, engine/worker/replicas.py)
-        for key in set(kept.own.keys(every=True)) - names:
-            kept.own.drop_all(key)
-        for key in set(kept.held.keys(every=True) if kept.held else ()) - names:
-            kept.held.drop_all(key)
+        for store in (kept.own, kept.held):
+            if store is not None:
+                store.drop_every(but=names)
     return held
 
 

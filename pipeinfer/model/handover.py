@@ -1,5 +1,5 @@
 """Who takes over a lost stage's layers, decided before anything is lost, so that the ranks
-that would take them over already hold copies of their cells (job/replicas.py sends them),
+that would take them over already hold copies of their cells (engine/worker/replicas.py sends them),
 and a job started after the loss keeps every surviving stage's layers and cells.
 
 A worker's layers [a, b) go to the workers beside it in the chain: the one before takes

@@ -145,6 +145,11 @@ class KeptCells:
         except OSError:
             pass
 
+    def drop_every(self, but=()) -> None:
+        """Remove every copy here, whatever stage it is of, except those of requests `but`."""
+        for key in set(self.keys(every=True)) - set(but):
+            self.drop_all(key)
+
     def drop_all(self, key: int) -> None:
         """Remove every copy of request `key` here, whatever stage it is of."""
         for p in self._files_of(key):

@@ -71,8 +71,8 @@ class Replicas:
     def clear(self) -> None:
         """The job ends in order: nothing is resumed (copies of earlier stages go too)."""
         for store in (self.own, self.held):
-            for key in store.keys(every=True) if store is not None else ():
-                store.drop_all(key)
+            if store is not None:
+                store.drop_every()
 
     def receive(self, message) -> bool:
         """Keep a copy a neighbour sent; False for its end mark."""
