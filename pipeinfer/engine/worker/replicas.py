@@ -48,8 +48,10 @@ class Replicas:
     def save_stage(self, stage, slot: int, seq: int, key: int, n: int, digest: int) -> None:
         body = stage.seq_state(seq, slot=slot)
         self.own.save(key, n, digest, body)
-        if not self.parts or self.send is None or n - self._sent.get(key, 0) < SEND_EVERY:
+        if not self.parts or self.send is None:
             return
+        if key in self._sent and n - self._sent[key] < SEND_EVERY:
+            return   # (a request's first copy goes at once: its neighbours hold one early)
         self._sent[key] = n
         state = kv_state.parse(body)
         if state is None:
