@@ -25,6 +25,7 @@ from pipeinfer.model.stage import Stage, StageConfig
 from pipeinfer.schedule.generation import Request
 
 TAKEN = re.compile(r"kept cells of request (\d+): (\d+) of its (\d+) tokens on every rank")
+DRAFT_TAKEN = re.compile(r"draft context of request \d+: \d+ tokens taken back")
 
 
 class OneRank:
@@ -61,6 +62,8 @@ def test_a_killed_worker_resumes_from_kept_cells_exactly(smollm2, tmp_path, monk
         taken = [(int(n), int(of)) for _, n, of in TAKEN.findall(srv.stderr)]
         assert len(taken) == len(PROMPTS), srv.stderr[-4000:]
         assert all(n > 0 for n, _ in taken), taken
+        if "-md" in options:   # (the head's draft model took its contexts back too)
+            assert DRAFT_TAKEN.search(srv.stderr), srv.stderr[-4000:]
         # (the relaunched ranks loaded their stages while the head planned: preload.py)
         assert "loaded early" in srv.stderr, srv.stderr[-3000:]
         deadline = time.monotonic() + 30

@@ -18,13 +18,14 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from pathlib import Path
 
 import llama_cpp
 
 from ..engine.worker.replicas import Replicas
 from ..model.balance import layer_bytes
 from ..model.handover import replica_plan
-from ..model.kept_cells import REPLICAS, TOKENS, KeptCells, identity_of, load_into, token_digest
+from ..model.kept_cells import DRAFT, REPLICAS, TOKENS, KeptCells, identity_of, load_into, token_digest
 from ..model.llama_lib import system_info
 from ..model.slicing import read_model
 from .assemble import StageCopies
@@ -83,6 +84,20 @@ def replicas(link, copies: StageCopies | None, ranges, model) -> Replicas | None
 
 def token_store() -> KeptCells | None:
     return KeptCells.for_job(identity_of(TOKENS))
+
+
+def draft_store(cfg, drafts) -> KeptCells | None:
+    """Where the head's draft model keeps its context of each request (engine/head/kept.py),
+    None when nothing is kept or there is no draft model. A copy is taken back only by the
+    same draft file (path, size, time), vocabulary cut, settings, build and CPU."""
+    if not drafts or KeptCells.for_job(b"") is None:
+        return None
+    path = Path(drafts[0].path).resolve()
+    st = path.stat()
+    return KeptCells.for_job(identity_of(DRAFT, str(path), st.st_size, st.st_mtime_ns,
+                                         cfg.draft_vocab, cfg.kv_size, cfg.n_batch,
+                                         cfg.threads_for(0), llama_cpp.__version__,
+                                         system_info()), sub=DRAFT)
 
 
 def restore(link, stage, kept: StageCopies | None, n_slots: int) -> dict[int, Restored]:

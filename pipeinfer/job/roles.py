@@ -42,7 +42,7 @@ from ..schedule.generation import Generation, Request
 from ..schedule.transaction import seq_clear
 from .plan_phase import StartFailed, describe, plan_phase
 from .preload import Preload
-from .restore import replicas, restore, stage_copies, token_store
+from .restore import draft_store, replicas, restore, stage_copies, token_store
 from .setup import (SETUP_ERRORS, HeadSetup, head_setup, load_draft_rank_stage, load_stage,
                     own_stage_file, stage_config)
 from .startup import Marks
@@ -150,6 +150,7 @@ class Job:
         if head is not None:
             head.weights_received = [s[4] for s in statuses]
             head.restored, head.tokens_kept = restored, token_store()
+            head.drafts_kept = draft_store(cfg, drafts)
             setup.pipeline.kept = kept.own if kept is not None else None
         job = cls(cfg, link, stage, head, statuses, ranges, predicted)
         job.kept = sending
@@ -204,6 +205,7 @@ class Head:
         self.weights_received: list[int] = []  # bytes of weights each rank received at start
         self.restored = {}       # requests whose cells the ranks took back (job/restore.py)
         self.tokens_kept = None  # where the head writes the tokens of kept cells
+        self.drafts_kept = None  # where its draft model keeps its contexts
 
     @property
     def tokenizer(self):
@@ -278,7 +280,7 @@ class Head:
         """Stop every worker; their statistics (rank order). Their stage spans go into the
         trace, moved to the head's clock."""
         stats = self.setup.pipeline.shutdown()
-        for store in (self.tokens_kept, self.setup.pipeline.kept):
+        for store in (self.tokens_kept, self.drafts_kept, self.setup.pipeline.kept):
             if store is not None:   # (an orderly end: nothing resumes)
                 store.clear()
         for s in stats:

@@ -46,6 +46,7 @@ MAGIC = b"PIKC2\n"
 HEADER = struct.Struct("<6s32sqqqqqIii")   # magic, identity, key, n, digest, n_prompt,
                                            # n_tokens, crc32 of the body, first and last layer
 REPLICAS = "replicas"                # the subdirectory of copies other ranks sent this one
+DRAFT = "draft"                      # the head's subdirectory of its draft model's contexts
 TOKENS = "tokens"                    # the head's token file's identity
 STALE_S = 24 * 3600.0                # another front's directory untouched this long: removed
 ORPHAN_S = 1800.0                    # a copy not rewritten this long belongs to no request

@@ -351,6 +351,12 @@ class StageSlot:
     def seq_pos_max(self, seq: int) -> int:
         return self.stage.seq_pos_max(seq, slot=self.index)
 
+    def seq_state(self, seq: int) -> bytes:
+        return self.stage.seq_state(seq, slot=self.index)
+
+    def set_seq_state(self, seq: int, state: bytes) -> bool:
+        return self.stage.set_seq_state(seq, state, slot=self.index)
+
     def clear(self) -> None:
         self.stage.clear(slot=self.index)
 

@@ -3,6 +3,13 @@
 The draft keeps the context it last evaluated in its sequence 0 and only evaluates what
 changed, so continuing a speculation costs one draft step per token. Branch b of a tree is
 decoded in draft sequence b and dropped afterwards; branch 0 (the greedy path) stays cached.
+
+Under a front (serve --ranks) a request's draft context is also kept on the head's disk
+(model/kept_cells.py; engine/head/kept.py names the request): every KEEP_EVERY tokens the
+draft model gains, sequence 0's cells and their tokens are written, on the thread that
+evaluated them; the job started after a failure takes them back, so a resumed request's
+draft reads only what follows them. The draft's cells only choose what is guessed, never
+the output, so a copy needs no exact run sizes: only the same draft file and settings.
 """
 
 from __future__ import annotations
@@ -15,6 +22,7 @@ import time
 import numpy as np
 
 from ...model.draft_vocab_stage import DraftVocab
+from ...model.kept_cells import KeptCells, token_digest
 from ...model.stage import Stage
 
 
@@ -24,6 +32,8 @@ from ...model.stage import Stage
 # speed is known) of about WARM_STEP_S seconds.
 WARM_STEP = 32
 WARM_STEP_S = 0.015
+
+KEEP_EVERY = 16   # draft-context tokens gained between two copies of a request's
 
 
 @dataclass(frozen=True)
@@ -60,11 +70,48 @@ class Drafter:
         self.busy_s = 0.0
         self._s_per_token: float | None = None  # measured cost of one context token
         self.interrupted = False   # the last draft() was stopped while catching up
+        self._keeping: tuple[KeptCells, int] | None = None   # (store, request key)
+        self._kept_n = 0                  # len(ctx) at the last copy
+        self._taken: bytes | None = None  # cells taken back, put in at the next use
 
     def reset(self) -> None:
         """Forget every cached token: a new generation of the job begins."""
+        self._taken = None
         self.stage.clear()
         self.ctx, self._last = [], None
+
+    # --- a request's context kept across a failure ---------------------------------------
+    def keep_as(self, store: KeptCells | None, key: int = 0) -> None:
+        """Keep copies of sequence 0 for request `key` in `store` from now on (None: stop).
+        Called while no draft job runs (before the request's draft thread starts, after it
+        closed)."""
+        self._keeping = (store, key) if store is not None and key else None
+        self._kept_n = -KEEP_EVERY   # (the first copy at the next evaluation: the prompt)
+
+    def take_back(self, tokens: Sequence[int], cells: bytes) -> None:
+        """Hold a kept copy: sequence 0 gets `cells` (of `tokens`) at the draft model's next
+        use, on the thread that uses it (the model may still be loading now)."""
+        self.ctx, self._last, self._taken = list(tokens), None, cells
+
+    def _put_back(self) -> None:
+        if self._taken is None:
+            return
+        cells, self._taken = self._taken, None
+        self.stage.clear()
+        if not self.stage.set_seq_state(0, cells):   # (llama.cpp refused it: read again)
+            self.stage.clear()
+            self.ctx = []
+
+    def _keep(self) -> None:
+        """Write sequence 0's copy if the context grew by KEEP_EVERY since the last (or
+        since it was cut back to fewer tokens than the last held)."""
+        self._kept_n = min(self._kept_n, len(self.ctx))   # (a wrong guess was cut off)
+        if self._keeping is None or len(self.ctx) - self._kept_n < KEEP_EVERY:
+            return
+        store, key = self._keeping
+        store.save(key, len(self.ctx), token_digest(self.ctx), self.stage.seq_state(0),
+                   tokens=self.ctx)
+        self._kept_n = len(self.ctx)
 
     def _common(self, context: Sequence[int]) -> int:
         """How many leading tokens of `context` the draft's sequence 0 already holds."""
@@ -76,6 +123,7 @@ class Drafter:
     def _sync(self, context: Sequence[int], want_logits: bool = True) -> np.ndarray | None:
         """Make sequence 0 hold `context`; return the logits after its last token (None
         without `want_logits`)."""
+        self._put_back()
         common = self._common(context)
         if common == len(context) == len(self.ctx) and self._last is not None:
             return self._last
@@ -93,6 +141,7 @@ class Drafter:
             if last:
                 logits = out[-1]
         self.ctx, self._last = list(context), logits
+        self._keep()
         return logits
 
     def sync(self, context: Sequence[int]) -> np.ndarray:
@@ -115,6 +164,7 @@ class Drafter:
     def adopt(self, seq: int, token: int) -> None:
         """Append `token` to sequence 0, taking the KV entry that sequence `seq` already holds
         for that position (no decode)."""
+        self._put_back()
         pos = len(self.ctx)
         self.stage.seq_cp(seq, 0, pos, pos + 1)
         self.ctx, self._last = self.ctx + [token], None
@@ -211,3 +261,4 @@ class Drafter:
         main = branches[0]
         self.ctx = list(context) + (main if last_logits is not None else main[:-1])
         self._last = last_logits
+        self._keep()

@@ -12,22 +12,31 @@ A request taken back resumes in the slot holding its cells, reusing the position
 rank holds, cut so that what it evaluates again lies in the batches a rebuild uses: the
 prompt's chunks from a multiple of the chunk size, the answer in runs of the exact run size
 (schedule/speculation.py), so every cell is the bits an undisturbed generation has.
+
+The head's draft model keeps its context of each request the same way (`drafts`; the draft
+model writes its copies itself: engine/drafting/drafter.py), and a request taken back gets
+its draft context back in its slot's draft model.
 """
 
 from __future__ import annotations
+
+import logging
 
 from ...model.kept_cells import KeptCells, token_digest
 from ...schedule.generation import CANONICAL_SEQ, Request
 from ...schedule.transaction import KvOp, seq_drop, seq_save
 from .prompt_cache import common_prefix
 
+log = logging.getLogger(__name__)
+
 SAVE_EVERY = 8   # accepted tokens between two copies of a request's cells
 
 
 class Keeper:
     def __init__(self, tokens: KeptCells | None, restored: dict, chunk: int,
-                 every: int = SAVE_EVERY):
+                 every: int = SAVE_EVERY, drafts: KeptCells | None = None):
         self.tokens = tokens               # where the head writes tokens (None: no keeping)
+        self.drafts = drafts               # where the draft model writes its contexts
         self.restored = dict(restored)     # key -> job/restore.Restored, not claimed yet
         self.chunk, self.every = chunk, every
         self._keys: dict[int, int] = {}    # slot -> key of the request it generates
@@ -44,6 +53,27 @@ class Keeper:
         if n < len(request.prompt):
             n = n // self.chunk * self.chunk
         return restored.slot, max(n, 0)
+
+    def take_back_drafts(self, drafter_of) -> None:
+        """Each request taken back gets its kept draft context in its slot's draft model
+        (`drafter_of(slot)`: a Drafter or None); other requests' draft copies are removed."""
+        if self.drafts is None:
+            return
+        self.drafts.drop_every(but=self.restored)
+        for key, restored in self.restored.items():
+            drafter = drafter_of(restored.slot)
+            copy, why = self.drafts.read(key) if drafter is not None else (None, "")
+            if copy is not None:
+                drafter.take_back(copy.tokens, copy.body)
+            log.info("draft context of request %d: %s", key,
+                     f"{len(copy.tokens)} tokens taken back" if copy else f"not kept ({why})")
+
+    def keep_drafts(self, slot: int, drafter) -> None:
+        """`slot`'s draft model (a Drafter, or None) keeps its context of the slot's request
+        from now on, if anything is kept."""
+        key = self._keys.get(slot)
+        if drafter is not None and self.drafts is not None and key is not None:
+            drafter.keep_as(self.drafts, key)
 
     def forfeit(self, slot: int) -> None:
         """Another request takes `slot`: the cells taken back there are gone."""
@@ -67,11 +97,15 @@ class Keeper:
         self._saved[lane.slot] = n
         return [seq_save(CANONICAL_SEQ, key, n, digest)]
 
-    def ended(self, slot: int) -> list[KvOp]:
-        """`slot`'s request ended: its copies are removed."""
+    def ended(self, slot: int, drafter=None) -> list[KvOp]:
+        """`slot`'s request ended: its copies are removed (`drafter`: the slot's draft
+        model, whose job has ended: it keeps no more)."""
         key = self._keys.pop(slot, None)
         self._saved.pop(slot, None)
         if key is None:
             return []
         self.tokens.drop(key)
+        if drafter is not None and self.drafts is not None:
+            drafter.keep_as(None)
+            self.drafts.drop(key)
         return [seq_drop(key)]

@@ -155,9 +155,11 @@ class Lanes:
         self._to_refill: set[int] = set()   # free slots a refill may add exact cells to
         self.cache = PromptCache(cfg.slots, cfg.chunk)
         self.keeper = Keeper(getattr(head, "tokens_kept", None),
-                             getattr(head, "restored", {}), cfg.chunk)
+                             getattr(head, "restored", {}), cfg.chunk,
+                             drafts=getattr(head, "drafts_kept", None))
         for restored in self.keeper.restored.values():
             self.cache.reserve(restored.slot, restored.tokens)
+        self.keeper.take_back_drafts(self.drafter_of)
         self._probe: Probe | None = None     # the vocabulary's one-character tokens (grammars)
         self._owners: dict[int, Lane] = {}   # run id in flight -> its lane
         self._share = PipelineShare(self)
@@ -190,6 +192,7 @@ class Lanes:
             ops = self.cache.take(slot, cached)
         self._take(slot)
         self.keeper.started(slot, keep, cached)
+        self.keeper.keep_drafts(slot, self.drafter_of(slot))
         head = self.head
         pipe = SlotPipeline(self.pipe, slot, self._owners)
         pipe.kv(ops)
@@ -346,7 +349,8 @@ class Lanes:
             if lane.driver.drafts is not None:
                 lane.driver.drafts.close()
             # (the lane's SlotPipeline: its slot)
-            lane.driver.pipe.kv(self.keeper.ended(lane.slot) + self._release(lane))
+            lane.driver.pipe.kv(self.keeper.ended(lane.slot, self.drafter_of(lane.slot))
+                                + self._release(lane))
             drafter = self._drafters[lane.slot]
             if isinstance(drafter, Drafter):
                 if self.cache.slots[lane.slot].tokens and _keeps_draft_context(lane.strategy):
