@@ -17,7 +17,7 @@ from pipeinfer.model.kept_cells import DRAFT, KeptCells, identity_of
 from pipeinfer.model.stage import Stage, StageConfig
 from support.tiny_set import N_BATCH
 
-CONTEXT = list(range(100, 140))       # 40 tokens: a copy is due (KEEP_EVERY <= 40)
+CONTEXT = list(range(100, 180))       # 80 tokens (> 4 + KEEP_EVERY)
 TAIL = [7, 8, 9, 10, 11]
 
 
@@ -60,7 +60,7 @@ def test_a_kept_draft_context_is_taken_back_and_only_the_rest_is_read(store, sta
     first = Drafter(stages(), N_BATCH)
     first.keep_as(store, 5)
     first.sync(CONTEXT)
-    assert store.read(5)[0].tokens == tuple(CONTEXT)    # (40 >= KEEP_EVERY: written)
+    assert store.read(5)[0].tokens == tuple(CONTEXT)    # (the first copy at once)
     second = Drafter(stages(), N_BATCH)                 # the next job's draft model
     keeper = Keeper(None, {5: Restored(5, 0, tuple(CONTEXT), 30)}, 32, drafts=store)
     keeper.take_back_drafts(lambda slot: second)

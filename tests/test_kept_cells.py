@@ -228,3 +228,21 @@ def test_copies_no_request_rewrites_and_dead_fronts_dirs_are_swept(store_env):
     os.utime(dead, (time.time() - kept_cells.STALE_S - 5,) * 2)
     cells.sweep()
     assert cells.keys() == [2] and not dead.exists()
+
+
+def test_copies_written_on_the_writer_thread_keep_their_order(store_env):
+    from pipeinfer.model.kept_writer import Writer
+    store = KeptCells.for_job(identity_of("stage"), (0, 4))
+    store.writer = Writer()
+    body = bytes(range(256)) * 4096                     # 1 MB a copy
+    for n in range(1, 21):
+        store.save(3, n, n, body)
+        store.save(4, n, n, body)
+    store.drop(3)                                       # after all of 3's writes
+    store.flush()
+    assert store.read(3) == (None, "no copy")
+    assert store.read(4)[0].n == 20
+    store.drop_every(but=[4])
+    store.clear()
+    store.flush()
+    assert store.keys(every=True) == []

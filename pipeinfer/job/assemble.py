@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from ..model import kv_state
 from ..model.kept_cells import Kept, KeptCells, identity_of
+from ..model.kept_writer import Writer
 
 
 class StageCopies:
@@ -24,6 +25,13 @@ class StageCopies:
     @property
     def layers(self) -> tuple[int, int]:
         return self.own.layers
+
+    def in_background(self) -> None:
+        """From now on both stores write on a thread of their own (model/kept_writer.py):
+        once the copies were taken back, while the job runs."""
+        self.own.writer = Writer()
+        if self.held is not None:
+            self.held.writer = self.own.writer
 
     def copy_of(self, key: int) -> tuple[Kept | None, str]:
         """Request `key`'s cells for this stage, or None and why there are none."""

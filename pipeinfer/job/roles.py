@@ -143,6 +143,8 @@ class Job:
         marks.mark("agreed")
         restored = restore(link, layers, kept, cfg.slots)
         sending = replicas(link, kept, ranges[:cfg.n_pipeline(size)], model)
+        if kept is not None:
+            kept.in_background()
         marks.mark("restored")
         marks.report(link)
         wakeup.connect(link)  # from now on a message wakes the rank waiting for it
@@ -283,6 +285,7 @@ class Head:
         for store in (self.tokens_kept, self.drafts_kept, self.setup.pipeline.kept):
             if store is not None:   # (an orderly end: nothing resumes)
                 store.clear()
+                store.flush()
         for s in stats:
             spans = s.pop("spans", [])
             if self.trace is not None:

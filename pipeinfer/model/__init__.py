@@ -6,8 +6,8 @@ handover.py: who takes over a lost stage's layers) ->
 slicing.py (a model cut into stage files) with stage_cache.py (content-keyed) ->
 llama_lib.py (the ctypes boundary) -> stage.py (a slice evaluated by llama.cpp;
 stage_loading.py loads one on a thread) -> kept_cells.py (a stage's KV cells of a request,
-copied to disk and taken back after a failure; kv_state.py takes them apart by layer). On
-the head: tokenizer.py (with chat_template.py
+copied to disk and taken back after a failure, written on kept_writer.py's thread;
+kv_state.py takes them apart by layer). On the head: tokenizer.py (with chat_template.py
 and grammar.py), embedding.py (token embeddings), sampling.py. The draft's files:
 draft_cache.py (compact.py's Q4_0 copy), draft_vocab.py and draft_vocab_stage.py (a reduced
 vocabulary), vocab_check.py (the same vocabulary as the target)."""

@@ -92,6 +92,7 @@ class KeptCells:
         self.dir, self.identity, self.layers = Path(directory), identity, tuple(layers)
         self._suffix = self._suffix_of(identity)
         self._warned = False
+        self.writer = None   # a kept_writer.Writer: writes go on its thread
 
     @classmethod
     def for_job(cls, identity: bytes, layers: tuple[int, int] = (0, 0), sub: str = "",
@@ -121,6 +122,21 @@ class KeptCells:
     def write(self, copy: Kept) -> None:
         """Write a copy whole, under its own identity (a failure to write is logged once,
         not raised: a request is never failed for its copy)."""
+        self._do(self._write, copy)
+
+    def _do(self, fn, *args) -> None:
+        """fn(*args) now, or on the writer's thread in order (`writer`: kept_writer.py)."""
+        if self.writer is None:
+            fn(*args)
+        else:
+            self.writer.do(fn, *args)
+
+    def flush(self) -> None:
+        """Wait until every write and removal asked for is done."""
+        if self.writer is not None:
+            self.writer.flush()
+
+    def _write(self, copy: Kept) -> None:
         raw = np.asarray(copy.tokens, dtype=np.int32).tobytes()
         header = HEADER.pack(MAGIC, copy.identity, copy.key, copy.n, copy.digest,
                              copy.n_prompt, len(copy.tokens),
@@ -141,23 +157,30 @@ class KeptCells:
                 self._warned = True
 
     def drop(self, key: int) -> None:
+        self._do(self._unlink, self.path(key))
+
+    @staticmethod
+    def _unlink(path: Path) -> None:
         try:
-            self.path(key).unlink()
+            path.unlink()
         except OSError:
             pass
 
     def drop_every(self, but=()) -> None:
         """Remove every copy here, whatever stage it is of, except those of requests `but`."""
-        for key in set(self.keys(every=True)) - set(but):
-            self.drop_all(key)
+        self._do(self._drop_every, frozenset(but))
+
+    def _drop_every(self, but) -> None:
+        for key in set(self.keys(every=True)) - but:
+            self._drop_all(key)
 
     def drop_all(self, key: int) -> None:
         """Remove every copy of request `key` here, whatever stage it is of."""
+        self._do(self._drop_all, key)
+
+    def _drop_all(self, key: int) -> None:
         for p in self._files_of(key):
-            try:
-                p.unlink()
-            except OSError:
-                pass
+            self._unlink(p)
 
     def save_stage(self, stage, slot: int, seq: int, key: int, n: int, digest: int) -> None:
         """`stage`'s cells of `seq` in context `slot` (all of them: a reader keeps the
@@ -199,8 +222,11 @@ class KeptCells:
 
     def clear(self) -> None:
         """Remove this store's copies (the job ends in order: nothing is resumed)."""
+        self._do(self._clear)
+
+    def _clear(self) -> None:
         for key in self.keys():
-            self.drop(key)
+            self._unlink(self.path(key))
 
     def sweep(self, now: float | None = None) -> None:
         """Remove other fronts' directories untouched for STALE_S (a front killed outright

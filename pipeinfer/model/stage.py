@@ -242,15 +242,17 @@ class Stage:
             raise LlamaError(f"{self.label}: could not compact sequence {seq} ({size} bytes): "
                              f"{llama_lib.recent_log(3)}")
 
-    def seq_state(self, seq: int, slot: int = 0) -> bytes:
-        """`seq`'s cells in context `slot` as llama.cpp writes a sequence's state."""
+    def seq_state(self, seq: int, slot: int = 0) -> memoryview:
+        """`seq`'s cells in context `slot` as llama.cpp writes a sequence's state (bytes
+        in a buffer of their own: not copied again, a context's cells are megabytes)."""
         ctx = self._slots[slot].ctx
         size = llama_cpp.llama_state_seq_get_size(ctx, seq)
-        buf = (ctypes.c_uint8 * size)()
-        got = llama_cpp.llama_state_seq_get_data(ctx, buf, size, seq)
+        buf = np.empty(size, dtype=np.uint8)
+        got = llama_cpp.llama_state_seq_get_data(
+            ctx, buf.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8)), size, seq)
         if got != size:
             raise LlamaError(f"{self.label}: could not read sequence {seq} ({size} bytes)")
-        return bytes(buf)
+        return memoryview(buf)
 
     def set_seq_state(self, seq: int, state: bytes, slot: int = 0) -> bool:
         """Cells written by seq_state() into `seq` of context `slot` (which llama.cpp

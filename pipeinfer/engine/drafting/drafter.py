@@ -33,7 +33,10 @@ from ...model.stage import Stage
 WARM_STEP = 32
 WARM_STEP_S = 0.015
 
-KEEP_EVERY = 16   # draft-context tokens gained between two copies of a request's
+# Tokens a request's draft context gains between two copies of it: each copy is the whole
+# context, written on the head, whose CPU speculation runs on; a resumed request's draft
+# reads at most about this many again.
+KEEP_EVERY = 64
 
 
 @dataclass(frozen=True)

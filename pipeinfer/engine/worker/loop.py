@@ -87,6 +87,7 @@ class Worker:
                     self._end_replicas()
                     if self.core.kept is not None:   # (an orderly end: nothing resumes)
                         self.core.kept.clear()
+                        self.core.kept.flush()
                     break
                 handler = handlers.get(kind)
                 if handler is None:

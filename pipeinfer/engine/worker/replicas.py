@@ -76,6 +76,12 @@ class Replicas:
             if store is not None:
                 store.drop_every()
 
+    def flush(self) -> None:
+        """Wait until every copy asked for is written or removed (they share a writer)."""
+        for store in (self.own, self.held):
+            if store is not None:
+                store.flush()
+
     def receive(self, message) -> bool:
         """Keep a copy a neighbour sent; False for its end mark."""
         if message is END:
