@@ -408,12 +408,12 @@ def test_final_stage_of_other_archs_zeroes_its_embeddings(tiny_model: Path):
     import dataclasses
 
     from pipeinfer.model.partition import StageRange
-    from pipeinfer.model.slicing import _stage_tensors, model_info, read_model
+    from pipeinfer.model.slicing import stage_tensors, model_info, read_model
 
     header = read_model(tiny_model)
     info = dataclasses.replace(model_info(header, tiny_model), arch="not-tied")
     tensors = {name: (dims, ttype, data) for name, dims, ttype, data in
-               _stage_tensors(header, info, StageRange(1, 1, 2, True))}
+               stage_tensors(header, info, StageRange(1, 1, 2, True))}
     source = header.tensors["token_embd.weight"]
     dims, ttype, data = tensors["token_embd.weight"]
     assert list(dims) == list(source.shape) and ttype != source.ggml_type

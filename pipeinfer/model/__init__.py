@@ -3,7 +3,8 @@
 models.py (the model cache: GGUF files assembled from PyPI wheels; gguf_files.py checks a
 file, gguf_header.py parses headers) -> partition.py and balance.py (layer splits;
 handover.py: who takes over a lost stage's layers) ->
-slicing.py (a model cut into stage files) with stage_cache.py (content-keyed) ->
+slicing.py (a model cut into stage files) with stage_cache.py (content-keyed;
+slice_pieces.py: a stage assembled from a cached slice and the piece it lacks) ->
 llama_lib.py (the ctypes boundary) -> stage.py (a slice evaluated by llama.cpp;
 stage_loading.py loads one on a thread) -> kept_cells.py (a stage's KV cells of a request,
 copied to disk and taken back after a failure, written on kept_writer.py's thread;

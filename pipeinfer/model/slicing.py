@@ -17,6 +17,7 @@ import mmap
 import os
 import re
 import struct
+from contextlib import ExitStack
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
@@ -112,8 +113,8 @@ def write_stage(source: Header | GGUFReader, info: ModelInfo, stage: StageRange,
         check_extents(header)
     except HeaderError as err:
         raise SliceError(str(err)) from None
-    kvs = _stage_kvs(header, info, stage, keep_tokenizer)
-    tensors = _stage_tensors(header, info, stage)
+    kvs = stage_kvs(header, info, stage, keep_tokenizer)
+    tensors = stage_tensors(header, info, stage)
     tmp = dst.with_name(dst.name + f".tmp{os.getpid()}")
     try:
         with open(header.path, "rb") as handle, \
@@ -127,8 +128,8 @@ def write_stage(source: Header | GGUFReader, info: ModelInfo, stage: StageRange,
             tmp.unlink()
 
 
-def _stage_kvs(header: Header, info: ModelInfo, stage: StageRange,
-               keep_tokenizer: bool = False) -> list:
+def stage_kvs(header: Header, info: ModelInfo, stage: StageRange,
+              keep_tokenizer: bool = False) -> list:
     """The stage's metadata entries: (start, end) spans of the source to copy, or new bytes."""
     # No stage file carries the tokenizer (rank 0 tokenizes from the model file): llama.cpp
     # builds a tokenizer's token map, merges and piece cache on the heap (Qwen2.5's 151,936
@@ -149,7 +150,7 @@ def _stage_kvs(header: Header, info: ModelInfo, stage: StageRange,
     return kvs + [kv_key(key) + value for key, value in overrides.items()]
 
 
-def _stage_tensors(header: Header, info: ModelInfo, stage: StageRange) -> list:
+def stage_tensors(header: Header, info: ModelInfo, stage: StageRange) -> list:
     """(name, dims, type, data): data is an (offset, size) span of the source or new bytes."""
     tensors = []
     for t in header.tensors.values():
@@ -199,32 +200,52 @@ def _unused_embedding(t) -> tuple:
 
 def write_gguf(out, buf, kvs: list, tensors: list, align: int,
                progress: Callable[[int], None]) -> None:
-    """A GGUF v3 file from metadata entries and tensors as _stage_kvs/_stage_tensors give
-    them; spans are copied from `buf` (the source, memory-mapped) without an in-memory copy."""
+    """A GGUF v3 file from metadata entries and tensors as stage_kvs/stage_tensors give
+    them; spans are copied from `buf` (the source, memory-mapped) without an in-memory copy.
+    `buf` may also be a list of sources (slice_pieces.py: a stage assembled from two files):
+    a tensor's span is then (source index, offset, size); a metadata span is of the first."""
     infos, rel = [], 0
     for name, dims, ttype, data in tensors:
         infos.append(_string(name) + struct.pack(f"<I{len(dims)}Q", len(dims), *dims)
                      + struct.pack("<IQ", ttype, rel))
         rel += _pad(_size(data), align)
     out.write(b"GGUF" + struct.pack("<IQQ", 3, len(tensors), len(kvs)))
-    with memoryview(buf) as view:
+    with ExitStack() as stack:
+        views = [stack.enter_context(memoryview(b))
+                 for b in (buf if isinstance(buf, list) else [buf])]
         for kv in kvs:
-            if isinstance(kv, tuple):
-                with view[kv[0]:kv[1]] as part:
-                    out.write(part)
-            else:
-                out.write(kv)
+            _write(out, views, (0, kv[0], kv[1] - kv[0]) if isinstance(kv, tuple) else kv)
         out.write(b"".join(infos))
         out.write(bytes(_pad(out.tell(), align) - out.tell()))
         for i, (_, _, _, data) in enumerate(tensors):
-            if isinstance(data, tuple):
-                with view[data[0]:data[0] + data[1]] as part:
-                    out.write(part)
-            else:
-                out.write(data)
+            _write(out, views, data)
             out.write(bytes(_pad(_size(data), align) - _size(data)))
             if i % 64 == 0:
                 progress(i)
+
+
+def _write(out, views: list, data) -> None:
+    """Write new bytes, or a span (offset, size) of the first source or (source, offset,
+    size) of any."""
+    if not isinstance(data, tuple):
+        out.write(data)
+        return
+    source, offset, size = data if len(data) == 3 else (0, *data)
+    with views[source][offset:offset + size] as part:
+        out.write(part)
+
+
+def gguf_size(kvs: list, tensors: list, align: int) -> int:
+    """The size of the file write_gguf writes from the same entries, without writing it."""
+    head = 24 + sum(kv[1] - kv[0] if isinstance(kv, tuple) else len(kv) for kv in kvs)
+    head += sum(len(_string(name)) + 4 + 8 * len(dims) + 12 for name, dims, _, _ in tensors)
+    return _pad(head, align) + sum(_pad(_size(data), align) for *_, data in tensors)
+
+
+def stage_size(header: Header, info: ModelInfo, stage: StageRange) -> int:
+    """The size of the stage file of `stage` (what write_stage would write), from the header."""
+    return gguf_size(stage_kvs(header, info, stage), stage_tensors(header, info, stage),
+                     header.alignment)
 
 
 def _pad(n: int, align: int) -> int:
@@ -232,7 +253,7 @@ def _pad(n: int, align: int) -> int:
 
 
 def _size(data) -> int:
-    return data[1] if isinstance(data, tuple) else len(data)
+    return data[-1] if isinstance(data, tuple) else len(data)
 
 
 def _string(text: str) -> bytes:

@@ -12,6 +12,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 from pathlib import Path
 from typing import Callable
 
@@ -60,6 +61,21 @@ def stage_key(model_digest: str, stage: StageRange) -> str:
     `model_digest`: what every rank looks up, whether it cuts the file or receives it."""
     return f"{model_digest[:32]}-v{SLICER_VERSION}-{stage.first}-{stage.last}" + \
         ("-final" if stage.final else "")
+
+
+def cached_slices(model_digest: str) -> list[tuple[StageRange, Path]]:
+    """Every slice of the model whose sha256 is `model_digest` in the cache, cut by this
+    slicer version, as (range, path); the rank is not part of a key: it is 0 here."""
+    prefix = f"{model_digest[:32]}-v{SLICER_VERSION}-"
+    found = []
+    for path in stages_dir().glob(prefix + "*.gguf"):
+        m = _RANGE.fullmatch(path.name[len(prefix):])
+        if m:
+            found.append((StageRange(0, int(m[1]), int(m[2]), bool(m[3])), path))
+    return found
+
+
+_RANGE = re.compile(r"(\d+)-(\d+)(-final)?\.gguf")  # the end of a stage_key, with .gguf
 
 
 def cached_file(key: str) -> Path | None:

@@ -6,11 +6,14 @@ Collective, at start-up (Job.start), after rank 0 has planned the split:
    target, or of a draft model that runs on a rank of its own) and broadcasts the Manifest;
 2. every other rank looks in its stage cache; failing that, if it has the model file itself
    (the same name or path) and its content digest is rank 0's, it cuts its slice from it as
-   before; otherwise it asks for the file;
+   before; otherwise it asks for the file, or, if its cache holds a slice of the same model
+   that shares one end with its new range (a job relaunched after a host was lost extends
+   the survivors' ranges), for only the piece that slice lacks (model/slice_pieces.py);
 3. rank 0 cuts (or reads from its own cache) every file asked for and streams it
-   (transfer.py), to every asking rank at once;
-4. every rank reports how it went: one failure ends the start on every rank with the message
-   of the rank that failed.
+   (transfer.py), to every asking rank at once; a piece is sent only if rank 0 finds that
+   the slice assembled from it is the cut byte for byte, else the whole slice, saying why;
+4. a rank that received a piece assembles its slice in its cache; every rank reports how it
+   went: one failure ends the start on every rank with the message of the rank that failed.
 
 A later start with the same model and split finds every file in the caches: nothing travels.
 """
@@ -26,6 +29,8 @@ from pathlib import Path
 
 from ...model.models import ModelError, resolve_model
 from ...model.partition import StageRange
+from ...model.slice_pieces import Pieces, assemble_cached, find_pieces, refusal
+from ...model.slicing import model_info, read_model, stage_size
 from ...model.stage_cache import cached_file, content_digest, stage_file, stage_key, stages_dir
 from ..transport.backoff import Backoff
 from ..transport.mpi import Link, hostname
@@ -86,23 +91,30 @@ def obtain(link: Link, manifest: Manifest, own: str | None = None,
     it failed on (TransferError), whose caller reports it to the others in a collective of
     its own: then a rank goes on (loads its file) while rank 0 still sends to the others."""
     need = manifest.needs.get(link.rank) if link.rank else None
-    have, error = None, None
+    have, error, pieces = None, None, None
     if need is not None:
         try:
             have = _find_locally(need, manifest, own)
+            if have is None and need.stage is not None:
+                pieces = find_pieces(manifest.model_digest, need.stage)
+            if pieces is not None:
+                log.info("its cache holds layers [%d, %d): asking for layers [%d, %d) only",
+                         pieces.old.first, pieces.old.last, pieces.piece.first,
+                         pieces.piece.last)
         except (ModelError, OSError) as err:
             error = str(err)
     statuses, failure = link.agree((link.rank, hostname(), have is not None or need is None,
-                                    error))
+                                    error, pieces))
     if failure:
         raise WeightsError(failure)
-    asking = link.bcast([r for r, _, ok, _ in statuses if not ok] if link.rank == 0 else None)
+    # {asking rank: the piece it is sent, or None: its whole file}
+    asking = link.bcast(_decide(manifest, statuses) if link.rank == 0 else None)
     received, error = 0, None
     try:
         if link.rank == 0 and asking:
             _serve(link, manifest, asking)
         elif link.rank in asking:
-            have, received = receive(link, stages_dir(), need.label)
+            have, received = _receive(link, need, pieces if asking[link.rank] else None)
     except (TransferError, ModelError, OSError) as err:
         if not confirm:
             raise TransferError(str(err)) from None
@@ -143,18 +155,55 @@ def _own_copy(manifest: Manifest, given: str | None) -> Path | None:
     return None
 
 
-def _serve(link: Link, manifest: Manifest, ranks: list[int]) -> None:
-    """Rank 0: send every asking rank its file, all at once (PIPEINFER_WEIGHTS_AT_ONCE=k: k
-    at a time, the largest first); raises if one could not be sent (the receivers are
-    told)."""
+def _decide(manifest: Manifest, statuses: list) -> dict[int, StageRange | None]:
+    """Rank 0: every asking rank and the piece it is sent (None: its whole file); a piece
+    only where assembling the slice from it gives the cut (slice_pieces.refusal)."""
+    asking, source = {}, None
+    for rank, _, ok, _, pieces in statuses:
+        if ok:
+            continue
+        asking[rank] = None
+        if pieces is None:
+            continue
+        need = manifest.needs[rank]
+        try:
+            source = source or read_model(manifest.model)
+            why = refusal(source, model_info(source, manifest.model), pieces.old,
+                          pieces.piece, need.stage)
+        except (ModelError, OSError) as err:
+            why = str(err)
+        if why:
+            log.info("rank %d: sending its whole slice, not the piece [%d, %d) its cached "
+                     "[%d, %d) lacks: %s", rank, pieces.piece.first, pieces.piece.last,
+                     pieces.old.first, pieces.old.last, why)
+        else:
+            asking[rank] = pieces.piece
+    return asking
+
+
+def _receive(link: Link, need: Need, pieces: Pieces | None) -> tuple[Path, int]:
+    """A rank's side: its whole file, or the piece its cached slice lacks, from which it
+    assembles its slice (path, bytes received)."""
+    if pieces is None:
+        return receive(link, stages_dir(), need.label)
+    path, received = receive(link, stages_dir(), f"layers [{pieces.piece.first}, "
+                             f"{pieces.piece.last}) for {need.label}")
+    return assemble_cached(pieces, path, need.stage, need.key), received
+
+
+def _serve(link: Link, manifest: Manifest, asking: dict[int, StageRange | None]) -> None:
+    """Rank 0: send every asking rank its file or piece, all at once
+    (PIPEINFER_WEIGHTS_AT_ONCE=k: k at a time, the largest first); raises if one could not
+    be sent (the receivers are told)."""
     # (Served one at a time, the largest first, the last file to arrive would be the
     # quickest to load: each rank loads as soon as it has its file. All at once moves the
     # bytes sooner and reaches the first token as soon: experiments/bench_load.py.)
-    offers = deque(sorted(((r, *_offer(manifest, manifest.needs[r])) for r in ranks),
-                          key=lambda o: -o[1].size))
+    ranks = list(asking)
+    offers = deque(sorted(((r, *_offer(manifest, manifest.needs[r], asking[r]))
+                           for r in ranks), key=lambda o: -o[1].size))
     t0 = time.monotonic()  # (the files are cut and hashed: what follows is the transfer)
-    log.info("sending %s MB of weights to rank(s) %s", _mb(sum(o.size for _, o, _ in offers)),
-             ", ".join(map(str, ranks)))
+    log.info("sending %s MB of weights to rank(s) %s%s", _mb(sum(o.size for _, o, _ in offers)),
+             ", ".join(map(str, ranks)), _whole(manifest, asking, offers))
     at_once = int(os.environ.get(AT_ONCE_VAR, "0") or 0) or len(offers)
     senders: list[Sender] = []
     backoff, last = Backoff(limit=1e-3), t0
@@ -191,12 +240,30 @@ def _mb(n: float) -> str:
     return f"{n / 1e6:.0f}" if n >= 1e8 else f"{n / 1e6:.1f}"
 
 
-def _offer(manifest: Manifest, need: Need) -> tuple[Offer, Path | None]:
-    """The file rank 0 sends for `need` (cut into its own cache first if it is a slice not
-    cut yet) and its offer; an offer carrying the error if it cannot be made."""
+def _whole(manifest: Manifest, asking: dict[int, StageRange | None], offers) -> str:
+    """What the log says rank 0 saves when it sends pieces: the size of the whole slices
+    they stand for ('' when it sends none)."""
+    if not any(asking.values()):
+        return ""
+    try:
+        source = read_model(manifest.model)
+        info = model_info(source, manifest.model)
+        whole = sum(stage_size(source, info, manifest.needs[r].stage) if asking[r] else o.size
+                    for r, o, _ in offers)
+    except (ModelError, OSError) as err:
+        return f" (pieces of slices; their whole size is unknown: {err})"
+    return f" (pieces of slices: the whole slices would be {_mb(whole)} MB)"
+
+
+def _offer(manifest: Manifest, need: Need, piece: StageRange | None = None
+           ) -> tuple[Offer, Path | None]:
+    """The file rank 0 sends for `need`, or the `piece` of its slice (cut into its own
+    cache first if not cut yet), and its offer; an offer carrying the error if it cannot be
+    made."""
+    key = need.key if piece is None else stage_key(manifest.model_digest, piece)
     try:
         path = Path(need.source) if need.stage is None else \
-            stage_file(Path(manifest.model), need.stage)
-        return Offer(need.key, path.stat().st_size, content_digest(path)), path
+            stage_file(Path(manifest.model), piece or need.stage)
+        return Offer(key, path.stat().st_size, content_digest(path)), path
     except (ModelError, OSError) as err:
-        return Offer(need.key, 0, "", error=str(err)), None
+        return Offer(key, 0, "", error=str(err)), None
