@@ -219,6 +219,10 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("-K", type=int, default=3)
     front_arguments(parser, n=256)
     parser.add_argument("--kill-at", type=int, default=64)
+    parser.add_argument("--fresh-disks", action="store_true",
+                        help="every repeat on nodes with empty disks (the first loss of a "
+                        "cluster: the slices of the split after it are on no node yet); by "
+                        "default the disks are kept across the repeats")
     parser.add_argument("--out", type=Path, help="keep the token times (DIR/streams.csv) and "
                         "draw the first repeat's tokens per second (DIR/failover.png)")
     parser.add_argument("--replot", type=Path, metavar="CSV",
@@ -254,6 +258,8 @@ def main() -> int:
     for k in range(args.K):
         for scenario in scenarios:
             state = work / f"{scenario}{k}"
+            if args.fresh_disks:
+                args.disk_root = work / f"disks-{scenario}{k}"
             (state / "down").mkdir(parents=True)
             # (the head's node lost: the next head needs the model too, as on shared disks)
             front = Front(args, state, state / "front.log",

@@ -111,3 +111,18 @@ def test_a_copy_of_another_draft_or_damaged_or_refused_is_not_used(store, stages
     assert second.stage.evaluated == len(CONTEXT)
     fresh = Drafter(stages(), N_BATCH)
     assert np.array_equal(got, fresh.sync(CONTEXT))
+
+
+def test_a_job_of_another_size_takes_the_draft_copies_back(store, tiny, tmp_path):
+    """A lost host changes the job's size, and with it the draft's context size and
+    vocabulary cut: neither changes the draft's cells, so the copies stay usable."""
+    from types import SimpleNamespace
+    from pipeinfer.job.restore import draft_store
+    drafts = [SimpleNamespace(path=tiny.aligned)]
+    four = SimpleNamespace(kv_size=4096, n_batch=64, draft_vocab=32768, threads_for=lambda r: 1)
+    three = SimpleNamespace(kv_size=2048, n_batch=32, draft_vocab=0, threads_for=lambda r: 2)
+    assert draft_store(four, drafts).identity == draft_store(three, drafts).identity
+    other = tmp_path / "other.gguf"
+    other.write_bytes(b"another draft")
+    assert draft_store(four, [SimpleNamespace(path=other)]).identity != \
+        draft_store(four, drafts).identity

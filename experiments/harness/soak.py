@@ -45,7 +45,8 @@ class Clients:
 
     def __init__(self, url: str, args, reference: dict[str, str]):
         self.url, self.args, self.reference = url, args, reference
-        self.results: list[tuple[float, int, bool, bool, object]] = []   # end, tokens, ...
+        # per answer: its end, its chunks' arrival times, complete, exact, error
+        self.results: list[tuple[float, list[float], bool, bool, object]] = []
         self._stop = threading.Event()
         self._threads = [threading.Thread(target=self._loop, args=(i,), daemon=True)
                          for i in range(args.clients)]
@@ -66,14 +67,16 @@ class Clients:
             k += 1
             c = Client(self.url, prompt, self.args.n)
             c.run()
-            self.results.append((time.monotonic(), len(c.chunks),
+            self.results.append((time.monotonic(), [at for at, _ in c.chunks],
                                  c.done and c.error is None, c.text == self.reference[prompt],
                                  c.error))
             if c.error is not None:
                 time.sleep(1.0)   # (an answer refused: no loop of refusals)
 
     def tokens_between(self, t0: float, t1: float) -> int:
-        return sum(n for end, n, *_ in self.results if t0 <= end < t1)
+        """Chunks that arrived in [t0, t1) (an answer is recorded when it ends: read this
+        after stop(), which waits for the answers under way)."""
+        return sum(t0 <= at < t1 for _, times, *_ in self.results for at in times)
 
 
 def rss_kb(pid: int) -> int:

@@ -89,15 +89,17 @@ def token_store() -> KeptCells | None:
 def draft_store(cfg, drafts) -> KeptCells | None:
     """Where the head's draft model keeps its context of each request (engine/head/kept.py),
     None when nothing is kept or there is no draft model. A copy is taken back only by the
-    same draft file (path, size, time), vocabulary cut, settings, build and CPU."""
+    same draft file (path, size, time), llama.cpp build and CPU; not bound to the job's
+    settings or the draft's vocabulary cut (both follow the pipeline's depth, which a lost
+    host changes; a cut changes the output head only, not the cells): a draft's cells choose
+    guesses, never the answer, and llama.cpp refuses cells that do not fit its context
+    (Drafter.take_back then reads the context again)."""
     if not drafts or KeptCells.for_job(b"") is None:
         return None
     path = Path(drafts[0].path).resolve()
     st = path.stat()
     return KeptCells.for_job(identity_of(DRAFT, str(path), st.st_size, st.st_mtime_ns,
-                                         cfg.draft_vocab, cfg.kv_size, cfg.n_batch,
-                                         cfg.threads_for(0), llama_cpp.__version__,
-                                         system_info()), sub=DRAFT)
+                                         llama_cpp.__version__, system_info()), sub=DRAFT)
 
 
 def restore(link, stage, kept: StageCopies | None, n_slots: int) -> dict[int, Restored]:

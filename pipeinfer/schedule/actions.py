@@ -53,6 +53,7 @@ class DraftJob:
     cutoff: float
     budget: int
     ngram: bool = True     # --draft-source both: a lookup may answer it (sources.py)
+    model: bool = True     # the draft model may answer it (not while it waits: retry.py)
     ngram_budget: int | None = None  # most tokens a lookup answers with (None: budget; ramp.py)
     room: int | None = None
 
@@ -70,7 +71,7 @@ class DraftJob:
         lookup = "" if self.lookup_budget == self.budget else f" ({self.lookup_budget} n-gram)"
         return (f"DraftJob({self.job_id} after {len(self.context)} tokens, cutoff "
                 f"{self.cutoff:.3f}, budget {self.budget}{lookup}"
-                f"{'' if self.ngram else ', model'})")
+                f"{'' if self.ngram else ', model'}{'' if self.model else ', lookup'})")
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ Lookups answer at once, so a chain of n-gram runs goes out together: its first r
 (1, 2, then full size) after every break, when the pending token needed a run of its own
 (ramp.py). The cutoff (cutoff.py) rises per speculative run started, resets when a completed
 speculative run is accepted, decays once per failed draft attempt of the draft model down to
-its floor.
+its floor; at the floor, failed attempts space out the next ones (retry.py).
 Drafts may also come from the text itself (n-gram lookup, ngram.py): the executor answers
 those at once, and the runs remember their origin for the counters. While the guard (guard.py)
 pauses speculation, no draft goes out: plain decoding, until it probes again.
@@ -35,6 +35,7 @@ from .cutoff import Cutoff
 from .events import DraftInterrupted
 from .microbatch import MicroBatch
 from .ramp import Ramp
+from .retry import Retry
 from .runs import trim_branches
 
 
@@ -49,6 +50,7 @@ class PipeInfer(Scheduler):
         self.job: DraftJob | None = None
         self.stopping = False          # StopDraft sent for the job out
         self.failed_at: tuple | None = None  # the last attempt that drafted nothing
+        self.retry = Retry()           # how many tokens the draft model waits after failing
 
     def on_start(self) -> None:
         if not self.rebuilding():   # (a resumed one reads its context at its first draft)
@@ -95,14 +97,20 @@ class PipeInfer(Scheduler):
             self.spec.start_speculative(context, branches, source, event.origin)
             self.ramp.started()
             self.failed_at = None
+            self.retry.drafted()
             if self.cutoff.run_started():
                 self.record("cutoff", self.cutoff.value, "speculative run started")
         elif not event.branches:
             self.failed_at = (len(job.context), job.source, job.cutoff)
             # (no n-gram matched: that says nothing about the draft model's cutoff)
-            if event.origin == "model" and self.cutoff.attempt_failed():
-                self.failed_at = None  # the cutoff changed: worth another try
-                self.record("cutoff", self.cutoff.value, "draft attempt failed")
+            if event.origin == "model":
+                decayed = self.cutoff.attempt_failed()
+                self.retry.failed(len(job.context), at_floor=not decayed)
+                if decayed:
+                    self.failed_at = None  # the cutoff changed: worth another try
+                    self.record("cutoff", self.cutoff.value, "draft attempt failed")
+                elif self.retry.wait > 1:
+                    self.record("retry", self.retry.wait, "draft attempts fail at the floor")
 
     def _submit(self) -> None:
         context, source = self.spec.tip()
@@ -112,8 +120,14 @@ class PipeInfer(Scheduler):
         budget = min(self.batch.limit, room)
         if (len(context), source, cutoff) == self.failed_at or budget <= 0:
             return
-        self.job = DraftJob(next(self.jobs), tuple(context), source, cutoff, budget,
-                            self.sources.use_ngram(), ngram_budget=self.ramp.size, room=room)
+        model = self.retry.ready(len(context))   # (a lookup costs nothing: it never waits)
+        if not model and self.opts.draft_source == "model":
+            return
+        ngram = self.sources.use_ngram()
+        if not (model or ngram):
+            return
+        self.job = DraftJob(next(self.jobs), tuple(context), source, cutoff, budget, ngram,
+                            ngram_budget=self.ramp.size, room=room, model=model)
         self.spec.emit(StartDraft(self.job))
 
     def _stop_job(self) -> None:

@@ -1,6 +1,6 @@
 """Draft jobs answered from the text itself (n-gram lookup, schedule/ngram.py), and, with a
 fallback executor (the draft model's: `--draft-source both`), the jobs the lookup cannot
-answer go to the model.
+answer go to the model (unless the job says the model waits: schedule/retry.py).
 
 A lookup is a few vector compares over the context, so a job is answered the moment it is
 submitted: its DraftReady (origin "ngram") waits for the driver's next poll, and there is
@@ -70,7 +70,7 @@ class NgramDrafts(LookupExecutor):
         if draft:
             self._ready.append(DraftReady(job.job_id, (tuple(draft),), origin=ORIGIN))
             return
-        if self.fallback is not None:
+        if self.fallback is not None and job.model:
             self.fallback.submit(job)
         else:
             self._ready.append(DraftReady(job.job_id, (), origin=ORIGIN))
