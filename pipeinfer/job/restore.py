@@ -66,11 +66,13 @@ def stage_copies(stage, layers: tuple[int, int], model_digest: str) -> StageCopi
 def replicas(link, copies: StageCopies | None, ranges, model) -> Replicas | None:
     """Collective: where a worker's KV_SEQ_SAVE and _DROP go: its copies, and those it sends
     the ranks that would take over its layers (model/handover.py), and keeps of its
-    neighbours' (rank 0 weighs the layers of `model`, the target's file). Nothing (not even
-    a collective) when the job keeps nothing, which the environment says alike on every
-    rank (KeptCells.for_job)."""
+    neighbours' (rank 0 weighs the layers of `model`, the target's file); from now on they
+    are written on a thread of their own. Nothing (not even a collective) when the job
+    keeps nothing, which the environment says alike on every rank (KeptCells.for_job)."""
     if KeptCells.for_job(b"") is None:
         return None
+    if copies is not None:
+        copies.in_background()
     plan = link.bcast(replica_plan(ranges, *layer_bytes(read_model(model), ranges[-1].last))
                       if link.rank == 0 else None)
     if copies is None:

@@ -143,8 +143,6 @@ class Job:
         marks.mark("agreed")
         restored = restore(link, layers, kept, cfg.slots)
         sending = replicas(link, kept, ranges[:cfg.n_pipeline(size)], model)
-        if kept is not None:
-            kept.in_background()
         marks.mark("restored")
         marks.report(link)
         wakeup.connect(link)  # from now on a message wakes the rank waiting for it
