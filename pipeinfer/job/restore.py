@@ -25,7 +25,8 @@ import llama_cpp
 from ..engine.worker.replicas import Replicas
 from ..model.balance import layer_bytes
 from ..model.handover import replica_plan
-from ..model.kept_cells import DRAFT, REPLICAS, TOKENS, KeptCells, identity_of, load_into, token_digest
+from ..model.kept_cells import (DRAFT, REPLICAS, TOKENS, KeptCells, identity_of, load_into,
+                                token_digest)
 from ..model.llama_lib import system_info
 from ..model.slicing import read_model
 from .assemble import StageCopies

@@ -353,7 +353,7 @@ class StageSlot:
     def seq_pos_max(self, seq: int) -> int:
         return self.stage.seq_pos_max(seq, slot=self.index)
 
-    def seq_state(self, seq: int) -> bytes:
+    def seq_state(self, seq: int) -> memoryview:
         return self.stage.seq_state(seq, slot=self.index)
 
     def set_seq_state(self, seq: int, state: bytes) -> bool:

@@ -107,12 +107,14 @@ def obtain(link: Link, manifest: Manifest, own: str | None = None,
                                     error, pieces))
     if failure:
         raise WeightsError(failure)
-    # {asking rank: the piece it is sent, or None: its whole file}
-    asking = link.bcast(_decide(manifest, statuses) if link.rank == 0 else None)
+    # {asking rank: the piece it is sent, or None: its whole file}; rank 0 also keeps the
+    # size of the whole slice each piece stands for (for its log)
+    asking, whole = _decide(manifest, statuses) if link.rank == 0 else (None, {})
+    asking = link.bcast(asking)
     received, error = 0, None
     try:
         if link.rank == 0 and asking:
-            _serve(link, manifest, asking)
+            _serve(link, manifest, asking, whole)
         elif link.rank in asking:
             have, received = _receive(link, need, pieces if asking[link.rank] else None)
     except (TransferError, ModelError, OSError) as err:
@@ -155,10 +157,12 @@ def _own_copy(manifest: Manifest, given: str | None) -> Path | None:
     return None
 
 
-def _decide(manifest: Manifest, statuses: list) -> dict[int, StageRange | None]:
-    """Rank 0: every asking rank and the piece it is sent (None: its whole file); a piece
-    only where assembling the slice from it gives the cut (slice_pieces.refusal)."""
-    asking, source = {}, None
+def _decide(manifest: Manifest, statuses: list
+            ) -> tuple[dict[int, StageRange | None], dict[int, int]]:
+    """Rank 0: every asking rank and the piece it is sent (None: its whole file), a piece
+    only where assembling the slice from it gives the cut (slice_pieces.refusal); and the
+    size of the whole slice of each rank sent a piece."""
+    asking, whole, source = {}, {}, None
     for rank, _, ok, _, pieces in statuses:
         if ok:
             continue
@@ -168,8 +172,10 @@ def _decide(manifest: Manifest, statuses: list) -> dict[int, StageRange | None]:
         need = manifest.needs[rank]
         try:
             source = source or read_model(manifest.model)
-            why = refusal(source, model_info(source, manifest.model), pieces.old,
-                          pieces.piece, need.stage)
+            info = model_info(source, manifest.model)
+            why = refusal(source, info, pieces.old, pieces.piece, need.stage)
+            if not why:
+                whole[rank] = stage_size(source, info, need.stage)
         except (ModelError, OSError) as err:
             why = str(err)
         if why:
@@ -178,7 +184,7 @@ def _decide(manifest: Manifest, statuses: list) -> dict[int, StageRange | None]:
                      pieces.old.first, pieces.old.last, why)
         else:
             asking[rank] = pieces.piece
-    return asking
+    return asking, whole
 
 
 def _receive(link: Link, need: Need, pieces: Pieces | None) -> tuple[Path, int]:
@@ -191,7 +197,8 @@ def _receive(link: Link, need: Need, pieces: Pieces | None) -> tuple[Path, int]:
     return assemble_cached(pieces, path, need.stage, need.key), received
 
 
-def _serve(link: Link, manifest: Manifest, asking: dict[int, StageRange | None]) -> None:
+def _serve(link: Link, manifest: Manifest, asking: dict[int, StageRange | None],
+           whole: dict[int, int]) -> None:
     """Rank 0: send every asking rank its file or piece, all at once
     (PIPEINFER_WEIGHTS_AT_ONCE=k: k at a time, the largest first); raises if one could not
     be sent (the receivers are told)."""
@@ -203,7 +210,7 @@ def _serve(link: Link, manifest: Manifest, asking: dict[int, StageRange | None])
                            for r in ranks), key=lambda o: -o[1].size))
     t0 = time.monotonic()  # (the files are cut and hashed: what follows is the transfer)
     log.info("sending %s MB of weights to rank(s) %s%s", _mb(sum(o.size for _, o, _ in offers)),
-             ", ".join(map(str, ranks)), _whole(manifest, asking, offers))
+             ", ".join(map(str, ranks)), _whole(whole, offers))
     at_once = int(os.environ.get(AT_ONCE_VAR, "0") or 0) or len(offers)
     senders: list[Sender] = []
     backoff, last = Backoff(limit=1e-3), t0
@@ -240,19 +247,13 @@ def _mb(n: float) -> str:
     return f"{n / 1e6:.0f}" if n >= 1e8 else f"{n / 1e6:.1f}"
 
 
-def _whole(manifest: Manifest, asking: dict[int, StageRange | None], offers) -> str:
+def _whole(whole: dict[int, int], offers) -> str:
     """What the log says rank 0 saves when it sends pieces: the size of the whole slices
-    they stand for ('' when it sends none)."""
-    if not any(asking.values()):
+    they stand for (`whole`: of each rank sent a piece; '' when it sends none)."""
+    if not whole:
         return ""
-    try:
-        source = read_model(manifest.model)
-        info = model_info(source, manifest.model)
-        whole = sum(stage_size(source, info, manifest.needs[r].stage) if asking[r] else o.size
-                    for r, o, _ in offers)
-    except (ModelError, OSError) as err:
-        return f" (pieces of slices; their whole size is unknown: {err})"
-    return f" (pieces of slices: the whole slices would be {_mb(whole)} MB)"
+    total = sum(whole.get(r, o.size) for r, o, _ in offers)
+    return f" (pieces of slices: the whole slices would be {_mb(total)} MB)"
 
 
 def _offer(manifest: Manifest, need: Need, piece: StageRange | None = None
