@@ -320,3 +320,59 @@ def test_a_worker_that_cannot_be_reached_polls(tmp_path: Path) -> None:
     assert out["heard_all"] == [[1], []]
     pickup = sorted(out["pickup"])
     assert len(pickup) == 10 and pickup[-2] < 10 * MAX_SLEEP_S, pickup
+
+
+# A sender whose large message waits for a receiver busy for a second calls into MPI to move
+# it: at a fixed 250 us that cost it ~10 % of a core; its pace now grows while it waits.
+SENDER_CPU_MAX = 0.03
+
+SEND_JOB = textwrap.dedent('''
+    """Rank 0 sends rank 1 a 1.5 MB array (past MPICH's eager limit: it moves only while rank 0
+    calls into MPI) and waits for rank 1's answer as an idle rank does; rank 1 is busy for
+    BUSY seconds before it receives it, then answers at once. Rank 0 reports its CPU share
+    while waiting, rank 1 how long the receive took."""
+    import json, sys, time
+    import numpy as np
+    from pipeinfer.engine.transport import wakeup
+    from pipeinfer.engine.transport.backoff import idle_backoff
+    from pipeinfer.engine.transport.mpi import Link
+    from pipeinfer.engine.transport.wire import Tag
+
+    BUSY, ROUNDS = float(sys.argv[1]), int(sys.argv[2])
+    link = Link()
+    heard = wakeup.connect(link)
+    out = {"heard": sorted(heard), "cpu": [], "recv_s": []}
+    for _ in range(ROUNDS):
+        if link.rank == 0:
+            c0, t0 = time.process_time(), time.monotonic()
+            link.send(1, (np.ones(384 * 1024, dtype=np.float32), Tag.ACTIVATIONS))
+            backoff = idle_backoff(True, sleep=link.sleep)
+            while link.recv_array(1, Tag.BUSY, np.float64, wait=False) is None:
+                backoff.wait()
+            out["cpu"].append((time.process_time() - c0) / (time.monotonic() - t0))
+        else:
+            time.sleep(BUSY)
+            t0 = time.monotonic()
+            got = link.recv_array(0, Tag.ACTIVATIONS, np.float32)
+            out["recv_s"].append(time.monotonic() - t0)
+            assert got.size == 384 * 1024 and float(got.sum()) == got.size
+            link.send(0, (np.zeros(1), Tag.BUSY))
+    out["all"] = link.gather(out)
+    if link.rank == 0:
+        print(json.dumps({"ranks": out["all"]}), flush=True)
+    link.flush()
+''')
+
+
+@pytest.mark.slow
+def test_a_large_send_to_a_busy_rank_costs_its_sender_next_to_no_cpu(tmp_path: Path) -> None:
+    """The sender's calls into MPI slow down while its message waits, and the receiver, when
+    it asks, wakes the sender and gets the message at once."""
+    script = tmp_path / "send_job.py"
+    script.write_text(SEND_JOB)
+    res = launch([MPIEXEC, "-n", "2", str(PYTHON), str(script), "1.0", "3"], timeout=90)
+    assert res.rc == 0 and res.json is not None, res.describe()
+    sender, receiver = res.json["ranks"]
+    assert sender["heard"] == [1] and receiver["heard"] == [0]
+    assert statistics.median(sender["cpu"]) < SENDER_CPU_MAX, sender["cpu"]
+    assert statistics.median(receiver["recv_s"]) < PICKUP_MEDIAN_MAX_S, receiver["recv_s"]

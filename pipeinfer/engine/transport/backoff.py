@@ -84,3 +84,31 @@ class IdleBackoff(Backoff):
         idle = now - self._idle_since
         self.limit = min(self.max_limit, max(self.base_limit, idle * self.share))
         return super().wait()
+
+
+# A rank with sends not yet complete sleeps at most this long at first: a large message moves
+# only while its sender calls into MPI, and a receiver already waiting for it should get it
+# at once. While the sends stay incomplete (the receiver is busy computing and has not asked
+# for them) the interval doubles up to the cap, so a rank whose next stage computes for a
+# second does not wake thousands of times for it.
+SEND_PROGRESS_S = 250e-6
+SEND_PROGRESS_MAX_S = 8e-3
+
+
+class ProgressPace:
+    """How long a rank with incomplete sends may sleep before it calls into MPI again: short
+    after a new send or a wake-up (a receiver about to take a large message wakes its
+    sender), then twice as long each time, up to `limit`."""
+
+    def __init__(self, first: float = SEND_PROGRESS_S, limit: float = SEND_PROGRESS_MAX_S):
+        self.first, self.limit = first, limit
+        self._next = first
+
+    def reset(self) -> None:
+        self._next = self.first
+
+    def take(self) -> float:
+        """The longest sleep allowed now (and the next one doubles)."""
+        seconds = self._next
+        self._next = min(self.limit, seconds * 2)
+        return seconds

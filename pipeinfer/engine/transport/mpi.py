@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from . import wakeup
-from .backoff import Backoff
+from .backoff import Backoff, ProgressPace
 from .wakeup import Channel
 from ...schedule.transaction import DecodeTx, KvOp, RunResult
 from .wire import (HEAD, ResultFlag, Tag, TxType, decode_header, encode_kv_ops, encode_meta,
@@ -40,9 +40,9 @@ finally:
 # The last message on every cancellation channel (head -> last worker -> ... -> rank 1): a
 # worker ends only after it, so no cancellation is ever left in flight to a rank that is gone.
 CANCEL_END = -1
-# A rank with sends not yet complete sleeps at most this long: a large message moves only
-# while its sender calls into MPI.
-SEND_PROGRESS_S = 250e-6
+# A receive of at least this many bytes wakes its sender first: past MPICH's eager limit the
+# data moves only while the sender calls into MPI (backoff.ProgressPace).
+LARGE_MESSAGE_BYTES = 16 * 1024
 # How often the head's polls for a result also look for another rank's error report (a
 # probe of every rank, the dearest part of a poll).
 ERROR_CHECK_S = 0.01
@@ -50,6 +50,13 @@ ERROR_CHECK_S = 0.01
 
 def _wake(dest: int, tag: Tag) -> None:
     wakeup.notify(dest, Channel.CANCEL if tag == Tag.CANCEL else Channel.MAIN)
+
+
+def wake_sender(rank: int) -> None:
+    """Wake `rank`'s waiting threads (a computing worker's cancel watcher, an idle rank's
+    loop): the one asleep calls into MPI and moves the message this rank is receiving."""
+    for channel in Channel:
+        wakeup.notify(rank, channel)
 
 
 class RankFailed(RuntimeError):
@@ -106,6 +113,7 @@ class Link:
         self.rank = self.comm.Get_rank()
         self.size = self.comm.Get_size()
         self._pending: list[tuple[Any, Any]] = []
+        self._pace = ProgressPace()
         self._lock = threading.Lock()
 
     # --- collectives used only at start-up and shutdown --------------------------------------
@@ -130,13 +138,16 @@ class Link:
         return self.comm.allgather(obj)
 
     def sleep(self, seconds: float, channel: Channel = Channel.MAIN) -> bool:
-        """A back-off's sleep that also keeps this link's sends moving (capped while any is
-        incomplete); True if a wake-up ended it."""
+        """A back-off's sleep that also keeps this link's sends moving (shortened while any is
+        incomplete: backoff.ProgressPace); True if a wake-up ended it."""
         with self._lock:
             self._pending = [(r, b) for r, b in self._pending if not r.Test()]
             if self._pending:
-                seconds = min(seconds, SEND_PROGRESS_S)
-        return wakeup.sleep(seconds, channel)
+                seconds = min(seconds, self._pace.take())
+        woken = wakeup.sleep(seconds, channel)
+        if woken:
+            self._pace.reset()  # (a float's store: no lock needed)
+        return woken
 
     def barrier(self) -> None:
         """MPI barrier that waits with Test and sleeps instead of spinning."""
@@ -158,6 +169,7 @@ class Link:
             posted.append((self.comm.Isend(buf, dest=dest, tag=int(tag)), buf))
         with self._lock:
             self._pending += posted
+            self._pace.reset()
             self._reap_locked()
         _wake(dest, messages[0][1])
 
@@ -207,9 +219,11 @@ class Link:
             if not wait:
                 return None
             backoff.wait()
-        count = status.Get_count(MPI.BYTE) // np.dtype(dtype).itemsize
-        buf = np.empty(count, dtype=dtype)
-        self.comm.Recv(buf, source=status.Get_source(), tag=int(tag))
+        n_bytes, source = status.Get_count(MPI.BYTE), status.Get_source()
+        if n_bytes >= LARGE_MESSAGE_BYTES:
+            wake_sender(source)
+        buf = np.empty(n_bytes // np.dtype(dtype).itemsize, dtype=dtype)
+        self.comm.Recv(buf, source=source, tag=int(tag))
         return buf
 
     def recv_into(self, buf: np.ndarray, source: int, tag: Tag) -> int:
