@@ -17,7 +17,8 @@ draws them again from a CSV without running anything.
 Every system gets the same nodes: N nodes share --cpu-total cores evenly (2 cores: 2 x 1,
 4 x 0.5, 8 x 0.25), or each has --cpu-per-node cores, one CPU quota per node (experiments/cluster.py's cgroups), 1 thread per
 node; node 0 is the head / main host and holds no target layers, the other nodes split the
-target's layers evenly (llama.cpp: -ts 1,1,...; pipeinfer: --layer-split 0,1/(N-1),...);
+target's layers evenly (llama.cpp: -ts 1,1,...; pipeinfer: as many layers each as whole layers
+allow, those left over on the last nodes: harness/bench_runs.py's even_split);
 the extra system pipeinfer-default-split is pipeinfer without --layer-split (its default);
 --same-slices gives pipeinfer's workers the very layers llama.cpp gives each rpc-server (the
 last one fewer, with the output matrix), for comparing node memory slice for slice. The
@@ -51,7 +52,8 @@ if not __package__:   # run as `python experiments/NAME.py`: the repository on t
     sys.path[0] = str(Path(__file__).resolve().parents[1])
 
 from experiments.harness import build_peers, charts, peer_report  # noqa: E402
-from experiments.harness.bench_runs import RunSpec, run_peer, run_pipeinfer, write_row  # noqa: E402
+from experiments.harness.bench_runs import (RunSpec, run_peer, run_pipeinfer,  # noqa: E402
+                                           target_layers, write_row)
 
 CODE_PROMPT = ("Write a Python function that parses a CSV file of transactions (date, amount, "
                "category) and returns the total amount per category, sorted by amount.")
@@ -95,13 +97,6 @@ def _with_tokenizer(model: str, use):
         return use(tokenizer)
     finally:
         tokenizer.close()
-
-
-def target_layers(model: str) -> int:
-    from pipeinfer.model.gguf_header import read_header
-    from pipeinfer.model.models import resolve_model
-    header = read_header(resolve_model(model))
-    return int(header.get(f"{header.get('general.architecture')}.block_count"))
 
 
 def variants(systems: list[str], sweep: list[int],

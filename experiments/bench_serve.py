@@ -42,6 +42,7 @@ if not __package__:   # run as `python experiments/NAME.py`: the repository on t
     sys.path[0] = str(Path(__file__).resolve().parents[1])
 
 from experiments.harness import CLUSTER, ROOT  # noqa: E402
+from experiments.harness.bench_runs import even_split, target_layers  # noqa: E402
 from experiments.harness.cpu_quota import PERIOD_US, CpuQuotas, host_cpu  # noqa: E402
 from experiments.harness.peers import PeerCluster, last_line  # noqa: E402
 
@@ -164,7 +165,8 @@ class PipeinferServer:
     extra: dict = {}
 
     def __init__(self, args, name: str = "pipeinfer"):
-        split = args.split or ",".join(["0"] + [repr(1 / (args.nodes - 1))] * (args.nodes - 1))
+        split = args.split or ",".join(repr(f) for f in even_split(
+            target_layers(args.model), args.nodes - 1))
         flags = [f.format(draft=args.draft) for f in PIPEINFER_SYSTEMS[name]]
         serve = [str(Path(sys.executable).parent / "pipeinfer"), "serve", "-m", args.model,
                  *flags, "--layer-split", split, "--parallel", str(args.clients), "--port", "0",
@@ -354,7 +356,8 @@ def parse_args(argv):
                    help="comma list of: llama-server, " + ", ".join(PIPEINFER_SYSTEMS))
     p.add_argument("--split", default=None,
                    help="pipeinfer's --layer-split, and llama-server's -ts of its workers' "
-                        "shares (default: the head none, the rest even)")
+                        "shares (default: the head none, the rest even, pipeinfer's leftover "
+                        "layers on the last workers: bench_runs.even_split)")
     p.add_argument("--csv", default=None)
     return p.parse_args(argv)
 

@@ -392,3 +392,18 @@ def test_failover_chart_is_drawn_from_the_token_times(tmp_path):
     assert result.rc == 0, result.describe()
     assert (tmp_path / "failover.png").read_bytes().startswith(PNG_SIGNATURE)
     assert f"wrote {tmp_path / 'failover.png'}" in result.stdout
+
+
+@pytest.mark.parametrize("n_layer, workers, counts", [
+    (28, 3, [9, 9, 10]), (28, 7, [4] * 7), (30, 4, [7, 7, 8, 8]), (24, 2, [12, 12]),
+    (5, 5, [1] * 5), (30, 7, [4, 4, 4, 4, 4, 5, 5]),
+])
+def test_an_even_split_gives_the_layers_left_over_to_the_last_workers(n_layer, workers,
+                                                                      counts) -> None:
+    """The benchmarks' even split, as pipeinfer's own partition applies it: node 0 none, the
+    workers within one layer of each other, the larger shares last (the final stage takes
+    prompt chunks through its layers fastest)."""
+    from experiments.harness.bench_runs import even_split
+    from pipeinfer.model.partition import partition
+    ranges = partition(n_layer, even_split(n_layer, workers))
+    assert [r.n_layer for r in ranges] == [0, *counts]
