@@ -323,8 +323,12 @@ def test_a_worker_that_cannot_be_reached_polls(tmp_path: Path) -> None:
 
 
 # A sender whose large message waits for a receiver busy for a second calls into MPI to move
-# it: at a fixed 250 us that cost it ~10 % of a core; its pace now grows while it waits.
+# it: at a fixed 250 us that cost it ~10 % of a core; its pace now grows while it waits. Once
+# the receiver asks, it wakes the sender until the message is in: 1.5 MB took 5-12 ms here
+# (17-23 ms without the wake-ups, 8-20 ms with two busy loops beside it); the bound is for a
+# transfer left to the sender's long pace, or stuck.
 SENDER_CPU_MAX = 0.03
+RECEIVE_MAX_S = 0.04
 
 SEND_JOB = textwrap.dedent('''
     """Rank 0 sends rank 1 a 1.5 MB array (past MPICH's eager limit: it moves only while rank 0
@@ -367,7 +371,7 @@ SEND_JOB = textwrap.dedent('''
 @pytest.mark.slow
 def test_a_large_send_to_a_busy_rank_costs_its_sender_next_to_no_cpu(tmp_path: Path) -> None:
     """The sender's calls into MPI slow down while its message waits, and the receiver, when
-    it asks, wakes the sender and gets the message at once."""
+    it asks, wakes the sender and gets the message within milliseconds."""
     script = tmp_path / "send_job.py"
     script.write_text(SEND_JOB)
     res = launch([MPIEXEC, "-n", "2", str(PYTHON), str(script), "1.0", "3"], timeout=90)
@@ -375,4 +379,4 @@ def test_a_large_send_to_a_busy_rank_costs_its_sender_next_to_no_cpu(tmp_path: P
     sender, receiver = res.json["ranks"]
     assert sender["heard"] == [1] and receiver["heard"] == [0]
     assert statistics.median(sender["cpu"]) < SENDER_CPU_MAX, sender["cpu"]
-    assert statistics.median(receiver["recv_s"]) < PICKUP_MEDIAN_MAX_S, receiver["recv_s"]
+    assert statistics.median(receiver["recv_s"]) < RECEIVE_MAX_S, receiver["recv_s"]

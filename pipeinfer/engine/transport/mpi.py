@@ -40,9 +40,11 @@ finally:
 # The last message on every cancellation channel (head -> last worker -> ... -> rank 1): a
 # worker ends only after it, so no cancellation is ever left in flight to a rank that is gone.
 CANCEL_END = -1
-# A receive of at least this many bytes wakes its sender first: past MPICH's eager limit the
-# data moves only while the sender calls into MPI (backoff.ProgressPace).
+# A receive of at least this many bytes wakes its sender every LARGE_RECV_WAKE_S until the data
+# is in: past MPICH's eager limit it moves only while the sender calls into MPI, and a sender
+# whose sends have waited long calls in rarely (backoff.ProgressPace).
 LARGE_MESSAGE_BYTES = 16 * 1024
+LARGE_RECV_WAKE_S = 200e-6
 # How often the head's polls for a result also look for another rank's error report (a
 # probe of every rank, the dearest part of a poll).
 ERROR_CHECK_S = 0.01
@@ -220,10 +222,15 @@ class Link:
                 return None
             backoff.wait()
         n_bytes, source = status.Get_count(MPI.BYTE), status.Get_source()
-        if n_bytes >= LARGE_MESSAGE_BYTES:
-            wake_sender(source)
         buf = np.empty(n_bytes // np.dtype(dtype).itemsize, dtype=dtype)
-        self.comm.Recv(buf, source=source, tag=int(tag))
+        if n_bytes < LARGE_MESSAGE_BYTES:
+            self.comm.Recv(buf, source=source, tag=int(tag))
+            return buf
+        req, woken = self.comm.Irecv(buf, source=source, tag=int(tag)), 0.0
+        while not req.Test():  # (spinning, as a blocking receive would, while it moves)
+            if time.monotonic() - woken >= LARGE_RECV_WAKE_S:
+                wake_sender(source)
+                woken = time.monotonic()
         return buf
 
     def recv_into(self, buf: np.ndarray, source: int, tag: Tag) -> int:
