@@ -77,8 +77,8 @@ def test_a_node_without_the_prompt_chunk_step_is_refused():
     small = NodeCost("host:1", {1: 1.0, 8: 2.0}, {1: 0.5, 8: 1.0})
     p = Pipeline((node(), small, small), MODEL)
     with pytest.raises(SimulationError, match=r"up to 8 tokens, not for the prompt's batches "
-                                              r"of 32: measure the profile again"):
-        simulate(p, [0, 6, 6], SimConfig("iterative", n_predict=8, prompt_len=32))
+                                              r"of 64: measure the profile again"):
+        simulate(p, [0, 6, 6], SimConfig("iterative", n_predict=8, prompt_len=100))
     assert simulate(p, [0, 6, 6], SimConfig("iterative", n_predict=8, prompt_len=8)).ttft_s > 0
     assert costs_step({1: 1.0, PREFILL_STEP: 9.0}, 4 * PREFILL_STEP)  # past the chunk: fair
 

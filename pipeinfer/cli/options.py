@@ -130,9 +130,21 @@ def prefill_chunk_option(help_text: str):
                         type=click.IntRange(1, None), help=help_text)
 
 
+def prefill_tail_option(help_text: str):
+    """--prefill-tail (run and serve; plan and simulate model it)."""
+    return click.option("--prefill-tail", "prefill_tail", default=JOB.prefill_tail,
+                        type=click.IntRange(0, None), help=help_text)
+
+
+PREFILL_TAIL_HELP = ("The prompt's tokens after its last whole --prefill-chunk go in as "
+                     "batches of this many (0: one batch), so that they pass the stages one "
+                     "behind the other: a short prompt, or a conversation's next turn, "
+                     "reaches its first token sooner.")
+
+
 def size_options(command):
-    """-c, -b, --prefill-chunk and -t: the context, the largest batch, the prompt's batches,
-    the threads per rank."""
+    """-c, -b, --prefill-chunk, --prefill-tail and -t: the context, the largest batch, the
+    prompt's batches, the threads per rank."""
     return _group(command, [
         click.option("-c", "--ctx-size", "n_ctx", default=JOB.n_ctx,
                      type=click.IntRange(1, None),
@@ -144,7 +156,9 @@ def size_options(command):
             "The prompt goes in as batches that end at multiples of this many tokens (at "
             "most -b), all in flight at once: small enough that every stage works while a "
             "prompt goes in, large enough for llama.cpp's batch kernels. Answers equal "
-            "llama.cpp's evaluating the prompt in batches of this size."),
+            "llama.cpp's evaluating the prompt in the same batches."),
+        prefill_tail_option(PREFILL_TAIL_HELP + " Answers equal llama.cpp's evaluating "
+                            "the prompt in the same batches."),
         click.option("-t", "--threads", default="1", callback=parse_threads,
                      help="Threads per rank: one number for all, or a comma list with one "
                           "per rank.")])

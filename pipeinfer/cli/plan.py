@@ -11,7 +11,7 @@ import click
 from .. import strategies
 from .commands import Failure, RankedCommand, setup_logging, verbosity_options
 from .options import JOB, compact_draft_option, draft_vocab_flag, parse_threads, \
-    prefill_chunk_option
+    prefill_chunk_option, prefill_tail_option, PREFILL_TAIL_HELP
 
 PROMPT_LEN = 32   # tokens of the prompt modelled by default: a short question
 
@@ -151,6 +151,7 @@ def _cluster_options(command):
 
 def _prompt_options(command):
     """The prompt whose TTFT simulate and plan predict."""
+    command = prefill_tail_option(PREFILL_TAIL_HELP)(command)
     command = prefill_chunk_option(
         "The prompt's batches end at multiples of this many tokens, as `run --prefill-chunk` "
         "evaluates it: all in flight at once, so the stages work on different batches at the "
@@ -256,7 +257,7 @@ def simulate(strategy, split, seed, as_json, verbose, quiet, **cluster_values):
     out = {"strategy": strategy, "nodes": len(counts), "layers": counts,
            "draft_vocab": setup.draft_vocab, "draft_ms": round(setup.nodes[0].draft_ms, 4),
            "assumed_accept_rate": round(rate, 4), "prefill_chunk": o["prefill_chunk"],
-           **result.to_dict()}
+           "prefill_tail": o["prefill_tail"], **result.to_dict()}
     if as_json:
         click.echo(json.dumps(out))
     else:
@@ -273,7 +274,7 @@ def _sim_config(o: dict, strategy: str, rate: float, seed: int = 0):
     from ..plan.simulate import SimConfig
 
     return SimConfig(strategy, o["n_predict"], o["prompt_len"], accept_rate=rate, seed=seed,
-                     prefill_chunk=o["prefill_chunk"])
+                     prefill_chunk=o["prefill_chunk"], prefill_tail=o["prefill_tail"])
 
 
 @click.command(context_settings={"show_default": True})
@@ -307,6 +308,8 @@ def plan(chosen_strategies, as_json, verbose, quiet, **cluster_values):
     args = ["-n", str(n_predict)]
     if o["prefill_chunk"] != JOB.prefill_chunk:
         args += ["--prefill-chunk", str(o["prefill_chunk"])]
+    if o["prefill_tail"] != JOB.prefill_tail:
+        args += ["--prefill-tail", str(o["prefill_tail"])]
     try:
         common = _setup(o)
         setups = {s: for_strategy(common, s, o["draft_vocab"]) for s in chosen}

@@ -57,7 +57,7 @@ def _read_prompt(prompt_file: str) -> str:
                    "also llama.cpp's log.", "Only notices and errors on stderr: no progress "
                    "lines, no summary line (--json still has every result).")
 def run(model, draft, compact_draft, draft_vocab, prompt, prompt_file, n_predict, n_ctx, n_batch,
-        prefill_chunk, seed, temp, top_k, top_p, threads, split, profile, strategy, trace_path,
+        prefill_chunk, prefill_tail, seed, temp, top_k, top_p, threads, split, profile, strategy, trace_path,
         ignore_eos, chat, csv_path, as_json, label, verbose, quiet, **speculation_values):
     """Generate text from a prompt. Under mpirun every rank runs this same command: rank 0 is
     the head (tokenizer, sampling, its share of layers), ranks 1..N-1 each evaluate one
@@ -89,7 +89,7 @@ def run(model, draft, compact_draft, draft_vocab, prompt, prompt_file, n_predict
     output = OutputConfig(csv_path, as_json, label, trace_path, verbose, summary=not quiet)
     cfg = JobConfig(model, tuple(draft), strategy, split=split[0], draft_ranks=split[1],
                     profile=profile, threads=threads, n_ctx=n_ctx, n_batch=n_batch,
-                    prefill_chunk=prefill_chunk,
+                    prefill_chunk=prefill_chunk, prefill_tail=prefill_tail,
                     compact_draft=compact_draft, draft_vocab=draft_vocab, request=request,
                     output=output,
                     **checked_value(speculation, speculation_values, strategy, bool(draft)))

@@ -178,7 +178,7 @@ SERVE_HELP = """Serve the model over HTTP with an OpenAI-compatible API. Two way
 @verbosity_options("-v: progress of every rank, the head's scheduling and tracebacks; -vv: "
                    "also llama.cpp's log.", "Only notices and errors on stderr.")
 def serve(model, draft, compact_draft, draft_vocab, alias, n_ctx, n_batch, prefill_chunk,
-          threads, split,
+          prefill_tail, threads, split,
           profile, strategy, temp, top_k, top_p, seed, host, port, queue_size, parallel,
           busy_strategy, api_key, cache_prompt, cors_origins, ranks, hostfile, host_list,
           mpiexec, front_address, max_restarts, stall_timeout, trace_path, channel, verbose,
@@ -197,7 +197,7 @@ def serve(model, draft, compact_draft, draft_vocab, alias, n_ctx, n_batch, prefi
     defaults = SamplingParams(temp, top_k, top_p, seed)
     cfg = JobConfig(model, tuple(draft), strategy, split=split[0], profile=profile,
                     threads=threads, n_ctx=n_ctx, n_batch=n_batch, prefill_chunk=prefill_chunk,
-                    compact_draft=compact_draft,
+                    prefill_tail=prefill_tail, compact_draft=compact_draft,
                     draft_vocab=draft_vocab, full_logits=True, slots=parallel,
                     busy_strategy=_busy(busy_strategy, strategy, parallel),
                     request=RequestConfig(sampling=defaults), output=OutputConfig(verbose=verbose),

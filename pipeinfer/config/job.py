@@ -15,6 +15,7 @@ from .run import OutputConfig, RequestConfig
 
 MAX_SEQUENCES = 254   # llama.cpp's 256, less sequence 0 and the graveyard
 PREFILL_CHUNK = 64    # the prompt's batch size by default (see JobConfig.chunk)
+PREFILL_TAIL = 16     # the runs of its tokens after the last whole chunk (JobConfig.tail)
 
 
 @dataclass(frozen=True)
@@ -32,6 +33,7 @@ class JobConfig:
     n_ctx: int = 2048
     n_batch: int = 512
     prefill_chunk: int = PREFILL_CHUNK   # the prompt's batches end at multiples of this
+    prefill_tail: int = PREFILL_TAIL     # ... and its last partial chunk goes in runs of this
     spec: SpecOptions = SpecOptions()
     repack: bool | None = None  # target stages' weight repacking; None: by strategy (below)
     exact: bool = True      # runs cut to the size llama.cpp computes like one token
@@ -73,6 +75,12 @@ class JobConfig:
         an earlier request computes as a fresh evaluation would (engine/head/prompt_cache.py).
         Small enough that the pipeline's stages all work while a prompt goes in."""
         return min(self.prefill_chunk, self.n_batch)
+
+    @property
+    def tail(self) -> int:
+        """The runs the prompt's tokens after its last whole chunk go in
+        (schedule/speculation.prompt_runs): short, so that they pipeline over the stages."""
+        return min(self.prefill_tail or self.chunk, self.chunk)
 
     @property
     def max_run(self) -> int:

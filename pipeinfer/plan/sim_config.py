@@ -14,7 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .. import strategies
-from ..config.job import PREFILL_CHUNK, JobConfig
+from ..config.job import PREFILL_CHUNK, PREFILL_TAIL, JobConfig
+from ..schedule.speculation import prompt_runs
 from ..schedule.options import EXACT_RUN_REPACKED, SpecOptions
 from .cost import CostError, Pipeline, costs_step
 
@@ -29,7 +30,7 @@ class SimulationError(CostError):
 @dataclass(frozen=True)
 class SimConfig:
     """One generation: `prompt_len` prompt tokens evaluated in batches ending at multiples of
-    `prefill_chunk` (at most `n_batch`), then `n_predict` tokens of `strategy`."""
+    `prefill_chunk` (at most `n_batch`), its last partial chunk in runs of `prefill_tail`, then `n_predict` tokens of `strategy`."""
     strategy: str
     n_predict: int = 64
     prompt_len: int = 32
@@ -40,6 +41,7 @@ class SimConfig:
     n_ctx: int = 0            # 0: N_CTX, or what the prompt and the generation need
     idle_sleep: bool = True   # model the idle ranks' polling sleeps (False: an ideal pipeline)
     prefill_chunk: int = PREFILL_CHUNK
+    prefill_tail: int = PREFILL_TAIL
     n_batch: int = JobConfig.n_batch
 
     @property
@@ -48,13 +50,19 @@ class SimConfig:
         return min(self.prefill_chunk, self.n_batch)
 
     @property
+    def tail(self) -> int:
+        """The runs of the prompt's last partial chunk (JobConfig.tail)."""
+        return min(self.prefill_tail or self.chunk, self.chunk)
+
+    @property
     def context(self) -> int:
         """The context size: no cost depends on it, so it is what the generation needs."""
         return self.n_ctx or max(N_CTX, self.prompt_len + self.n_predict + CTX_MARGIN)
 
     @property
     def largest_prompt_batch(self) -> int:
-        return min(self.prompt_len, self.chunk)
+        return max(len(run) for run in prompt_runs(range(self.prompt_len), self.chunk,
+                                                   self.tail))
 
 
 @dataclass

@@ -139,7 +139,7 @@ class Scheduler:
 
     # --- hooks ---------------------------------------------------------------------------------
     def on_start(self) -> None:
-        self.spec.prefill(self.limits.chunk)
+        self.spec.prefill(self.limits.chunk, self.limits.tail)
 
     def after_prefill(self) -> None:
         self.start_cover()

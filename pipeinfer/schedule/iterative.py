@@ -13,7 +13,7 @@ from .core import Scheduler
 
 class Iterative(Scheduler):
     def on_start(self) -> None:
-        self.spec.prefill(self.limits.chunk)
+        self.spec.prefill(self.limits.chunk, self.limits.tail)
 
     def after_prefill(self) -> None:
         self.start_cover()   # the run of the first token

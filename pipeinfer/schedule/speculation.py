@@ -34,6 +34,19 @@ def runs_of(span: range, size: int) -> list[range]:
     return [range(a, min(a + size, span.stop)) for a in range(span.start, span.stop, size)]
 
 
+def prompt_runs(span: range, chunk: int, tail: int) -> list[range]:
+    """The batches a prompt's positions `span` go in as: whole chunks of `chunk` from its
+    start, then what is left (less than a chunk) in runs of `tail`. A function of the span
+    and the job's configuration only, so a fresh evaluation, a cached prefix's rest and a
+    resumed request all compute the same batches. Whole chunks keep the cells a prompt
+    cache can reuse (engine/head/prompt_cache.py); the short runs at the end go through the
+    stages one behind the other instead of one batch passing them in turn, which is most of
+    a short prompt's (a conversation's next turn's) time to its first token."""
+    whole = span.start + len(span) // chunk * chunk
+    return runs_of(range(span.start, whole), chunk) + runs_of(range(whole, span.stop),
+                                                             min(tail, chunk) or chunk)
+
+
 @dataclass(frozen=True)
 class Absorbed:
     """What a result did: its run, whether it was verified, and whether it ended the
@@ -103,15 +116,16 @@ class Speculation:
         raise RuntimeError("no run in flight evaluates the pending token")
 
     # --- starting runs -----------------------------------------------------------------------
-    def prefill(self, chunk: int) -> None:
-        """The prompt in batches of `chunk` tokens, all in flight at once, into sequence 0;
-        the last batch's last row gives the first token. A prefix whose cells sequence 0
-        keeps (request.cached) is not evaluated again: a multiple of `chunk` where the cache
-        is exact (engine/head/prompt_cache.py), so the batches after it are the ones a fresh
-        evaluation of the whole prompt uses, and their cells the same bits."""
+    def prefill(self, chunk: int, tail: int) -> None:
+        """The prompt in batches (`prompt_runs`: chunks of `chunk`, the rest in runs of
+        `tail`), all in flight at once, into sequence 0; the last batch's last row gives the
+        first token. A prefix whose cells sequence 0 keeps (request.cached) is not evaluated
+        again: a multiple of `chunk` where the cache is exact (engine/head/prompt_cache.py),
+        so the batches after it are the ones a fresh evaluation of the whole prompt uses, and
+        their cells the same bits."""
         request = self.gen.request
         tokens, n_prompt = request.prompt + request.resumed, len(request.prompt)
-        self.chain(tokens, runs_of(range(request.cached, n_prompt), chunk),
+        self.chain(tokens, prompt_runs(range(request.cached, n_prompt), chunk, tail),
                    (CANONICAL_SEQ,), count_cells=False, final=not request.resumed)
         # Tokens generated before a restart: in runs of at most the exact run size, which
         # compute as one-token decoding did (options.py), so every cell is as it was. (Those

@@ -5,8 +5,9 @@ own sampler chain (logit bias, then the penalties sampler fed the prompt first, 
 llama-server feeds it, then greedy), one token per decode as `llama_greedy` does, and each
 position's logprobs from the raw logits (llama-cpp-python's Llama.logits_to_logprobs).
 
-The oracles evaluate a prompt in batches of PREFILL_CHUNK tokens (n_batch), as pipeinfer's
-stages do by default: with repacked weights a row's bits depend on the batch it is in."""
+The oracles evaluate a prompt in the batches pipeinfer's stages evaluate it in by default
+(`eval_prompt`: chunks of PREFILL_CHUNK tokens, the rest in runs of PREFILL_TAIL): with
+repacked weights a row's bits depend on the batch it is in."""
 
 from __future__ import annotations
 
@@ -15,14 +16,24 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeinfer.config.job import PREFILL_CHUNK
+from pipeinfer.config.job import PREFILL_CHUNK, PREFILL_TAIL
+from pipeinfer.schedule.speculation import prompt_runs
 
 _REFERENCE: dict[tuple, list[int]] = {}   # answers computed already: tests ask again
 
 
+def eval_prompt(llm, tokens: list[int], start: int = 0, tail: int = PREFILL_TAIL) -> None:
+    """Evaluate `tokens[start:]` after the `start` cells `llm` keeps, one decode per batch of
+    pipeinfer's (schedule/speculation.prompt_runs with the default chunk and `tail`)."""
+    llm.n_tokens = start   # (eval drops the cells beyond)
+    for run in prompt_runs(range(start, len(tokens)), PREFILL_CHUNK, tail):
+        llm.eval(tokens[run.start:run.stop])
+
+
 def llama_greedy(model: Path, prompt_tokens: list[int], n: int, n_ctx: int = 2048,
                  repack: bool = True) -> list[int]:
-    """n greedy tokens from llama-cpp-python's Llama (1 thread), not stopping at EOS.
+    """n greedy tokens from llama-cpp-python's Llama (1 thread), not stopping at EOS
+    (`chain_greedy` with llama.cpp's greedy sampler alone).
 
     flash_attn=True: llama.cpp's own default is flash attention "auto" (on, for CPU), which is
     what pipeinfer's stages get; llama-cpp-python alone turns it off by default, and the other
@@ -30,20 +41,7 @@ def llama_greedy(model: Path, prompt_tokens: list[int], n: int, n_ctx: int = 204
     test_pipeline_mpi's SMOL_PROMPT)."""
     key = (str(model), tuple(prompt_tokens), n, n_ctx, repack)
     if key not in _REFERENCE:
-        from llama_cpp import Llama
-
-        from pipeinfer.model.llama_lib import llama_repacking
-
-        with llama_repacking(repack):  # the target stages' layout (README, --repack)
-            llm = Llama(model_path=str(model), n_ctx=n_ctx, n_batch=PREFILL_CHUNK, n_threads=1,
-                        flash_attn=True, verbose=False)
-        out: list[int] = []
-        for token in llm.generate(prompt_tokens, temp=0.0, repeat_penalty=1.0):
-            out.append(int(token))
-            if len(out) >= n:
-                break
-        llm.close()
-        _REFERENCE[key] = out
+        _REFERENCE[key] = chain_greedy(model, prompt_tokens, n, n_ctx=n_ctx, repack=repack)[0]
     return _REFERENCE[key]
 
 
@@ -101,12 +99,13 @@ def _sampler(chain: Chain, n_vocab: int, n_ctx: int):
 
 def chain_greedy(model: Path, prompt: list[int], n: int, chain: Chain = Chain(),
                  n_ctx: int = 512, repack: bool = True, n_top: int = 0,
-                 kept: list[int] | None = None):
+                 kept: list[int] | None = None, tail: int = PREFILL_TAIL):
     """(tokens, logprobs): n tokens (not stopping at EOS) chosen by llama.cpp's sampler
     chain, and per position (the chosen token's logprob, {token id: logprob} of the n_top
     most likely). `kept`: a prompt evaluated first, whose common prefix with `prompt` (all
     but prompt's last token at most) stays in the KV cache while the rest of `prompt` is
-    evaluated after it in n_batch chunks (a server's prompt cache)."""
+    evaluated after it in pipeinfer's batches (a server's prompt cache). `tail`: the runs of
+    the prompt's last partial chunk (--prefill-tail)."""
     import llama_cpp
     from llama_cpp import Llama
 
@@ -122,13 +121,12 @@ def chain_greedy(model: Path, prompt: list[int], n: int, chain: Chain = Chain(),
         for token in prompt:
             llama_cpp.llama_sampler_accept(smpl, token)
         if kept:
-            llm.eval(kept)
+            eval_prompt(llm, kept, tail=tail)
             shared = next((i for i, (a, b) in enumerate(zip(kept, prompt)) if a != b),
                           min(len(kept), len(prompt)))
-            llm.n_tokens = min(shared, len(prompt) - 1)   # (eval drops the cells beyond)
-            llm.eval(prompt[llm.n_tokens:])
+            eval_prompt(llm, prompt, min(shared, len(prompt) - 1), tail)
         else:
-            llm.eval(prompt)
+            eval_prompt(llm, prompt, tail=tail)
         tokens, logprobs = [], []
         for _ in range(n):
             row = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(llm._ctx.ctx, -1),
@@ -138,7 +136,7 @@ def chain_greedy(model: Path, prompt: list[int], n: int, chain: Chain = Chain(),
             else:   # the grammar first, then the chain (llama.cpp's grammar-first path)
                 token = _constrained(grammar, smpl, row)
             lp = Llama.logits_to_logprobs(row)
-            best = np.argsort(-lp, kind="stable")[:n_top]
+            best = np.argsort(-lp, kind="stable")[:n_top] if n_top else ()
             logprobs.append((float(lp[token]), {int(t): float(lp[t]) for t in best}))
             tokens.append(token)
             llm.eval([token])
@@ -183,7 +181,9 @@ def _constrained(grammar, smpl, row: np.ndarray) -> int:
 def completion_logprobs(model: Path, prompt: list[int], n: int, n_top: int,
                         n_ctx: int = 512, repack: bool = True) -> dict:
     """llama-cpp-python's own greedy completion with `logprobs` (a Llama with logits_all,
-    as it requires): its choices[0]["logprobs"] and text."""
+    as it requires): its choices[0]["logprobs"] and text. It evaluates the prompt as one
+    batch: pipeinfer's batches for prompts of at most PREFILL_TAIL tokens."""
+    assert len(prompt) <= PREFILL_TAIL, "a longer prompt would go in other batches"
     from llama_cpp import Llama
 
     from pipeinfer.model.llama_lib import llama_repacking
@@ -204,7 +204,7 @@ class KeptConversation:
     """llama.cpp answering the turns of a conversation the way a server slot with a prompt
     cache does: between requests it keeps what it evaluated (the prompt and the answer but
     its last token, which was never fed back), keeps the common prefix with the next prompt
-    (all but that prompt's last token at most), evaluates the rest in n_batch chunks, then
+    (all but that prompt's last token at most), evaluates the rest in pipeinfer's batches, then
     decodes greedily one token at a time up to an end-of-generation token or `n`."""
 
     def __init__(self, model: Path, n_ctx: int = 512, repack: bool = True):
@@ -225,8 +225,8 @@ class KeptConversation:
         held = list(llm._input_ids[:llm.n_tokens])
         shared = next((i for i, (a, b) in enumerate(zip(held, prompt)) if a != b),
                       min(len(held), len(prompt)))
-        llm.n_tokens = cached = min(shared, len(prompt) - 1)   # (eval drops the cells beyond)
-        llm.eval(prompt[cached:])
+        cached = min(shared, len(prompt) - 1)
+        eval_prompt(llm, prompt, cached)
         smpl = _sampler(Chain(), llm.n_vocab(), self.n_ctx)
         tokens: list[int] = []
         try:

@@ -17,21 +17,21 @@ SPLIT = "0,0.5,0.5"
 
 
 def oracle(model: Path, prompt: list[int], n: int) -> list[int]:
-    """Single-node llama.cpp greedy decoding: the whole model, the prompt in batches of
-    PREFILL_CHUNK tokens as pipeinfer evaluates it, then a token per decode, with the weight
-    layout of the runs (--no-repack)."""
+    """Single-node llama.cpp greedy decoding: the whole model, the prompt in the batches
+    pipeinfer evaluates it in (prompt_runs), then a token per decode, with the weight layout
+    of the runs (--no-repack)."""
     import numpy as np
 
-    from pipeinfer.config.job import PREFILL_CHUNK
+    from pipeinfer.config.job import PREFILL_CHUNK, PREFILL_TAIL
     from pipeinfer.model.stage import Stage, StageConfig
+    from pipeinfer.schedule.speculation import prompt_runs
 
     config = StageConfig(n_ctx=len(prompt) + n + 1, n_batch=PREFILL_CHUNK, n_seq_max=1,
                          repack=False)
     with Stage(model, config, final=True, label="oracle") as stage:
-        for first in range(0, len(prompt), PREFILL_CHUNK):
-            part = prompt[first:first + PREFILL_CHUNK]
-            out = stage.decode(list(range(first, first + len(part))), [(0,)] * len(part),
-                               tokens=part)
+        for run in prompt_runs(range(len(prompt)), PREFILL_CHUNK, PREFILL_TAIL):
+            part = prompt[run.start:run.stop]
+            out = stage.decode(list(run), [(0,)] * len(part), tokens=part)
         tokens = [int(np.argmax(out[-1]))]
         while len(tokens) < n:
             out = stage.decode([len(prompt) + len(tokens) - 1], [(0,)], tokens=tokens[-1:])
