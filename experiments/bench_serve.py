@@ -155,6 +155,9 @@ PIPEINFER_SYSTEMS = {"pipeinfer": ["--strategy", "pipeinfer", "-md", "{draft}"],
                      # the prompt cache as llama-server's: the whole kept prefix (not exact)
                      "pipeinfer-llama-cache": ["--strategy", "pipeinfer", "-md", "{draft}",
                                                "--cache-prompt", "llama-server"],
+                     # the prompt's tokens after its last whole chunk as one batch
+                     "pipeinfer-one-tail": ["--strategy", "pipeinfer", "-md", "{draft}",
+                                            "--prefill-tail", "0"],
                      # drafts from the draft model only (no n-gram lookup of the text first)
                      "pipeinfer-model-drafts": ["--strategy", "pipeinfer", "-md", "{draft}",
                                                 "--draft-source", "model"]}
