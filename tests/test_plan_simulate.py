@@ -28,10 +28,22 @@ def pipe(*nodes) -> Pipeline:
 def test_iterative_is_one_over_the_sum_of_stage_times():
     # stages of 4 x 10, 4 x 20 and 4 x 5 ms + 30 ms output: 170 ms a token
     p = pipe(node(1), node(10), node(20), node(5, output=30))
-    result = simulate(p, [0, 4, 4, 4], SimConfig("iterative", n_predict=32, idle_sleep=False))
+    result = simulate(p, [0, 4, 4, 4], SimConfig("iterative", n_predict=32, prompt_len=16,
+                                                 idle_sleep=False))
     assert result.speed_tps == pytest.approx(1000 / 170)
     assert result.itl_s == pytest.approx(0.170) and result.second_token_s == pytest.approx(0.170)
     assert result.ttft_s == pytest.approx(0.170)   # the prompt: one batch, as dear as a token
+
+
+def test_a_short_prompts_tail_runs_pass_the_stages_one_behind_the_other():
+    # 32 tokens as two runs of 16 (--prefill-tail): the second leaves the last stage one
+    # slowest stage (80 ms) after the first; as one batch, a single pass of 170 ms
+    p = pipe(node(1), node(10), node(20), node(5, output=30))
+    runs = simulate(p, [0, 4, 4, 4], SimConfig("iterative", n_predict=8, prompt_len=32,
+                                               idle_sleep=False))
+    one = simulate(p, [0, 4, 4, 4], SimConfig("iterative", n_predict=8, prompt_len=32,
+                                              prefill_tail=0, idle_sleep=False))
+    assert runs.ttft_s == pytest.approx(0.170 + 0.080) and one.ttft_s == pytest.approx(0.170)
 
 
 def test_iterative_counts_the_hops():
