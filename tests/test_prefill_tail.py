@@ -11,10 +11,10 @@ import pytest
 
 from pipeinfer.schedule.speculation import prompt_runs
 from pipeinfer.plan.simulate import SimConfig, simulate
+from support.cached_models import cached_models
 from support.llama_oracle import chain_greedy
 from support.serving import AUTH, KEY, Server, serving
 from test_plan_prefill import MODEL, pipe
-from test_prompt_cache_exact import qwen_pair
 
 
 def sizes(start: int, stop: int, chunk: int = 64, tail: int = 16) -> list[int]:
@@ -55,8 +55,12 @@ TEXT = ("def merge_sort(items):\n    if len(items) <= 1:\n        return items\n
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    target = qwen_pair()[1]
+def target():
+    return cached_models("qwen-coder-0.5b")[0]
+
+
+@pytest.fixture(scope="module")
+def server(target, tmp_path_factory):
     srv = Server(tmp_path_factory.mktemp("tail"), 3, "-m", str(target), "--strategy",
                  "iterative", "--layer-split", "0,0.5,0.5", "-c", "512", "--prefill-tail", "8",
                  "--api-key", KEY, "--alias", "m")
@@ -64,7 +68,7 @@ def server(tmp_path_factory):
 
 
 @pytest.mark.slow
-def test_the_answer_is_llama_cpps_with_the_same_tail_runs(server):
+def test_the_answer_is_llama_cpps_with_the_same_tail_runs(server, target):
     r = httpx.post(server.url + "/tokenize", headers=AUTH, json={"content": TEXT}, timeout=30)
     ids = [t if isinstance(t, int) else t["id"] for t in r.json()["tokens"]][:N_PROMPT]
     assert len(ids) == N_PROMPT
@@ -73,7 +77,6 @@ def test_the_answer_is_llama_cpps_with_the_same_tail_runs(server):
         "cache_prompt": False})
     assert r.status_code == 200, r.text
     got = r.json()["choices"][0]["logprobs"]
-    target = qwen_pair()[1]
     same_runs = chain_greedy(target, ids, 8, n_top=5, tail=8)[1]
     assert got["token_logprobs"] == [lp for lp, _ in same_runs]
     assert [sorted(t.values()) for t in got["top_logprobs"]] == \
