@@ -1,12 +1,15 @@
-"""engine/head/lanes.py's policies without a pipeline: how a lane's runs and KV operations are
-tagged with its slot and claimed, and how much speculation a lane may start when other
-requests share the pipeline. Exactness of lanes on real ranks: tests/test_serve.py."""
+"""engine/head/lanes.py's and lane.py's policies without a pipeline: how a lane's runs and
+KV operations are tagged with its slot and claimed, and how much speculation a lane may
+start when other requests share the pipeline. Exactness of lanes on real ranks:
+tests/test_serve.py."""
 
 from __future__ import annotations
 
 from types import SimpleNamespace
 
-from pipeinfer.engine.head.lanes import Lanes, PipelineShare, SlotPipeline
+from pipeinfer.engine.head.lane import PipelineShare, SlotPipeline
+from pipeinfer.engine.head.lanes import Lanes
+from pipeinfer.engine.head.refill import REFILL
 from pipeinfer.schedule.transaction import DecodeTx, seq_clear, seq_cp
 
 
@@ -40,11 +43,12 @@ def test_a_slot_pipeline_tags_its_runs_and_kv_ops_and_claims_its_run_ids():
     assert cancel == ("cancel", [5])
 
 
-def lanes_with(n_active: int, n_finished: int = 0, in_flight: int = 0):
+def lanes_with(n_active: int, n_finished: int = 0, in_flight: int = 0, n_refills: int = 0):
     pipe = RecordingPipe()
     pipe.in_flight = in_flight
-    active = ([SimpleNamespace(finished=False)] * n_active
-              + [SimpleNamespace(finished=True)] * n_finished)
+    active = ([SimpleNamespace(finished=False, strategy="pipeinfer")] * n_active
+              + [SimpleNamespace(finished=True, strategy="pipeinfer")] * n_finished
+              + [SimpleNamespace(finished=False, strategy=REFILL)] * n_refills)
     return SimpleNamespace(pipe=pipe, active=active)
 
 
@@ -93,3 +97,13 @@ def test_the_adaptive_pipeinfer_is_every_generation_s_alone_or_not():
 def test_a_generation_is_shared_while_another_is_unfinished():
     assert PipelineShare(lanes_with(2)).shared()
     assert not PipelineShare(lanes_with(1, n_finished=3)).shared()
+
+
+def test_a_refill_the_request_follows_is_not_another_generation():
+    """A request continuing the conversation its slot was refilling starts while the
+    refill's runs are still out: it is alone all the same (its strategy, its speculation)."""
+    starting = lanes_with(0, n_refills=1)   # (what Lanes.start sees before its lane)
+    starting.cfg = SimpleNamespace(strategy="pipeinfer", busy_strategy="speculative")
+    assert Lanes.strategy_now(starting) == "pipeinfer"
+    share = PipelineShare(lanes_with(1, n_refills=1))
+    assert not share.shared() and share.limit(6) == 6

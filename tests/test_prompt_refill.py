@@ -4,8 +4,9 @@ HTTP with token-id prompts (so that a turn's prompt holds the previous answer's 
 
 While a slot is idle after a request, the answer's whole chunks are evaluated again as
 prompt: the next turn of that conversation reuses them, and answers as a fresh evaluation
-does. A request that comes while a refill is under way cancels it: the slot keeps what came
-back, and a request continuing that conversation is still answered as fresh."""
+does. The next turn, asked while its refill is under way, takes the slot behind it and
+reuses all of it; any other request cancels it (the slot keeps what came back). Every answer
+is a fresh evaluation's."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ CHUNK = 16
 CODE = ("def merge_sort(items):\n    if len(items) <= 1:\n        return items\n"
         "    middle = len(items) // 2\n    left = merge_sort(items[:middle])\n")
 REFILLED = re.compile(r"slot (\d+): (\d+) of the (\d+) tokens refilled( \(a request came\))?")
+FIRST_REFILL = re.compile(r"tokens refilled.*")
 
 
 @pytest.fixture(scope="module", params=["iterative", "pipeinfer"])
@@ -95,27 +97,48 @@ def test_an_idle_slot_refills_the_answer_and_the_next_turn_reuses_it(server):
     assert cached(second) == kept // CHUNK * CHUNK > len(prompt) // CHUNK * CHUNK
 
 
-def test_a_request_during_a_refill_cancels_it_and_is_answered_as_fresh(server):
-    """The next turn asked at once, while the answer before it is being refilled: the refill
-    gives way (what came back stays), and the answer is the fresh one. Whether the request
-    comes before the refill ends is a race the long answers make likely; each try is
-    checked, and one of three must have cut a refill short."""
-    cut_short = []
+def test_the_next_turn_during_its_refill_takes_the_slot_behind_it(server):
+    """The next turn asked at once, while the answer before it is being refilled: the
+    request takes the slot with the refill going on, reuses every refilled chunk, and
+    answers as a fresh evaluation does. Whether it comes before the refill ends is a race
+    the long answers make likely; each try is checked, and one of three must have come
+    during the refill."""
+    continued = []
     for n in (200, 300, 400):
         prompt = tokenize(server, f"# {n}\n" + CODE)
-        before = len(refills(server))
+        mark = len(server.stderr)
         first = complete(server, prompt, cache=True, n=n)
         second_prompt = next_turn(server, prompt, first, "\n\ndef merge(left, right):\n")
         second = complete(server, second_prompt, cache=True, n=16)
         fresh = complete(server, second_prompt, cache=False, n=16)
         assert text_and_logprobs(second) == text_and_logprobs(fresh)
-        assert cached(second) % CHUNK == 0
-        first_refill = wait_for_refills(server, before + 1)[before]
-        cut_short.append(first_refill[2])
-        if first_refill[2]:
-            assert first_refill[0] < first_refill[1]
+        kept = len(prompt) + n - 1
+        assert cached(second) == kept // CHUNK * CHUNK
+        log = server.stderr[mark:]
+        continued.append("the request continues its refill" in log)
+        if continued[-1]:   # (the first refill since: the first answer's, whole)
+            assert FIRST_REFILL.search(log)[0].endswith("(a request continued it)"), log
             break
-    assert any(cut_short), refills(server)
+    assert any(continued), server.stderr[-3000:]
+
+
+def test_another_request_during_a_refill_cancels_it(server):
+    """A request for another conversation, asked while a long answer is being refilled:
+    the refill gives way (the slot keeps what came back), the request answers as fresh,
+    and so does the first conversation's next turn, from what its slot kept."""
+    prompt = tokenize(server, "# 400\n" + CODE)
+    other = tokenize(server, "# another one\n" + CODE)
+    before = len(refills(server))
+    first = complete(server, prompt, cache=True, n=400)
+    assert complete(server, other, cache=True, n=16)["choices"][0]["text"] == \
+        complete(server, other, cache=False, n=16)["choices"][0]["text"]
+    done, wanted, cut = wait_for_refills(server, before + 1)[before]
+    assert cut and done < wanted, refills(server)
+    second_prompt = next_turn(server, prompt, first, "\n\ndef merge(left, right):\n")
+    second = complete(server, second_prompt, cache=True, n=16)
+    assert text_and_logprobs(second) == text_and_logprobs(
+        complete(server, second_prompt, cache=False, n=16))
+    assert cached(second) % CHUNK == 0
 
 
 def test_no_refill_while_another_request_generates(server):

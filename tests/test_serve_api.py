@@ -249,6 +249,12 @@ class FakeLanes:
     def n_free(self):
         return self.slots - len(self.active)
 
+    def continues(self, prompt, cache, resumed):
+        return False
+
+    def stop_refills(self):
+        pass
+
     def refill_idle(self):
         pass
 

@@ -54,6 +54,7 @@ class Ticket:
 class Bridge:
     def __init__(self, max_waiting: int, lost: Callable[[str], None] = lambda message: None):
         self._waiting: queue.Queue[Ticket] = queue.Queue(maxsize=max_waiting)
+        self._held: Ticket | None = None   # taken by the head, not started: it goes first
         self.max_waiting = max_waiting
         self.running: set[Ticket] = set()  # being generated (the head's thread changes it)
         self.lost = lost                   # the job is ending: why, to the front
@@ -62,7 +63,7 @@ class Bridge:
     @property
     def depth(self) -> int:
         """Requests waiting for the head (not the ones it is generating)."""
-        return self._waiting.qsize()
+        return self._waiting.qsize() + (self._held is not None)
 
     def submit_all(self, tickets: list[Ticket]) -> None:
         """Queue a request's tickets, all or none (ApiError 503 when they do not fit or the
@@ -83,6 +84,9 @@ class Bridge:
     def take(self, timeout: float) -> Ticket | None:
         """From the head: the next request not cancelled, waiting up to `timeout` seconds
         (0: only one already waiting)."""
+        held, self._held = self._held, None
+        if held is not None and not held.cancelled.is_set():
+            return held
         deadline = time.monotonic() + timeout
         while True:
             left = deadline - time.monotonic()
@@ -93,6 +97,10 @@ class Bridge:
                 return None
             if not ticket.cancelled.is_set():
                 return ticket
+
+    def hold(self, ticket: Ticket) -> None:
+        """From the head: `ticket`, just taken, cannot start yet; `take` gives it first."""
+        self._held = ticket
 
     def fail(self, message: str) -> None:
         """The job is ending: new requests are refused, and the front is told once."""

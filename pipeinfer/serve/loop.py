@@ -17,7 +17,8 @@ from typing import Callable
 
 from ..engine.transport.backoff import IdleBackoff
 from ..job.roles import Head, describe
-from ..engine.head.lanes import Lane, Lanes
+from ..engine.head.lane import Lane
+from ..engine.head.lanes import Lanes
 from ..model.tokenizer import TextStream
 from ..schedule.generation import Generation
 from ..api.events import Done, Embedded, Piece
@@ -171,17 +172,19 @@ def serve_requests(head: Head, bridge: Bridge, stats: JobStats,
 
 
 def _admit(lanes: Lanes, head: Head, bridge: Bridge, stats: JobStats) -> None:
-    """Waiting requests into the free slots. Refills (engine/head/refill.py) give way to
-    them: they are cancelled, and the requests wait until their slots are back, since one
-    may continue the conversation a slot was refilling."""
-    if lanes.refilling:
-        if bridge.depth:
-            lanes.stop_refills()
-        return
-    while lanes.n_free:
+    """Waiting requests into the free slots. A request continuing the conversation a slot
+    is refilling (engine/head/refill.py) takes that slot at once, behind the refill's runs.
+    Other refills give way to a waiting request: they are cancelled, and it waits until
+    their slots are back, since one may hold a longer prefix of its prompt."""
+    while bridge.depth:
         ticket = bridge.take(0)
         if ticket is None:
             return
+        if not lanes.continues(ticket.prompt, ticket.cache, bool(ticket.resumed)):
+            if lanes.refilling or not lanes.n_free:
+                lanes.stop_refills()
+                bridge.hold(ticket)
+                return
         _start(lanes, head, bridge, stats, ticket)
 
 

@@ -1,7 +1,7 @@
 """Rank 0's loop: generate.py (a strategy's scheduler with its draft executor) -> driver.py
 (the one loop: poll, step the scheduler, carry out its actions) -> pipeline.py (the target
 pipeline as the scheduler sees it: embed, the head's own layers, the transport); lanes.py
-(several generations through one pipeline, each in a slot) with prompt_cache.py (what a
-slot keeps), kept.py (which requests' cells the ranks copy to disk, and when), refill.py
-(an idle slot's answer evaluated again as prompt) and embedding_job.py (embedding requests),
-both lane_job.py's; trace.py (--trace)."""
+(several generations through one pipeline, each in a slot: lane.py) with prompt_cache.py
+(what a slot keeps), kept.py (which requests' cells the ranks copy to disk, and when),
+refill.py (an idle slot's answer evaluated again as prompt) and embedding_job.py (embedding
+requests), both lane_job.py's; trace.py (--trace)."""

@@ -23,24 +23,24 @@ tokens are cleared on every rank (those stay for a later request sharing a prefi
 conversation's next turn: prompt_cache.py; the draft model's context stays too, for the same
 reason) before the slot takes another request. Under the exact cache, the whole chunks of
 its prompt and answer past the slot's exact cells are then evaluated again as prompt while
-the pipeline is idle (refill.py), until a request comes.
+the pipeline is idle (refill.py), until a request comes: the next turn of that conversation
+takes the slot behind the refill's runs, any other request cancels it.
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any, Callable
 
 from ..drafting.drafter import Drafter
-from .driver import Driver
 from .embedding_job import EMBEDDING, EmbeddingJob
 from .generate import Drafting, driver_for
 from ..drafting.grammar_drafts import GrammarDrafter, GrammarTrack, Probe, free_drafts_on
-from .pipeline import Pipeline
 from ...config.serving import EXACT, OFF
 from .kept import Keeper
 from .prompt_cache import PromptCache
+from .lane import Lane, PipelineShare, SlotPipeline
 from .refill import REFILL, RefillJob
 from ...model.grammar import Grammar
 from ...model.stage import MAX_OUTPUTS
@@ -48,94 +48,9 @@ from ...model.sampling import Constraint, LogitObserver, Sampler, SamplingParams
 from ...schedule.events import Cancel, ResultArrived
 from ...schedule.generation import Generation, Request
 from ... import strategies
-from ...schedule.transaction import DecodeTx, KvOp
 
 
 log = logging.getLogger(__name__)
-
-
-class SlotPipeline:
-    """One lane's view of the shared Pipeline: decodes and KV operations in its slot."""
-
-    def __init__(self, pipe: Pipeline, slot: int, owners: dict[int, "Lane"]):
-        self.pipe, self.slot, self.owners = pipe, slot, owners
-        self.stage, self.n_stages = pipe.stage, pipe.n_stages
-        self.lane: Lane | None = None    # whose runs these are (set once it exists)
-
-    def decode(self, tx: DecodeTx, tokens) -> None:
-        self.owners[tx.run_id] = self.lane
-        self.pipe.decode(replace(tx, slot=self.slot), tokens)
-
-    def kv(self, ops: list[KvOp]) -> None:
-        self.pipe.kv([replace(op, slot=self.slot) for op in ops])
-
-    def cancel(self, run_ids: list[int]) -> None:
-        self.pipe.cancel(run_ids)
-
-    def result_waiting(self) -> bool:
-        return self.pipe.result_waiting()
-
-
-class PipelineShare:
-    """What a lane's scheduler sees of the pipeline it shares (Scheduler.share)."""
-
-    def __init__(self, lanes: "Lanes"):
-        self.lanes = lanes
-
-    def load(self) -> int:
-        """Runs in flight, of every lane."""
-        return self.lanes.pipe.in_flight
-
-    def shared(self) -> bool:
-        """Whether more than one generation is under way."""
-        return sum(not lane.finished for lane in self.lanes.active) > 1
-
-    def rebuilding(self) -> bool:
-        """Whether a resumed generation is still evaluating its prompt and the tokens it had
-        sent (serve's front resumes them after a failure): the drafts wait, so that the head's
-        CPU goes to the runs every resumed client waits for."""
-        return any(lane.gen.request.resumed and not lane.driver.sched.prefilled
-                   for lane in self.lanes.active)
-
-    def draft_lag(self, sched) -> int:
-        """Tokens of `sched`'s accepted context that its lane's draft model does not hold
-        yet (0 without a draft model): a resumed request's whole context after its rebuild,
-        or a long prompt still being read."""
-        lane = next((ln for ln in self.lanes.active if ln.driver.sched is sched), None)
-        drafter = None if lane is None else self.lanes.drafter_of(lane.slot)
-        held = getattr(drafter, "n_held", None)
-        return 0 if held is None else max(0, len(sched.gen.accepted) - held)
-
-    def limit(self, max_runs: int) -> int:
-        """Most runs in flight under which a lane may start a speculative run."""
-        return min(max_runs, self.lanes.pipe.n_stages) if self.shared() else max_runs
-
-
-@dataclass
-class Lane:
-    slot: int
-    driver: Driver          # its pipe is the lane's SlotPipeline (or an EmbeddingJob)
-    owner: Any              # the caller's object for this request (serve: its completion)
-    strategy: str           # its scheduler's (Lanes.strategy_now when it started)
-    cache: str = OFF        # its request's prompt cache mode (prompt_cache.py)
-
-    @property
-    def gen(self) -> Generation:
-        return self.driver.gen
-
-    @property
-    def finished(self) -> bool:
-        return self.driver.sched.finished
-
-    @property
-    def rooted_runs(self) -> int:
-        """Its runs that carried its drafts behind its pending token while it shared the
-        pipeline (schedule/adaptive.py)."""
-        return getattr(self.driver.sched, "rooted_runs", 0)
-
-    @property
-    def drained(self) -> bool:
-        return self.finished and self.driver.sched.in_flight == 0
 
 
 class Lanes:
@@ -188,7 +103,7 @@ class Lanes:
             slot, cached = claimed
             ops = self.cache.resume(slot, cached, len(request.prompt))
         else:
-            slot, cached = self.cache.pick(self._free, request.prompt, cache)
+            slot, cached = self._pick(request, cache)
             ops = self.cache.take(slot, cached)
         self._take(slot)
         self.keeper.started(slot, keep, cached)
@@ -225,8 +140,40 @@ class Lanes:
         job.begin()
         return lane
 
+    def _pick(self, request: Request, cache: str) -> tuple[int, int]:
+        """(slot, prompt tokens whose cells it keeps) for a request: the slot refilling the
+        conversation it continues, its refill's cells counted as kept (their runs are on
+        their way, ahead of the request's own), else the best free one."""
+        refill = self._refill_continued(request.prompt, cache, bool(request.resumed))
+        if refill is None:
+            return self.cache.pick(self._free, request.prompt, cache)
+        job: RefillJob = refill.driver
+        job.continued = True
+        self.cache.refilled(refill.slot, job.stop)
+        log.info("slot %d: the request continues its refill", refill.slot)
+        return refill.slot, self.cache.usable(refill.slot, request.prompt, cache)
+
+    def _refill_continued(self, prompt, cache: str, resumed: bool) -> Lane | None:
+        """The refill lane whose tokens `prompt` starts with and goes beyond: a fresh
+        evaluation of `prompt` computes that refill's chunks first, as it does. (Only under
+        the exact cache, and not for a resumed request: it reuses what its ranks kept.)"""
+        if cache != EXACT or resumed:
+            return None
+        for lane in self.active:
+            job = lane.driver
+            if (lane.strategy == REFILL and not job.cancelled and not job.continued
+                    and len(prompt) > job.stop
+                    and tuple(prompt[:job.stop]) == job.tokens[:job.stop]):
+                return lane
+        return None
+
+    def continues(self, prompt, cache: str, resumed: bool) -> bool:
+        """Whether a request with `prompt` would take a refilling slot (Lanes.start)."""
+        return self._refill_continued(prompt, cache, resumed) is not None
+
     def _take(self, slot: int) -> None:
-        self._free.remove(slot)
+        if slot in self._free:   # (a slot whose refill the request continues is not free)
+            self._free.remove(slot)
         self._to_refill.discard(slot)
         self.keeper.forfeit(slot)
 
@@ -265,7 +212,7 @@ class Lanes:
         pipeinfer (schedule/adaptive.py) switches by itself: every generation gets it."""
         if self.cfg.busy_strategy == strategies.ADAPTIVE.name:
             return strategies.ADAPTIVE.name
-        busy = any(not lane.finished for lane in self.active)
+        busy = any(not lane.finished and lane.strategy != REFILL for lane in self.active)
         return self.cfg.busy_strategy if busy and self.cfg.busy_strategy else self.cfg.strategy
 
     def _release(self, lane: Lane) -> list:
@@ -292,7 +239,8 @@ class Lanes:
         if result is not None:
             lane = self._owners.pop(result.run_id)
             lane.driver.feed(ResultArrived(result.run_id, result))
-            lane.driver.pipe.kv(self.keeper.progressed(lane))
+            if lane.strategy != REFILL:   # (a refill's slot may be a request's already)
+                lane.driver.pipe.kv(self.keeper.progressed(lane))
             return True
         busy = False
         for lane in self.active:
@@ -302,12 +250,15 @@ class Lanes:
 
     @property
     def refilling(self) -> bool:
-        return any(lane.strategy == REFILL for lane in self.active)
+        """Whether a refill no request continues is under way (or being cancelled)."""
+        return any(lane.strategy == REFILL and not lane.driver.continued
+                   for lane in self.active)
 
     def stop_refills(self) -> None:
-        """Cancel every refill (a request waits): their slots keep what came back."""
+        """Cancel every refill no request continues (a request waits): their slots keep
+        what came back."""
         for lane in self.active:
-            if lane.strategy == REFILL:
+            if lane.strategy == REFILL and not lane.driver.continued:
                 lane.driver.feed(Cancel())
 
     def refill_idle(self) -> None:
@@ -342,9 +293,11 @@ class Lanes:
                 job = lane.driver
                 log.info("slot %d: %d of the %d tokens refilled%s", lane.slot,
                          job.exact - job.start, job.stop - job.start,
-                         " (a request came)" if job.cancelled else "")
-                lane.driver.pipe.kv(self._release(lane))
-                self._free.append(lane.slot)
+                         " (a request came)" if job.cancelled
+                         else " (a request continued it)" if job.continued else "")
+                if not job.continued:   # (else the slot is that request's already)
+                    lane.driver.pipe.kv(self._release(lane))
+                    self._free.append(lane.slot)
                 continue
             if lane.driver.drafts is not None:
                 lane.driver.drafts.close()

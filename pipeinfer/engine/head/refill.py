@@ -10,10 +10,14 @@ multiples of the chunk size, no output rows, sequence 0, the same cells before t
 their cells are the same bits and the slot's exact prefix grows by them.
 
 A refill is background work: it starts only when no generation is under way and no request
-waits (Lanes.refill_idle), and when a request comes every refill is cancelled (the serve
-loop: Lanes.stop_refills): its slot keeps the chunks that came back computed, in order, the
-rest of its cells (and tokens) are dropped, and the request evaluates what it needs itself.
-It stands in a Lane where a generation's driver would (lane_job.py).
+waits (Lanes.refill_idle). A request that continues the conversation (its prompt starts with
+the refill's tokens and goes on) takes the slot at once and counts the refill's chunks as
+kept: they are the chunks its own fresh evaluation would compute first, already on their
+way, and its runs follow them through every stage (Lanes.start). Any other request cancels
+every refill (the serve loop: Lanes.stop_refills): its slot keeps the chunks that came back
+computed, in order, the rest of its cells (and tokens) are dropped, and the request
+evaluates what it needs itself. It stands in a Lane where a generation's driver would
+(lane_job.py).
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ class RefillJob(LaneJob):
         self.exact = start             # the cells computed, in order, from position 0
         self._out: list[int] = []      # run ids not back yet, in issue order
         self._broken = False           # a run came back cancelled: no later cell counts
+        self.continued = False         # a request continuing its tokens took its slot
 
     @property
     def in_flight(self) -> int:
