@@ -56,9 +56,10 @@ def _read_prompt(prompt_file: str) -> str:
 @verbosity_options("-v: progress of every rank, the head's scheduling and tracebacks; -vv: "
                    "also llama.cpp's log.", "Only notices and errors on stderr: no progress "
                    "lines, no summary line (--json still has every result).")
-def run(model, draft, compact_draft, draft_vocab, prompt, prompt_file, n_predict, n_ctx, n_batch,
-        prefill_chunk, prefill_tail, seed, temp, top_k, top_p, threads, split, profile, strategy, trace_path,
-        ignore_eos, chat, csv_path, as_json, label, verbose, quiet, **speculation_values):
+def run(model, draft, compact_draft, draft_vocab, prompt, prompt_file, n_predict, n_ctx,
+        n_batch, prefill_chunk, prefill_tail, seed, temp, top_k, top_p, threads, split,
+        profile, strategy, trace_path, ignore_eos, chat, csv_path, as_json, label, verbose,
+        quiet, **speculation_values):
     """Generate text from a prompt. Under mpirun every rank runs this same command: rank 0 is
     the head (tokenizer, sampling, its share of layers), ranks 1..N-1 each evaluate one
     contiguous slice of the target's layers. Text streams to stdout; a summary (prompt t/s,

@@ -15,7 +15,7 @@ from .run import OutputConfig, RequestConfig
 
 MAX_SEQUENCES = 254   # llama.cpp's 256, less sequence 0 and the graveyard
 PREFILL_CHUNK = 64    # the prompt's batch size by default (see JobConfig.chunk)
-PREFILL_TAIL = 16     # the runs of its tokens after the last whole chunk (JobConfig.tail)
+PREFILL_TAIL = 16     # the runs of its tokens after the last whole chunk (prompt_runs)
 
 
 @dataclass(frozen=True)
@@ -75,12 +75,6 @@ class JobConfig:
         an earlier request computes as a fresh evaluation would (engine/head/prompt_cache.py).
         Small enough that the pipeline's stages all work while a prompt goes in."""
         return min(self.prefill_chunk, self.n_batch)
-
-    @property
-    def tail(self) -> int:
-        """The runs the prompt's tokens after its last whole chunk go in
-        (schedule/speculation.prompt_runs): short, so that they pipeline over the stages."""
-        return min(self.prefill_tail or self.chunk, self.chunk)
 
     @property
     def max_run(self) -> int:

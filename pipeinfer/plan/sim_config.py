@@ -30,7 +30,8 @@ class SimulationError(CostError):
 @dataclass(frozen=True)
 class SimConfig:
     """One generation: `prompt_len` prompt tokens evaluated in batches ending at multiples of
-    `prefill_chunk` (at most `n_batch`), its last partial chunk in runs of `prefill_tail`, then `n_predict` tokens of `strategy`."""
+    `prefill_chunk` (at most `n_batch`), its last partial chunk in runs of `prefill_tail`,
+    then `n_predict` tokens of `strategy`."""
     strategy: str
     n_predict: int = 64
     prompt_len: int = 32
@@ -50,11 +51,6 @@ class SimConfig:
         return min(self.prefill_chunk, self.n_batch)
 
     @property
-    def tail(self) -> int:
-        """The runs of the prompt's last partial chunk (JobConfig.tail)."""
-        return min(self.prefill_tail or self.chunk, self.chunk)
-
-    @property
     def context(self) -> int:
         """The context size: no cost depends on it, so it is what the generation needs."""
         return self.n_ctx or max(N_CTX, self.prompt_len + self.n_predict + CTX_MARGIN)
@@ -62,7 +58,7 @@ class SimConfig:
     @property
     def largest_prompt_batch(self) -> int:
         return max(len(run) for run in prompt_runs(range(self.prompt_len), self.chunk,
-                                                   self.tail))
+                                                   self.prefill_tail))
 
 
 @dataclass

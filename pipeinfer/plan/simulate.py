@@ -93,7 +93,7 @@ class Simulation:
         speculates = strategies.get(cfg.strategy).speculates
         kv = (spec.kv_size or 4 * cfg.context) if speculates else cfg.context
         limits = Limits(cfg.n_batch, cfg.context, kv, n_stages, cfg.max_run, cfg.chunk,
-                        cfg.tail)
+                        cfg.prefill_tail)
         pool = PartitionPool(spec.partitions, spec.n_parallel) if speculates else None
         sched = strategies.get(cfg.strategy).scheduler_class()(self.gen, None, limits, spec, pool)
         sched.guard.clock = lambda: self.now   # the guard times tokens on the simulated clock

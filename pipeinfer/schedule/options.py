@@ -54,10 +54,8 @@ class Limits:
     max_run: int = EXACT_RUN_PLAIN  # most tokens per run after the prompt (n_batch: no limit)
     chunk: int = 0             # the prompt's batches end at multiples of this (0: n_batch)
     tail: int = 0              # the prompt's tokens after its last whole chunk go in runs
-                               # of this (0: one run)
+                               # of this (0: one run; speculation.prompt_runs)
 
     def __post_init__(self):
         if not self.chunk:
             object.__setattr__(self, "chunk", self.n_batch)
-        if not self.tail or self.tail > self.chunk:
-            object.__setattr__(self, "tail", self.chunk)

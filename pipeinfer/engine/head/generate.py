@@ -38,7 +38,7 @@ def driver_for(strategy: str, pipe: Pipeline, gen: Generation, sampler, cfg,
     draft model drafts on a thread of its own for pipeinfer (unless --no-draft-thread) and
     for every strategy with `drafting.threaded`."""
     limits = Limits(cfg.n_batch, cfg.n_ctx, cfg.kv_size, pipe.n_stages, cfg.max_run,
-                    cfg.chunk, cfg.tail)
+                    cfg.chunk, cfg.prefill_tail)
     plan = strategies.get(strategy)
     scheduler = plan.scheduler_class()(gen, sampler, limits, cfg.spec, pool)
     driver = Driver(pipe, scheduler, gen, trace=trace)
