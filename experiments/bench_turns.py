@@ -98,8 +98,16 @@ def run_turns(args, bin_dir) -> dict[str, list[list[dict]]]:
             print(f"# turns rep {rep} {name}: TTFT "
                   + " ".join(f"{t['ttft']:.2f}" for t in turns) + " s; prompt/cached "
                   + " ".join(f"{t['prompt']}/{t['cached']}" for t in turns)
-                  + "; tokens " + " ".join(str(t["tokens"]) for t in turns), flush=True)
+                  + "; tokens " + " ".join(str(t["tokens"]) for t in turns)
+                  + "; decode t/s " + " ".join(f"{decode_tps(t):.1f}" for t in turns),
+                  flush=True)
     return results
+
+
+def decode_tps(turn: dict) -> float:
+    """A turn's tokens after its first over the time after its first token."""
+    after = turn["wall"] - turn["ttft"]
+    return (turn["tokens"] - 1) / after if after > 0 and turn["tokens"] else 0.0
 
 
 def summarize_turns(results: dict[str, list[list[dict]]]) -> None:
@@ -109,8 +117,9 @@ def summarize_turns(results: dict[str, list[list[dict]]]) -> None:
         per_turn = [statistics.median(r[i]["ttft"] for r in reps) for i in range(len(QUESTIONS))]
         later = statistics.median(per_turn[1:])
         med[name] = (per_turn, later)
+        decode = statistics.median(decode_tps(t) for r in reps for t in r)
         print(f"{name:<14}" + " ".join(f"{t:6.2f}" for t in per_turn)
-              + f"   turn 1 / later: {per_turn[0] / later:.1f}x")
+              + f"   turn 1 / later: {per_turn[0] / later:.1f}x; decode {decode:.2f} t/s")
     if "llama-server" in med:
         base = med["llama-server"][1]
         for name in (n for n in med if n != "llama-server"):
