@@ -173,8 +173,10 @@ def head_cpu(r: dict) -> str:
         return ""
     if r.get("head_loop_cpu_ms_per_token") is None:
         return f", head CPU/token {r['head_cpu_ms_per_token']:.1f} ms"
-    return (f", head CPU/token: loop {r['head_loop_cpu_ms_per_token']:.1f} ms, draft "
-            f"{r['draft_cpu_ms_per_token']:.1f} ms")
+    line = f", head CPU/token: loop {r['head_loop_cpu_ms_per_token']:.1f} ms"
+    if r.get("draft_cpu_ms_per_token") is not None:
+        line += f", draft {r['draft_cpu_ms_per_token']:.1f} ms"
+    return line
 
 
 def _median(runs: list[dict], key: str) -> float | None:

@@ -124,6 +124,19 @@ def test_pipeinfer_speculates_and_accepts(tiny, reference):
     assert result["runs_speculative"] > 10 and result["n_accepted"] > 10
 
 
+@pytest.mark.parametrize("thread", [(), ("--no-draft-thread",)])
+def test_head_cpu_counts_the_loop_and_the_draft_apart(tiny, reference, thread):
+    """The head's CPU per token splits into the draft model's jobs and the driver's loop,
+    whether the jobs run on a thread of their own or on the loop's (then they are taken out
+    of the loop's figure): neither is zero, and together they fit in the process's."""
+    result = run(3, tiny.target, "-md", tiny.aligned, "--strategy", "pipeinfer",
+                 "--layer-split", "0,0.5,0.5", "--no-guard", *thread, n_predict=200)
+    check_run(result, reference[:200], 2)
+    loop, draft = result["head_loop_cpu_ms_per_token"], result["draft_cpu_ms_per_token"]
+    assert loop > 0 and draft > 0, result
+    assert loop + draft <= result["head_cpu_ms_per_token"] + 0.01, result
+
+
 @pytest.mark.parametrize("flag", ["--no-continuous", "--no-cancel"])
 @pytest.mark.parametrize("draft", ["aligned", "unrelated"])
 def test_ablations_exact(tiny, reference, flag, draft):

@@ -74,15 +74,17 @@ def result_json(cfg, gen, setup, ranges, stats, wall: float) -> dict:
 
 
 def head_cpu(tl, n_generated: int) -> dict:
-    """The head's CPU per generated token, in ms: its process in all (prefill included), the
-    draft model's jobs, and the rest (the loop: scheduling, sampling, transport)."""
+    """The head's CPU per generated token, in ms: its process in all (prefill included, and
+    whatever else its threads did meanwhile, e.g. loading the draft model), the draft model's
+    jobs, and the driver's loop (scheduling, sampling, transport)."""
     if tl.head_cpu_s is None or not n_generated:
         return {}
     per = 1000 / n_generated
     out = {"head_cpu_ms_per_token": _round(tl.head_cpu_s * per, 3)}
     if tl.draft_cpu_s is not None:   # (executors that cannot tell: the total only)
         out["draft_cpu_ms_per_token"] = _round(tl.draft_cpu_s * per, 3)
-        out["head_loop_cpu_ms_per_token"] = _round((tl.head_cpu_s - tl.draft_cpu_s) * per, 3)
+    if tl.loop_cpu_s is not None:
+        out["head_loop_cpu_ms_per_token"] = _round(tl.loop_cpu_s * per, 3)
     return out
 
 

@@ -16,6 +16,8 @@ class Timeline:
     accepted: list[float] = field(default_factory=list)  # one mark per generated token
     head_cpu_s: float | None = None      # the head process's CPU seconds (every thread)
     draft_cpu_s: float | None = None     # ... of them, the draft model's jobs (executors.py)
+    loop_cpu_s: float | None = None      # ... of them, the driver's loop (its thread's, less
+    #                                      the draft jobs run on it)
 
     def mark_token(self, count: int = 1) -> None:
         now = time.perf_counter()

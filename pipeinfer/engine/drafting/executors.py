@@ -62,6 +62,7 @@ class InlineDrafts:
         self._warm: list[int] | None = None
         self._job: _Job | None = None
         self.cpu_s = 0.0   # CPU seconds of the jobs and warm-up steps
+        self.inline = True  # ... spent on the driver's thread
 
     def warm(self, tokens: Sequence[int]) -> None:
         self._warm = list(tokens)
@@ -107,6 +108,7 @@ class ThreadedDrafts:
         self._warm_error: BaseException | None = None
         self._closing = threading.Event()
         self.cpu_s = 0.0   # the thread's CPU seconds (read after close)
+        self.inline = False
         self._thread = threading.Thread(target=self._loop, name="drafter", daemon=True)
         self._thread.start()
 

@@ -51,6 +51,11 @@ class LookupExecutor:
         """The draft model's CPU seconds (lookups are the head loop's)."""
         return getattr(self.fallback, "cpu_s", None) if self.fallback is not None else 0.0
 
+    @property
+    def inline(self) -> bool:
+        """Whether the draft model's CPU is spent on the driver's thread."""
+        return getattr(self.fallback, "inline", False)
+
 
 class NgramDrafts(LookupExecutor):
     """`track`: a request's grammar (engine/drafting/grammar_drafts.py GrammarTrack), or None. With

@@ -58,15 +58,25 @@ class Driver:
         finally:
             if self.drafts is not None:
                 self.drafts.close()
-                self.gen.timeline.draft_cpu_s = getattr(self.drafts, "cpu_s", None)
         self._drain()
-        self.gen.timeline.head_cpu_s = time.process_time() - self._cpu0
+        self._account_cpu()
 
     def begin(self) -> None:
         """The generation's clock starts and its scheduler gets Start (the prefill goes out)."""
         self.gen.timeline.start = time.perf_counter()
-        self._cpu0 = time.process_time()
+        self._cpu0, self._thread_cpu0 = time.process_time(), time.thread_time()
         self.feed(Start())
+
+    def _account_cpu(self) -> None:
+        """The head's CPU over the generation: its process, the draft model's jobs, and the
+        loop (this thread, less the draft jobs an inline executor ran on it)."""
+        tl, drafts = self.gen.timeline, self.drafts
+        tl.head_cpu_s = time.process_time() - self._cpu0
+        loop = time.thread_time() - self._thread_cpu0
+        tl.draft_cpu_s = None if drafts is None else getattr(drafts, "cpu_s", None)
+        if tl.draft_cpu_s is not None and getattr(drafts, "inline", False):
+            loop -= tl.draft_cpu_s
+        tl.loop_cpu_s = loop if drafts is None or tl.draft_cpu_s is not None else None
 
     def turn(self) -> bool:
         """One poll of everything; False when nothing happened."""
