@@ -16,7 +16,8 @@ import pytest
 
 from support.mpi_util import MPIEXEC, PYTHON, launch, mpmd_command
 from pipeinfer.engine.transport import wakeup, wakeup_net
-from pipeinfer.engine.transport.backoff import MAX_SLEEP_S, WOKEN_MAX_SLEEP_S, IdleBackoff
+from pipeinfer.engine.transport.backoff import (MAX_SLEEP_S, WOKEN_MAX_SLEEP_S, WOKEN_QUIET_S,
+                                                IdleBackoff, idle_backoff)
 from pipeinfer.engine.transport.wakeup import Channel, Wakeups
 
 
@@ -96,6 +97,36 @@ def test_a_woken_backoff_starts_again_from_short_sleeps(pair) -> None:
     t0 = time.monotonic()
     assert backoff.wait()
     assert time.monotonic() - t0 < 0.2 and backoff.delay == 0.0
+
+
+def test_a_woken_wait_takes_quick_looks_only_after_a_wake_up() -> None:
+    """Where every message wakes the waiter, activity is followed by one more look and then
+    a sleep of WOKEN_QUIET_S or more (nothing announced is on its way); a wake-up by quick
+    looks from 20 us (what it announced may need a few to arrive). Without wake-ups every
+    wait starts with quick looks."""
+    slept, wake = [], [False]
+
+    def sleep(seconds: float) -> bool:
+        slept.append(seconds)
+        return wake[0]
+
+    backoff = idle_backoff(True, sleep=sleep)
+    for _ in range(4):
+        backoff.wait()
+    assert slept[0] >= WOKEN_QUIET_S and len(slept) == 3     # (the first wait: a look)
+    backoff.reset()
+    slept.clear()
+    wake[0] = True
+    backoff.wait(), backoff.wait()                           # a look, then a sleep a wake ends
+    wake[0] = False
+    for _ in range(4):
+        backoff.wait()
+    assert slept[0] >= WOKEN_QUIET_S and slept[1] == pytest.approx(20e-6)
+    assert slept[1:4] == sorted(slept[1:4]) and slept[3] < WOKEN_QUIET_S
+    polling = IdleBackoff(sleep=sleep)                       # no wake-ups: quick looks always
+    slept.clear()
+    polling.wait(), polling.wait()
+    assert slept == [pytest.approx(20e-6)]
 
 
 # --- ranks of different hosts: the network path (engine/transport/wakeup_net.py) ---------------------

@@ -3,7 +3,9 @@
 Blocking MPI calls busy-wait; with more ranks than cores that steals the core a computing rank
 needs. Every wait in pipeinfer polls and backs off instead. The sleeps end early when another
 rank wakes this one (engine/transport/wakeup.py, once the job has connected its wake-ups): a woken
-back-off starts again from short sleeps, as after any activity.
+back-off starts again from short sleeps. A wait that every message it waits for wakes
+(`idle_backoff(woken=True)`) looks once more after activity and then sleeps until woken: its
+short sleeps are only for what a wake-up announced and a probe does not see yet.
 """
 
 from __future__ import annotations
@@ -35,10 +37,16 @@ class Backoff:
         """One sleep (none right after a reset); True if a wake-up ended it (the back-off is
         reset then: what woke it may need a few quick looks to arrive)."""
         if self.delay and self._sleep(self.delay):
-            self.reset()
+            self.woken()
             return True
-        self.delay = min(self.limit, max(self.first, self.delay * 2))
+        self.delay = self.next_delay()
         return False
+
+    def woken(self) -> None:
+        self.reset()
+
+    def next_delay(self) -> float:
+        return min(self.limit, max(self.first, self.delay * 2))
 
 
 # Long idle waits. The sleep grows with the time it has been idle (a wake-up costs at
@@ -47,9 +55,14 @@ class Backoff:
 IDLE_LATENCY_SHARE = 0.01
 MAX_SLEEP_S = 5e-3
 # A wait that wake-ups end (every message it waits for wakes it): the sleep is then only a
-# safety net, and one that grows fast and long keeps an idle rank's CPU near zero.
-WOKEN_LATENCY_SHARE = 0.1
+# safety net against a lost wake-up, and one that grows fast and long keeps an idle rank's CPU
+# near zero. After activity it starts at WOKEN_QUIET_S, not with quick looks: each look and
+# each sleep costs the waiting thread tens of microseconds of CPU (a select() call, a probe,
+# a scheduler tick), and nothing is on its way that a wake-up has not announced. A lost
+# wake-up delays a pick-up by at most the time waited so far (share 1).
+WOKEN_LATENCY_SHARE = 1.0
 WOKEN_MAX_SLEEP_S = 0.1
+WOKEN_QUIET_S = 500e-6
 
 
 def idle_backoff(woken: bool, channel: Channel = Channel.MAIN,
@@ -60,22 +73,37 @@ def idle_backoff(woken: bool, channel: Channel = Channel.MAIN,
     if not woken:
         return IdleBackoff(channel=channel, sleep=sleep)
     return IdleBackoff(max_limit=WOKEN_MAX_SLEEP_S, share=WOKEN_LATENCY_SHARE, channel=channel,
-                       sleep=sleep)
+                       sleep=sleep, quiet=WOKEN_QUIET_S)
 
 
 class IdleBackoff(Backoff):
-    """Backoff whose ceiling rises from `limit` to `max_limit` the longer nothing happens."""
+    """Backoff whose ceiling rises from `limit` to `max_limit` the longer nothing happens.
+    With `quiet`, the sleeps after activity start there instead of at `first` (quick looks
+    follow only a wake-up, when what it announced may need a few to arrive)."""
 
     def __init__(self, first: float = 20e-6, limit: float = 250e-6,
                  max_limit: float = MAX_SLEEP_S, share: float = IDLE_LATENCY_SHARE,
-                 channel: Channel = Channel.MAIN, sleep: Sleep | None = None):
+                 channel: Channel = Channel.MAIN, sleep: Sleep | None = None,
+                 quiet: float = 0.0):
         super().__init__(first, limit, channel, sleep)
         self.base_limit, self.max_limit, self.share = limit, max_limit, share
+        self.quiet = quiet
         self._idle_since: float | None = None
+        self._announced = False   # a wake-up ended the last sleep: something is coming
 
     def reset(self) -> None:
         super().reset()
         self._idle_since = None
+        self._announced = False
+
+    def woken(self) -> None:
+        self.reset()
+        self._announced = True
+
+    def next_delay(self) -> float:
+        if self.quiet and not self._announced:
+            return min(max(self.limit, self.quiet), max(self.quiet, self.delay * 2))
+        return super().next_delay()
 
     def wait(self) -> bool:
         now = time.monotonic()
