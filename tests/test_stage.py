@@ -220,6 +220,14 @@ def test_embeddings_equal_token_input(tiny_setup: Setup):
         assert np.array_equal(a, b)
 
 
+def test_the_embedder_refuses_token_ids_outside_the_vocabulary(tiny_setup: Setup):
+    embed = Embedder(tiny_setup.path)
+    assert embed([0, embed.n_vocab - 1]).shape == (2, embed.n_embd)
+    for bad in ([embed.n_vocab], [3, -1]):
+        with pytest.raises(ValueError, match="out of range"):
+            embed(bad)
+
+
 def test_logit_rows_subset(tiny_setup: Setup):
     chain = tiny_setup.chain([0.5, 0.5])
     full = sc_prompt_then_steps(chain, tiny_setup.tokens)[0]

@@ -25,13 +25,14 @@ class Embedder:
         if tensor is None:
             raise ValueError(f"{model_path}: no {_TOKEN_EMBD} tensor")
         self.n_embd, self.n_vocab = tensor.shape[0], tensor.shape[1]
-        # memory-mapped raw bytes, one row per token
+        # memory-mapped raw bytes, one row per token (a plain array over the map: indexing a
+        # np.memmap goes through Python code, and the head embeds a few tokens per run)
         self._rows = np.memmap(model_path, dtype=np.uint8, mode="r", offset=tensor.offset,
-                               shape=(self.n_vocab, tensor.row_bytes))
+                               shape=(self.n_vocab, tensor.row_bytes)).view(np.ndarray)
         self._type = tensor.ggml_type
 
     def __call__(self, tokens: Sequence[int]) -> np.ndarray:
-        ids = np.asarray(tokens, dtype=np.int64)
-        if ids.size and (ids.min() < 0 or ids.max() >= self.n_vocab):
+        if len(tokens) and (min(tokens) < 0 or max(tokens) >= self.n_vocab):
             raise ValueError(f"token id out of range 0..{self.n_vocab - 1}")
-        return dequantize_rows(self._rows[ids], self._type, self.n_embd)
+        return dequantize_rows(self._rows[np.asarray(tokens, dtype=np.intp)], self._type,
+                               self.n_embd)

@@ -10,10 +10,12 @@ from __future__ import annotations
 import collections
 import contextlib
 import ctypes
+import functools
 import logging
 import os
 import threading
 from pathlib import Path
+from typing import Callable
 
 import llama_cpp
 import numpy as np
@@ -150,6 +152,14 @@ def dequantize_rows(raw: np.ndarray, ggml_type: GGMLQuantizationType, n_cols: in
         out[:] = raw.view(np.float32).reshape(n_rows, n_cols)
         return out
     src = np.ascontiguousarray(raw)
+    row_converter(ggml_type)(src.ctypes.data, out.ctypes.data, n_rows * n_cols)
+    return out
+
+
+@functools.cache
+def row_converter(ggml_type: GGMLQuantizationType) -> Callable[[int, int, int], None]:
+    """ggml's routine that converts `n` values of `ggml_type` to float32: (source address,
+    destination address, n). Looked up once per type: the head embeds tokens per run."""
     if ggml_type == GGMLQuantizationType.F16:
         fn = ggml_base.ggml_fp16_to_fp32_row
     elif ggml_type == GGMLQuantizationType.BF16:
@@ -162,5 +172,4 @@ def dequantize_rows(raw: np.ndarray, ggml_type: GGMLQuantizationType, n_cols: in
             raise LlamaError(f"cannot dequantize tensor type {ggml_type.name}")
     fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
     fn.restype = None
-    fn(src.ctypes.data, out.ctypes.data, n_rows * n_cols)
-    return out
+    return fn
