@@ -64,3 +64,25 @@ def test_a_job_stopped_while_catching_up_is_interrupted(tiny, drafter):
     event = stopped_at_once(drafts, job(context, cutoff=0.0))
     assert event == DraftInterrupted(0)
     assert len(tiny.prompt) < drafter.n_held < len(context)   # what it read is kept
+
+
+def test_an_inline_draft_warms_up_on_idle_turns_until_it_holds_the_prompt(tiny):
+    """While the target prefills, each idle turn of the driver gives the inline draft one
+    warm-up step and is told a step was taken (so the driver comes back at once instead of
+    sleeping until a message wakes it); once the draft holds the prompt, idle turns are idle."""
+    stage = Stage(tiny.aligned, StageConfig(n_ctx=512, n_batch=N_BATCH, n_seq_max=1),
+                  final=True, label="draft")
+    try:
+        drafter = Drafter(stage, N_BATCH)
+        drafts = InlineDrafts(drafter, DraftParams(), lambda: False)
+        prompt = list(tiny.prompt) + list(tiny.reference[:2 * WARM_STEP])
+        assert drafts.idle() is False                      # nothing to warm up yet
+        drafts.warm(prompt)
+        steps = 0
+        while drafts.idle():
+            steps += 1
+            assert steps <= len(prompt)
+        assert steps > 1 and drafter.n_held == len(prompt)
+        assert drafts.idle() is False and drafts.cpu_s > 0
+    finally:
+        stage.close()

@@ -100,10 +100,10 @@ def test_a_woken_backoff_starts_again_from_short_sleeps(pair) -> None:
 
 
 def test_a_woken_wait_takes_quick_looks_only_after_a_wake_up() -> None:
-    """Where every message wakes the waiter, activity is followed by one more look and then
-    a sleep of WOKEN_QUIET_S or more (nothing announced is on its way); a wake-up by quick
-    looks from 20 us (what it announced may need a few to arrive). Without wake-ups every
-    wait starts with quick looks."""
+    """Where every message wakes the waiter, activity is followed by sleeps of WOKEN_QUIET_S
+    or more (nothing announced is on its way); a wake-up by a look at once, then quick looks
+    from 20 us (what it announced may need a few to arrive). Without wake-ups every wait
+    starts with quick looks."""
     slept, wake = [], [False]
 
     def sleep(seconds: float) -> bool:
@@ -111,19 +111,20 @@ def test_a_woken_wait_takes_quick_looks_only_after_a_wake_up() -> None:
         return wake[0]
 
     backoff = idle_backoff(True, sleep=sleep)
-    for _ in range(4):
+    backoff.reset()                                          # activity
+    for _ in range(3):
         backoff.wait()
-    assert slept[0] >= WOKEN_QUIET_S and len(slept) == 3     # (the first wait: a look)
-    backoff.reset()
+    assert len(slept) == 3 and min(slept) >= WOKEN_QUIET_S
     slept.clear()
     wake[0] = True
-    backoff.wait(), backoff.wait()                           # a look, then a sleep a wake ends
+    backoff.wait()                                           # a sleep a wake-up ends
     wake[0] = False
     for _ in range(4):
-        backoff.wait()
-    assert slept[0] >= WOKEN_QUIET_S and slept[1] == pytest.approx(20e-6)
+        backoff.wait()                                       # a look, then quick looks
+    assert len(slept) == 4 and slept[1] == pytest.approx(20e-6)
     assert slept[1:4] == sorted(slept[1:4]) and slept[3] < WOKEN_QUIET_S
-    polling = IdleBackoff(sleep=sleep)                       # no wake-ups: quick looks always
+    polling = IdleBackoff(sleep=sleep)
+    polling.reset()
     slept.clear()
     polling.wait(), polling.wait()
     assert slept == [pytest.approx(20e-6)]

@@ -78,6 +78,9 @@ class ScriptedDraft:
     def prepare(self, context, max_tokens=None) -> None:
         """Nothing to warm up: the script needs no model."""
 
+    def warm_step(self, prompt) -> bool:
+        return False
+
     def draft(self, context, params, cutoff, max_tokens=None, should_stop=None, room=None):
         limit = params.max_tokens if max_tokens is None else max_tokens
         plan = self.plans[self.calls % len(self.plans)]

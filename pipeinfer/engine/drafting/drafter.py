@@ -188,6 +188,15 @@ class Drafter:
         done = self._common(context) + max_tokens
         self._sync(context[:done], want_logits=False)
 
+    def warm_step(self, prompt: Sequence[int]) -> bool:
+        """One warm-up step on `prompt` (prepare's, of WARM_STEP tokens at most); whether it
+        evaluated anything: False once the draft holds the prompt."""
+        held = self._common(prompt)
+        if held >= len(prompt):
+            return False
+        self.prepare(prompt, max_tokens=WARM_STEP)
+        return self._common(prompt) > held
+
     def draft(self, context: Sequence[int], params: DraftParams, cutoff: float,
               max_tokens: int | None = None, should_stop: Callable[[], bool] | None = None,
               stop_at: Callable[[list[int]], bool] | None = None, room: int | None = None

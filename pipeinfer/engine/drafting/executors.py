@@ -68,13 +68,17 @@ class InlineDrafts:
         self._warm = list(tokens)
 
     def idle(self) -> bool:
-        """One warm-up step while the driver has nothing else to do (the driver still backs
-        off: the step is short)."""
-        if self._warm is not None:  # a no-op once the draft holds the prompt
-            t0 = time.thread_time()
-            self.drafter.prepare(self._warm, max_tokens=WARM_STEP)
-            self.cpu_s += time.thread_time() - t0
-        return False
+        """One warm-up step while the driver has nothing else to do; True if it took one (the
+        driver then looks at the pipeline and comes back at once, rather than sleep until a
+        message wakes it: the prompt should be in the draft by the first draft job)."""
+        if self._warm is None:
+            return False
+        t0 = time.thread_time()
+        stepped = self.drafter.warm_step(self._warm)
+        self.cpu_s += time.thread_time() - t0
+        if not stepped:
+            self._warm = None   # the draft holds the prompt
+        return stepped
 
     def submit(self, job: DraftJob) -> None:
         self._warm = None  # from now on jobs move the draft's context along

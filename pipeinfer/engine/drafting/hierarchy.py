@@ -182,14 +182,17 @@ class Hierarchy:
         for level in self.levels:
             level.reset(tokens)
 
-    def warm(self, tokens: Sequence[int], max_tokens: int) -> None:
+    def warm(self, tokens: Sequence[int], max_tokens: int) -> bool:
         """Evaluate up to `max_tokens` more of `tokens` on every model (while the target
-        prefills the prompt)."""
+        prefills the prompt); whether any model evaluated anything."""
+        stepped = False
         for level in self.levels:
             done = _common(level.kv, tokens)
             end = min(len(tokens) - 1, done + max_tokens)
             if end > done:
                 level.evaluate(tokens[:end], end, want=False)
+                stepped = True
+        return stepped
 
     # --- agreement ------------------------------------------------------------------------------
     def sync(self, accepted: Sequence[int]) -> None:

@@ -60,9 +60,8 @@ class HierarchyDrafts:
     def idle(self) -> bool:
         """One unit of the drafts' work while the driver has nothing else to do; whether
         anything was done."""
-        if self.warming is not None:
-            self.hier.warm(self.warming, WARM_TOKENS)
-            return False
+        if self.warming is not None:   # (True: the driver comes back at once)
+            return self.hier.warm(self.warming, WARM_TOKENS)
         if not self.stepping:
             return False
         self._changed = self.hier.step(self.horizon) or self._changed

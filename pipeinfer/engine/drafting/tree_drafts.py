@@ -14,7 +14,6 @@ from __future__ import annotations
 from collections import deque
 from typing import Sequence
 
-from .drafter import WARM_STEP
 from ...schedule.tree_draft import Adopt, TreeDraftJob, TreeDraftReady
 from ..worker.core import apply_kv
 
@@ -29,10 +28,14 @@ class TreeDrafts:
         self._warm = list(tokens)
 
     def idle(self) -> bool:
-        """One warm-up step while the driver has nothing else to do (it still backs off)."""
-        if self._warm is not None:   # a no-op once the draft holds the prompt
-            self.drafter.prepare(self._warm, max_tokens=WARM_STEP)
-        return False
+        """One warm-up step while the driver has nothing else to do; True if it took one (the
+        driver comes back at once rather than sleep until a message wakes it)."""
+        if self._warm is None:
+            return False
+        stepped = self.drafter.warm_step(self._warm)
+        if not stepped:
+            self._warm = None   # the draft holds the prompt
+        return stepped
 
     def submit(self, job: TreeDraftJob) -> None:
         self._warm = None   # from now on the jobs' syncs move the draft's context along

@@ -4,8 +4,8 @@ Blocking MPI calls busy-wait; with more ranks than cores that steals the core a 
 needs. Every wait in pipeinfer polls and backs off instead. The sleeps end early when another
 rank wakes this one (engine/transport/wakeup.py, once the job has connected its wake-ups): a woken
 back-off starts again from short sleeps. A wait that every message it waits for wakes
-(`idle_backoff(woken=True)`) looks once more after activity and then sleeps until woken: its
-short sleeps are only for what a wake-up announced and a probe does not see yet.
+(`idle_backoff(woken=True)`) sleeps until woken after activity: its short sleeps are only for
+what a wake-up announced and a probe does not see yet.
 """
 
 from __future__ import annotations
@@ -56,13 +56,13 @@ IDLE_LATENCY_SHARE = 0.01
 MAX_SLEEP_S = 5e-3
 # A wait that wake-ups end (every message it waits for wakes it): the sleep is then only a
 # safety net against a lost wake-up, and one that grows fast and long keeps an idle rank's CPU
-# near zero. After activity it starts at WOKEN_QUIET_S, not with quick looks: each look and
-# each sleep costs the waiting thread tens of microseconds of CPU (a select() call, a probe,
-# a scheduler tick), and nothing is on its way that a wake-up has not announced. A lost
-# wake-up delays a pick-up by at most the time waited so far (share 1).
-WOKEN_LATENCY_SHARE = 1.0
+# near zero. After activity it starts at WOKEN_QUIET_S, not with quick looks: on a loaded node
+# each look and each sleep costs the waiting thread tens of microseconds of CPU (a select()
+# call, a probe, a scheduler tick), and nothing is on its way that a wake-up has not announced.
+# A lost wake-up delays a pick-up by at most WOKEN_QUIET_S, or 3 times the time waited so far.
+WOKEN_LATENCY_SHARE = 3.0
 WOKEN_MAX_SLEEP_S = 0.1
-WOKEN_QUIET_S = 500e-6
+WOKEN_QUIET_S = 5e-3
 
 
 def idle_backoff(woken: bool, channel: Channel = Channel.MAIN,
@@ -95,14 +95,16 @@ class IdleBackoff(Backoff):
         super().reset()
         self._idle_since = None
         self._announced = False
+        self.delay = self.quiet   # (0 without: one more look first)
 
     def woken(self) -> None:
         self.reset()
         self._announced = True
+        self.delay = 0.0          # look at once
 
     def next_delay(self) -> float:
         if self.quiet and not self._announced:
-            return min(max(self.limit, self.quiet), max(self.quiet, self.delay * 2))
+            return max(self.limit, self.quiet)
         return super().next_delay()
 
     def wait(self) -> bool:
