@@ -134,10 +134,9 @@ class ThreadedDrafts:
     def poll(self):
         if self._warm_error is not None:
             raise self._warm_error
-        try:
-            job = self._done.get_nowait()
-        except queue.Empty:
+        if self._done.empty():   # (the driver polls between every sleep: no exception then)
             return None
+        job = self._done.get_nowait()   # (only this thread takes: it is there)
         self._current = None
         return job.event()
 

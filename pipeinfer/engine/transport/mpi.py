@@ -46,8 +46,8 @@ CANCEL_END = -1
 LARGE_MESSAGE_BYTES = 16 * 1024
 LARGE_RECV_WAKE_S = 200e-6
 # How often the head's polls for a result also look for another rank's error report (a
-# probe of every rank, the dearest part of a poll).
-ERROR_CHECK_S = 0.01
+# probe of every rank, the dearest part of a poll); rarer where the reports wake the head.
+ERROR_CHECK_S, ERROR_CHECK_WOKEN_S = 0.01, 0.1
 
 
 def _wake(dest: int, tag: Tag) -> None:
@@ -216,11 +216,13 @@ class Link:
     def recv_array(self, source: int, tag: Tag, dtype, wait: bool = True) -> np.ndarray | None:
         """Receive one array message (its length from the probe); None if `wait` is False and
         nothing is there."""
+        status = self.probe(source, tag)
+        if status is None and not wait:
+            return None
         backoff = Backoff()
-        while (status := self.probe(source, tag)) is None:
-            if not wait:
-                return None
+        while status is None:
             backoff.wait()
+            status = self.probe(source, tag)
         n_bytes, source = status.Get_count(MPI.BYTE), status.Get_source()
         buf = np.empty(n_bytes // np.dtype(dtype).itemsize, dtype=dtype)
         if n_bytes < LARGE_MESSAGE_BYTES:
@@ -318,12 +320,13 @@ class HeadTransport(Link):
 
     def poll_result(self) -> RunResult | None:
         """The next result if it is there; when none is, other ranks' errors (RankFailed) at
-        most every ERROR_CHECK_S."""
+        most every ERROR_CHECK_S (ERROR_CHECK_WOKEN_S where every rank wakes the head)."""
         header = self.recv_array(self.last, Tag.RESULT, np.int64, wait=False)
         if header is None:
             now = time.monotonic()
             if now >= self._next_error_check:
-                self._next_error_check = now + ERROR_CHECK_S
+                self._next_error_check = now + (ERROR_CHECK_WOKEN_S if self.woken
+                                                else ERROR_CHECK_S)
                 self.check_errors()
             return None
         run_id, n_rows, flags = int(header[1]), int(header[2]), ResultFlag(int(header[4]))
