@@ -172,10 +172,10 @@ def head_cpu(r: dict) -> str:
     if r.get("head_cpu_ms_per_token") is None:
         return ""
     if r.get("head_loop_cpu_ms_per_token") is None:
-        return f", head CPU/token {r['head_cpu_ms_per_token']:.1f} ms"
-    line = f", head CPU/token: loop {r['head_loop_cpu_ms_per_token']:.1f} ms"
+        return f", head CPU/token {r['head_cpu_ms_per_token']:.2f} ms"
+    line = f", head CPU/token: loop {r['head_loop_cpu_ms_per_token']:.2f} ms"
     if r.get("draft_cpu_ms_per_token") is not None:
-        line += f", draft {r['draft_cpu_ms_per_token']:.1f} ms"
+        line += f", draft {r['draft_cpu_ms_per_token']:.2f} ms"
     return line
 
 
