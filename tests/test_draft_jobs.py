@@ -86,3 +86,12 @@ def test_an_inline_draft_warms_up_on_idle_turns_until_it_holds_the_prompt(tiny):
         assert drafts.idle() is False and drafts.cpu_s > 0
     finally:
         stage.close()
+
+
+def test_a_failed_attempt_says_how_many_tokens_it_evaluated(tiny, drafter):
+    """The guard counts a failed attempt's catching up as draft work: the event says how many
+    tokens the draft model evaluated for it."""
+    drafts = InlineDrafts(drafter, DraftParams(), lambda: False)
+    context = list(tiny.prompt) + list(tiny.reference[:5])
+    drafts.submit(job(context, cutoff=1.01))
+    assert drafts.poll() == DraftReady(0, (), evaluated=5)

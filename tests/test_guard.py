@@ -250,3 +250,28 @@ def test_speculation_returns_when_drafts_recover(tiny, monkeypatch, strategy):
     plans = USELESS * 6 + PERFECT * 200
     on = go(tiny, monkeypatch, strategy, plans, True)
     assert on.n_accepted >= N // 2, on
+
+
+# --- what counts as draft work -----------------------------------------------------------------
+
+from pipeinfer.model.sampling import Sampler, SamplingParams  # noqa: E402
+from pipeinfer.schedule.events import DraftReady  # noqa: E402
+from pipeinfer.schedule.generation import Generation, Request  # noqa: E402
+from pipeinfer.schedule.options import Limits  # noqa: E402
+from pipeinfer.schedule.partition_pool import PartitionPool  # noqa: E402
+from pipeinfer.schedule.pipeinfer import PipeInfer  # noqa: E402
+
+
+def test_draft_model_work_that_ships_nothing_counts_its_tokens():
+    """A draft job that started no speculative run (its first guess under the cutoff, or
+    guesses the target had made meanwhile, or a job no longer wanted) took the head's CPU for
+    every token the draft model evaluated: that many units of draft work for the guard, at
+    least one; a lookup's answer costs nothing."""
+    gen = Generation(Request(tuple(range(1, 9)), 16, 64, ignore_eos=True), lambda t: False)
+    sched = PipeInfer(gen, Sampler(SamplingParams()), Limits(32, 64, 64, 2), SpecOptions(),
+                      PartitionPool(4, 8))
+    sched.step(DraftReady(7, ((5, 6),), evaluated=9))    # a job the scheduler did not send
+    assert sched.guard.drafted_units == 9
+    sched.step(DraftReady(8, ()))                         # nothing said: one unit
+    sched.step(DraftReady(9, ((5,),), origin="ngram"))
+    assert sched.guard.drafted_units == 10

@@ -56,10 +56,15 @@ class Scheduler:
         if isinstance(event, ResultArrived):
             self._result(event.result)
         elif isinstance(event, (DraftReady, DraftInterrupted, DraftsStepped)):
-            if isinstance(event, DraftReady) and not event.branches and event.origin == "model":
-                self.guard.drafted(1)   # a failed attempt of the draft model: head CPU spent
+            started = self.gen.counters.runs_speculative
             if not self.finished:
                 self.on_draft(event)
+            if (isinstance(event, DraftReady) and event.origin == "model"
+                    and self.gen.counters.runs_speculative == started):
+                # The draft model's work that nothing came of (its first guess under the
+                # cutoff, or guesses the target had made meanwhile): head CPU spent, a
+                # token's worth per token it evaluated.
+                self.guard.drafted(max(1, event.evaluated))
         elif isinstance(event, Tick):
             if self.prefilled and not self.finished:
                 self.on_tick()

@@ -29,10 +29,13 @@ class ResultArrived:
 class DraftReady:
     """Draft job `job_id` finished: `branches` continue its context (branch 0 first), empty
     when the draft's first guess fell under the cutoff (or no n-gram matched). `origin`:
-    where the draft came from, "model" (the draft model) or "ngram" (the text itself)."""
+    where the draft came from, "model" (the draft model) or "ngram" (the text itself);
+    `evaluated`: the tokens the draft model evaluated for it (catching up on the context,
+    then drafting), 0 where nothing says."""
     job_id: int
     branches: tuple[tuple[int, ...], ...]
     origin: str = "model"
+    evaluated: int = 0
 
     def __repr__(self) -> str:
         sizes = "+".join(str(len(b)) for b in self.branches) or "0"

@@ -13,8 +13,9 @@ guard compares measured times, not an acceptance rate against a threshold:
   speculating (from the first token that arrived after speculation began).
 
 After `window` tokens of a phase that did at least `window` units of draft work (a guessed
-token sent, or an attempt of the draft model that found nothing confident enough: both take
-the head's CPU; n-gram lookups that found nothing cost nothing), and at every token after,
+token sent, or a token the draft model evaluated in an attempt that found nothing confident
+enough, at least one per attempt: both take the head's CPU; n-gram lookups that found nothing
+cost nothing), and at every token after,
 speculation pauses when its seconds per token exceed plain decoding's by more than MARGIN (a
 draft that neither helps nor hurts is left alone rather than paused on noise): plain decoding
 for `pause` tokens, then a *probe* (speculation again, judged after `window` tokens). A probe
@@ -65,7 +66,7 @@ class Guard:
 
     def drafted(self, n: int = 1) -> None:
         """Draft work: a speculative run with `n` guessed tokens left the pipeline, or a draft
-        model's attempt drafted nothing (n = 1)."""
+        model's attempt that drafted nothing evaluated `n` tokens."""
         self.drafted_units += n
 
     def returned(self, run_id: int) -> None:

@@ -71,6 +71,7 @@ class Drafter:
         self.ctx: list[int] = []              # tokens held in draft sequence 0
         self._last: np.ndarray | None = None  # draft logits after self.ctx, when known
         self.busy_s = 0.0
+        self.evaluated = 0   # tokens the draft model evaluated so far (its work, for the guard)
         self._s_per_token: float | None = None  # measured cost of one context token
         self.interrupted = False   # the last draft() was stopped while catching up
         self._keeping: tuple[KeptCells, int] | None = None   # (store, request key)
@@ -137,6 +138,7 @@ class Drafter:
             chunk = list(context[start:start + self.n_batch])
             last = want_logits and start + len(chunk) == len(context)
             t0 = time.perf_counter()
+            self.evaluated += len(chunk)
             out = self.stage.decode(list(range(start, start + len(chunk))), [(0,)] * len(chunk),
                                     tokens=chunk, logit_rows=[last and i == len(chunk) - 1
                                                               for i in range(len(chunk))])
@@ -247,6 +249,7 @@ class Drafter:
             if should_stop is not None and should_stop():
                 break
             grown.sort()
+            self.evaluated += len(grown)
             out = self.stage.decode([base + depth] * len(grown), [(b,) for b in grown],
                                     tokens=[branches[b][-1] for b in grown])
             for row, b in enumerate(grown):

@@ -32,8 +32,10 @@ class _Job:
         self.branches: list[list[int]] | None = None
         self.error: BaseException | None = None
         self.interrupted = False
+        self.evaluated = 0   # tokens the draft model evaluated for this job
 
     def run(self, drafter, params: DraftParams, should_stop: Callable[[], bool]) -> None:
+        before = getattr(drafter, "evaluated", 0)
         try:
             self.branches, _ = drafter.draft(list(self.job.context), params, self.job.cutoff,
                                              max_tokens=self.job.budget,
@@ -45,13 +47,15 @@ class _Job:
             self.interrupted = getattr(drafter, "interrupted", self.stop.is_set())
         except BaseException as err:  # noqa: BLE001 (raised again on the driver's thread)
             self.error = err
+        self.evaluated = getattr(drafter, "evaluated", 0) - before
 
     def event(self):
         if self.error is not None:
             raise self.error
         if self.interrupted and self.stop.is_set() and not self.branches:
             return DraftInterrupted(self.job.job_id)
-        return DraftReady(self.job.job_id, tuple(tuple(b) for b in self.branches or ()))
+        return DraftReady(self.job.job_id, tuple(tuple(b) for b in self.branches or ()),
+                          evaluated=self.evaluated)
 
 
 class InlineDrafts:
