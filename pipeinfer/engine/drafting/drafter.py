@@ -197,7 +197,7 @@ class Drafter:
         if held >= len(prompt):
             return False
         self.prepare(prompt, max_tokens=WARM_STEP)
-        return self._common(prompt) > held
+        return self.n_held > held   # (prepare leaves a prefix of the prompt held)
 
     def draft(self, context: Sequence[int], params: DraftParams, cutoff: float,
               max_tokens: int | None = None, should_stop: Callable[[], bool] | None = None,
