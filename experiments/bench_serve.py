@@ -158,6 +158,12 @@ PIPEINFER_SYSTEMS = {"pipeinfer": ["--strategy", "pipeinfer", "-md", "{draft}"],
                      # the prompt's tokens after its last whole chunk as one batch
                      "pipeinfer-one-tail": ["--strategy", "pipeinfer", "-md", "{draft}",
                                             "--prefill-tail", "0"],
+                     # a conversation's answer refilled while it is generated
+                     "pipeinfer-refill-along": ["--strategy", "pipeinfer", "-md", "{draft}",
+                                                "--refill-along"],
+                     # ... or once the pipeline is idle (the default, named)
+                     "pipeinfer-idle-refill": ["--strategy", "pipeinfer", "-md", "{draft}",
+                                               "--no-refill-along"],
                      # drafts from the draft model only (no n-gram lookup of the text first)
                      "pipeinfer-model-drafts": ["--strategy", "pipeinfer", "-md", "{draft}",
                                                 "--draft-source", "model"]}

@@ -6,7 +6,8 @@ While a slot is idle after a request, the answer's whole chunks are evaluated ag
 prompt: the next turn of that conversation reuses them, and answers as a fresh evaluation
 does. The next turn, asked while its refill is under way, takes the slot behind it and
 reuses all of it; any other request cancels it (the slot keeps what came back). Every answer
-is a fresh evaluation's."""
+is a fresh evaluation's. (The refill along the generation, `--refill-along`, is
+test_refill_along.py's.)"""
 
 from __future__ import annotations
 

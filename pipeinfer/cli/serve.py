@@ -10,7 +10,7 @@ from pathlib import Path
 import click
 
 from .. import strategies
-from ..config.serving import CACHE_MODES, OFF, ServeConfig
+from ..config.serving import CACHE_MODES, EXACT, OFF, ServeConfig
 from ..job import supervisor
 from .commands import Failure, RankedCommand, checked_value, setup_logging, verbosity_options
 from .options import (AUTO_SPLIT_HELP, PROFILE_HELP, SPLIT_HELP, model_options,
@@ -114,6 +114,17 @@ SERVE_HELP = """Serve the model over HTTP with an OpenAI-compatible API. Two way
                    "faster, but an answer may then differ from a fresh evaluation's. off: "
                    "nothing.")
 @click.option("--no-cache-prompt", "cache_prompt", flag_value=OFF, hidden=True)
+@click.option("--refill-along/--no-refill-along", "refill_along", default=False,
+              help="With --cache-prompt exact: evaluate a conversation's whole prompt chunks "
+                   "again as prompt while its answer is generated, chunk by chunk as the "
+                   "tokens are accepted, in a context of the slot's own that the slot takes "
+                   "back at the end, instead of once the pipeline is idle. A next turn asked "
+                   "at once then evaluates only what it adds (an answer's own cells come from "
+                   "decode runs, which a fresh evaluation does not compute alike, so they are "
+                   "evaluated again either way), answers unchanged; but the answer decodes "
+                   "more slowly while its chunks hold the stages, and every rank has one more "
+                   "llama.cpp context per slot (-c cells of its layers, one chunk's compute "
+                   "buffer).")
 @click.option("--cors-origin", "cors_origins", multiple=True,
               help="An origin (scheme://host[:port]) whose browser pages may call the API "
                    "(CORS); repeat for several. [default: any origin, *]")
@@ -180,7 +191,7 @@ SERVE_HELP = """Serve the model over HTTP with an OpenAI-compatible API. Two way
 def serve(model, draft, compact_draft, draft_vocab, alias, n_ctx, n_batch, prefill_chunk,
           prefill_tail, threads, split,
           profile, strategy, temp, top_k, top_p, seed, host, port, queue_size, parallel,
-          busy_strategy, api_key, cache_prompt, cors_origins, ranks, hostfile, host_list,
+          busy_strategy, api_key, cache_prompt, refill_along, cors_origins, ranks, hostfile, host_list,
           mpiexec, front_address, max_restarts, stall_timeout, trace_path, channel, verbose,
           quiet,
           **speculation_values):
@@ -199,6 +210,7 @@ def serve(model, draft, compact_draft, draft_vocab, alias, n_ctx, n_batch, prefi
                     threads=threads, n_ctx=n_ctx, n_batch=n_batch, prefill_chunk=prefill_chunk,
                     prefill_tail=prefill_tail, compact_draft=compact_draft,
                     draft_vocab=draft_vocab, full_logits=True, slots=parallel,
+                    refill_along=refill_along and cache_prompt == EXACT,
                     busy_strategy=_busy(busy_strategy, strategy, parallel),
                     request=RequestConfig(sampling=defaults), output=OutputConfig(verbose=verbose),
                     **checked_value(speculation, speculation_values, strategy, bool(draft)))

@@ -45,6 +45,8 @@ class JobConfig:
     full_logits: bool = False  # the last rank returns logits even under greedy sampling
                                # (serve: each request chooses its sampling)
     slots: int = 1          # llama.cpp contexts per stage: generations at once (serve)
+    refill_along: bool = False  # serve: each slot has a refill context of n_ctx cells
+                                # (model/stage.py, engine/head/refill.py)
     busy_strategy: str | None = None  # serve: the strategy of a generation started while
                                       # others are under way (None: `strategy`)
     request: RequestConfig = RequestConfig()   # run: the job's own generation

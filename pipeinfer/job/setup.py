@@ -124,7 +124,8 @@ def stage_config(cfg: JobConfig, rng: StageRange) -> StageConfig:
     pool = cfg.pool()
     return StageConfig(n_ctx=cfg.kv_size, n_batch=cfg.n_batch,
                        n_seq_max=pool.n_seq if pool else 1, n_threads=cfg.threads_for(rng.rank),
-                       repack=cfg.repack_target, n_slots=cfg.slots, max_outputs=MAX_OUTPUTS)
+                       repack=cfg.repack_target, n_slots=cfg.slots, max_outputs=MAX_OUTPUTS,
+                       refill_ctx=cfg.n_ctx if cfg.refill_along else 0, refill_batch=cfg.chunk)
 
 
 def own_stage_file(model: Path, rng: StageRange, size: int) -> Path | None:

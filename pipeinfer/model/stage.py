@@ -5,20 +5,24 @@ case, token ids) and return the activations after their last layer, captured by 
 callback; the final stage returns logits. KV operations and cancellation act on the stage's own
 llama.cpp context; a stage of a server that generates several requests at once has one context
 per *slot* (one model, its weights loaded once), so every request's KV cells live apart and it
-computes exactly as it would alone.
+computes exactly as it would alone. With `refill_ctx`, each slot also has a *refill
+context* (index n_slots + slot, one sequence, `refill_ctx` cells): a conversation's answer is
+evaluated again there as prompt while it is generated, after the slot's exact prefix was
+copied in (seed), and copied back at the end (engine/head/refill.py).
 """
 
 from __future__ import annotations
 
 import ctypes
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Sequence
 
 import llama_cpp
 import numpy as np
 
 from . import llama_lib
+from .batch import Batch
 
 from .. import _native
 from .llama_lib import LlamaError
@@ -43,6 +47,13 @@ class StageConfig:
     n_slots: int = 1          # llama.cpp contexts (each n_ctx cells): requests generated at once
     mmap: bool = False        # map the file instead of reading it (see Stage._load)
     max_outputs: int = 0      # rows of logits one decode may ask for (0: n_batch); see _Context
+    refill_ctx: int = 0       # cells of each slot's refill context (0: none; see above)
+    refill_batch: int = 64    # largest batch a refill context takes (the prompt's chunk)
+
+    def refill(self) -> "StageConfig":
+        """A refill context's configuration: its cells, one sequence, batches of a chunk."""
+        return replace(self, n_ctx=self.refill_ctx, n_batch=self.refill_batch, n_seq_max=1,
+                       n_slots=1, refill_ctx=0)
 
 
 def drop_page_cache(path: str) -> None:
@@ -115,7 +126,10 @@ class Stage:
         self.n_layer = llama_cpp.llama_model_n_layer(self._model)
         self.final = self.n_vocab > 1 if final is None else final
         for _ in range(self.config.n_slots):
-            self._slots.append(_Context(self))
+            self._slots.append(_Context(self, self.config))
+        if self.config.refill_ctx:
+            for _ in range(self.config.n_slots):
+                self._slots.append(_Context(self, self.config.refill()))
         trim_heap()
 
     def close(self) -> None:
@@ -129,7 +143,8 @@ class Stage:
 
     @property
     def n_slots(self) -> int:
-        return len(self._slots)
+        """Contexts that generate (refill contexts not counted)."""
+        return self.config.n_slots
 
     def slot(self, slot: int) -> "StageSlot":
         """This stage seen through one of its contexts (what a draft model per request
@@ -154,11 +169,11 @@ class Stage:
         instead: llama.cpp's embeddings, the output norm applied, not pooled).
         Raises StageAborted if `cancel(run_id)` was called before or during the decode."""
         n = len(positions)
-        if n == 0 or n > self.config.n_batch:
-            raise LlamaError(f"{self.label}: batch of {n} tokens (allowed 1..{self.config.n_batch})")
+        context = self._slots[slot]
+        if n == 0 or n > context.n_batch:
+            raise LlamaError(f"{self.label}: batch of {n} tokens (allowed 1..{context.n_batch})")
         if (embd is None) == (tokens is None):
             raise ValueError("give exactly one of embd or tokens")
-        context = self._slots[slot]
         batch = context.batch(embd is not None)
         rows = [True] * n if logit_rows is None or not self.final else list(logit_rows)
         if self.final and self.config.max_outputs and sum(rows) > self.config.max_outputs:
@@ -242,6 +257,18 @@ class Stage:
             raise LlamaError(f"{self.label}: could not compact sequence {seq} ({size} bytes): "
                              f"{llama_lib.recent_log(3)}")
 
+    def seed(self, seq: int, src: int, n: int, slot: int) -> None:
+        """Context `slot` emptied, then given `seq`'s cells of context `src` at positions below
+        `n` (all with n < 0), in their cell order from cell 0, bits unchanged: where a
+        context that computed only them holds them (a refill context's start, and the slot
+        taking the refilled cells back)."""
+        self.clear(slot=slot)
+        if not self.set_seq_state(seq, self.seq_state(seq, slot=src), slot=slot):
+            raise LlamaError(f"{self.label}: context {slot} could not take sequence {seq} of "
+                             f"context {src}: {llama_lib.recent_log(3)}")
+        if n >= 0:
+            self.seq_rm(seq, n, -1, slot=slot)
+
     def seq_state(self, seq: int, slot: int = 0) -> memoryview:
         """`seq`'s cells in context `slot` as llama.cpp writes a sequence's state (bytes
         in a buffer of their own: not copied again, a context's cells are megabytes)."""
@@ -273,9 +300,8 @@ class _Context:
     """One llama.cpp context of a stage's model, with its native callback state (activation
     capture, abort) and its batches."""
 
-    def __init__(self, stage: Stage):
+    def __init__(self, stage: Stage, cfg: StageConfig):
         self.ctx, self.state, self.batches = None, 0, {}
-        cfg = stage.config
         cparams = llama_cpp.llama_context_default_params()
         cparams.n_ctx = cfg.n_ctx
         cparams.n_batch = cparams.n_ubatch = cfg.n_batch
@@ -308,9 +334,9 @@ class _Context:
         self.mem = llama_cpp.llama_get_memory(self.ctx)
         self.n_batch, self.n_embd, self.n_seq_max = cfg.n_batch, stage.n_embd, cfg.n_seq_max
 
-    def batch(self, with_embd: bool) -> "_Batch":
+    def batch(self, with_embd: bool) -> Batch:
         if with_embd not in self.batches:
-            self.batches[with_embd] = _Batch(self.n_batch, self.n_embd if with_embd else 0,
+            self.batches[with_embd] = Batch(self.n_batch, self.n_embd if with_embd else 0,
                                              self.n_seq_max)
         return self.batches[with_embd]
 
@@ -364,41 +390,3 @@ class StageSlot:
 
     def cancel(self, run_id: int) -> None:
         self.stage.cancel(run_id)
-
-
-class _Batch:
-    """A llama_batch allocated once and refilled through numpy views of its arrays."""
-
-    def __init__(self, capacity: int, n_embd: int, n_seq_max: int):
-        self.capacity, self.n_embd, self.n_seq_max = capacity, n_embd, n_seq_max
-        self.batch = llama_cpp.llama_batch_init(capacity, n_embd, n_seq_max)
-        b = self.batch
-        self.pos = np.ctypeslib.as_array(b.pos, shape=(capacity,))
-        self.n_seq_id = np.ctypeslib.as_array(b.n_seq_id, shape=(capacity,))
-        self.logits = np.ctypeslib.as_array(b.logits, shape=(capacity,))
-        self.seq_id = [np.ctypeslib.as_array(b.seq_id[i], shape=(n_seq_max,))
-                       for i in range(capacity)]
-        self.embd = np.ctypeslib.as_array(b.embd, shape=(capacity, n_embd)) if n_embd else None
-        self.token = None if n_embd else np.ctypeslib.as_array(b.token, shape=(capacity,))
-
-    def fill(self, positions, seq_ids, rows, *, embd=None, tokens=None) -> None:
-        n = len(positions)
-        self.batch.n_tokens = n
-        self.pos[:n] = positions
-        self.logits[:n] = rows
-        for i, seqs in enumerate(seq_ids):
-            if not 0 < len(seqs) <= self.n_seq_max:
-                raise ValueError(f"token {i}: {len(seqs)} sequence ids (1..{self.n_seq_max})")
-            self.n_seq_id[i] = len(seqs)
-            self.seq_id[i][:len(seqs)] = seqs
-        if embd is not None:
-            if embd.shape != (n, self.n_embd):
-                raise ValueError(f"activations of shape {embd.shape}, expected {(n, self.n_embd)}")
-            self.embd[:n] = embd
-        else:
-            self.token[:n] = tokens
-
-    def free(self) -> None:
-        if self.batch is not None:
-            llama_cpp.llama_batch_free(self.batch)
-            self.batch = None

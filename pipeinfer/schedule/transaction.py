@@ -17,6 +17,7 @@ class KvOpType(enum.IntEnum):
     KV_SEQ_COMPACT = 4  # move a sequence's cells to the front of the cache, in cell order
     KV_SEQ_SAVE = 5     # copy a request's cells to the rank's disk (model/kept_cells.py)
     KV_SEQ_DROP = 6     # remove that copy
+    KV_CTX_SEED = 7     # empty a context, give it a sequence's cells of another (refill.py)
 
 
 ALL_SEQS = -1  # a KV operation's sequence meaning every sequence (seq_clear)
@@ -45,6 +46,8 @@ class KvOp:
             return f"save({self.seq} as {self.dst}, {self.p0} cells){at}"
         if self.kind == KvOpType.KV_SEQ_DROP:
             return f"drop({self.dst})"
+        if self.kind == KvOpType.KV_CTX_SEED:
+            return f"seed({self.seq} from @{self.dst}, {self.p1} cells){at}"
         return f"keep({self.seq}){at}"
 
 
@@ -78,6 +81,13 @@ def seq_save(seq: int, key: int, n: int, digest: int) -> KvOp:
     """Every rank copies `seq`'s cells to its disk as request `key`'s, which then holds
     cells of its first `n` tokens (whose digest is `digest`): model/kept_cells.py."""
     return KvOp(KvOpType.KV_SEQ_SAVE, seq, key, n, digest)
+
+
+def ctx_seed(seq: int, src: int, n: int = -1) -> KvOp:
+    """The context this operation is for is emptied, then takes `seq`'s cells of context
+    `src` at positions below `n` (every one with n < 0), in their cell order from cell 0:
+    as a context that computed only those cells holds them (Stage.seed)."""
+    return KvOp(KvOpType.KV_CTX_SEED, seq, src, -1, n)
 
 
 def seq_drop(key: int) -> KvOp:

@@ -81,6 +81,7 @@ class Lane:
     owner: Any              # the caller's object for this request (serve: its completion)
     strategy: str           # its scheduler's (Lanes.strategy_now when it started)
     cache: str = OFF        # its request's prompt cache mode (prompt_cache.py)
+    along: Any = None       # its refill along the generation (refill.AlongRefill), if any
 
     @property
     def gen(self) -> Generation:

@@ -22,9 +22,11 @@ in flight come back and are discarded), then its slot's KV cells but those of it
 tokens are cleared on every rank (those stay for a later request sharing a prefix, the
 conversation's next turn: prompt_cache.py; the draft model's context stays too, for the same
 reason) before the slot takes another request. Under the exact cache, the whole chunks of
-its prompt and answer past the slot's exact cells are then evaluated again as prompt while
-the pipeline is idle (refill.py), until a request comes: the next turn of that conversation
-takes the slot behind the refill's runs, any other request cancels it.
+its prompt and answer past the slot's exact cells are evaluated again as prompt (refill.py):
+with refill contexts, along the generation, each chunk once accepted, and the slot takes
+their cells back when it ends; else while the pipeline is idle, until a request comes: the
+next turn of that conversation takes the slot behind the refill's runs, any other request
+cancels it.
 """
 
 from __future__ import annotations
@@ -41,12 +43,13 @@ from ...config.serving import EXACT, OFF
 from .kept import Keeper
 from .prompt_cache import PromptCache
 from .lane import Lane, PipelineShare, SlotPipeline
-from .refill import REFILL, RefillJob
+from .refill import ALONG, REFILL, AlongRefill, RefillJob
 from ...model.grammar import Grammar
 from ...model.stage import MAX_OUTPUTS
 from ...model.sampling import Constraint, LogitObserver, Sampler, SamplingParams
 from ...schedule.events import Cancel, ResultArrived
-from ...schedule.generation import Generation, Request
+from ...schedule.generation import CANONICAL_SEQ, Generation, Request
+from ...schedule.transaction import ctx_seed
 from ... import strategies
 
 
@@ -122,9 +125,22 @@ class Lanes:
                             head.trace)
         driver.sched.share = self._share
         lane = pipe.lane = Lane(slot, driver, owner, strategy, cache)
+        if claimed is None:
+            lane.along = self._along(slot, request, cache)
         self.active.append(lane)
         driver.begin()
         return lane
+
+    def _along(self, slot: int, request: Request, cache: str) -> AlongRefill | None:
+        """The refill along a generation in `slot` (refill.py): under the exact cache, where
+        the stages have refill contexts (`serve --refill-along`), not for a resumed request."""
+        if cache != EXACT or not self.cfg.refill_along or request.resumed:
+            return None
+        start = self.cache.exact_start(slot, request.cached, len(request.prompt))
+        pipe = SlotPipeline(self.pipe, self.cfg.slots + slot, self._owners)
+        job = AlongRefill(pipe, slot, start, self.cfg.n_ctx, self.cfg.chunk, self.head.run_ids)
+        pipe.lane = Lane(slot, job, None, ALONG)
+        return job
 
     def start_embedding(self, inputs: list[list[int]], owner: Any, pooling: str) -> Lane:
         """An embedding request in a free slot (the least recently used: its kept cells are
@@ -224,8 +240,17 @@ class Lanes:
             self.cache.refilled(lane.slot, job.exact)
             return job.kv_after()
         request = lane.gen.request
-        return self.cache.release(lane.slot, kept_tokens(lane), len(request.prompt),
-                                  request.cached)
+        ops = self.cache.release(lane.slot, kept_tokens(lane), len(request.prompt),
+                                 request.cached)
+        along = lane.along
+        if along is None or along.stop <= self.cache.slots[lane.slot].exact:
+            return ops
+        # The refill context's cells, those of runs still on their way too: the ranks apply
+        # this after them, and nothing cancels a refill along (refill.py).
+        self.cache.took_back(lane.slot, along.tokens[:along.stop])
+        log.info("slot %d: takes back %d tokens refilled along its generation", lane.slot,
+                 along.stop - along.start)
+        return [ctx_seed(CANONICAL_SEQ, self.cfg.slots + lane.slot)]
 
     def cancel(self, lane: Lane) -> None:
         """End `lane`'s generation now (its runs in flight are drained all the same)."""
@@ -239,8 +264,10 @@ class Lanes:
         if result is not None:
             lane = self._owners.pop(result.run_id)
             lane.driver.feed(ResultArrived(result.run_id, result))
-            if lane.strategy != REFILL:   # (a refill's slot may be a request's already)
+            if lane.strategy not in (REFILL, ALONG):   # (their slots may be another's now)
                 lane.driver.pipe.kv(self.keeper.progressed(lane))
+                if lane.along is not None:
+                    lane.along.offer(lane.gen)
             return True
         busy = False
         for lane in self.active:

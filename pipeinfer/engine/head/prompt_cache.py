@@ -123,6 +123,17 @@ class PromptCache:
         return [seq_keep(CANONICAL_SEQ), seq_rm(CANONICAL_SEQ, len(kept), -1),
                 seq_compact(CANONICAL_SEQ)]
 
+    def exact_start(self, slot: int, cached: int, n_prompt: int) -> int:
+        """The cells with a fresh evaluation's bits `slot` will hold once the prompt of the
+        request it just took (take) went in (exact_after)."""
+        return self.exact_after(self._base.get(slot, 0), cached, n_prompt)
+
+    def took_back(self, slot: int, tokens: Sequence[int]) -> None:
+        """`slot`'s cells are now those of `tokens`, every one a fresh evaluation's: taken
+        back from its refill context (refill.AlongRefill)."""
+        entry = self.slots[slot]
+        entry.tokens, entry.exact = tuple(tokens), len(tokens)
+
     def refill_span(self, slot: int) -> tuple[int, int]:
         """(start, stop): the whole chunks of what `slot` keeps past its exact cells, which
         a refill may evaluate again as prompt (refill.py)."""

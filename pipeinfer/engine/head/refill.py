@@ -18,6 +18,15 @@ every refill (the serve loop: Lanes.stop_refills): its slot keeps the chunks tha
 computed, in order, the rest of its cells (and tokens) are dropped, and the request
 evaluates what it needs itself. It stands in a Lane where a generation's driver would
 (lane_job.py).
+
+A refill *along* the generation (AlongRefill, `serve --refill-along`) does the same work
+earlier: while the answer is generated, each whole chunk of the conversation, once its
+tokens are accepted, is evaluated in the slot's refill context (model/stage.py), which
+first took the slot's exact cells (ctx_seed). Nothing else lies in that context, so each
+chunk lands right after its prefix, as in a fresh evaluation: computed in the slot's own
+context, behind the generation's decode cells, a 64-token batch gives other bits. When the
+generation ended, the slot takes the refill context's cells back (Lanes.reap), and the next
+turn, even asked at once, evaluates only what follows them.
 """
 
 from __future__ import annotations
@@ -25,10 +34,11 @@ from __future__ import annotations
 from ...schedule.events import Cancel, ResultArrived
 from ...schedule.generation import CANONICAL_SEQ
 from ...schedule.speculation import runs_of
-from ...schedule.transaction import DecodeTx, seq_rm
+from ...schedule.transaction import DecodeTx, ctx_seed, seq_rm
 from .lane_job import LaneJob
 
 REFILL = "refill"   # a refill lane's strategy name (Lane.strategy)
+ALONG = "refill-along"   # an AlongRefill's (never among Lanes.active: its generation's)
 
 
 class RefillJob(LaneJob):
@@ -51,11 +61,13 @@ class RefillJob(LaneJob):
     def begin(self) -> None:
         self.pipe.kv([seq_rm(CANONICAL_SEQ, self.start, -1)])
         for span in runs_of(range(self.start, self.stop), self.chunk):
-            n = len(span)
-            tx = DecodeTx(next(self._run_ids), tuple(span), ((CANONICAL_SEQ,),) * n,
-                          (False,) * n)
-            self.pipe.decode(tx, self.tokens[span.start:span.stop])
-            self._out.append(tx.run_id)
+            self._send(span)
+
+    def _send(self, span: range) -> None:
+        n = len(span)
+        tx = DecodeTx(next(self._run_ids), tuple(span), ((CANONICAL_SEQ,),) * n, (False,) * n)
+        self.pipe.decode(tx, self.tokens[span.start:span.stop])
+        self._out.append(tx.run_id)
 
     def feed(self, event) -> None:
         if isinstance(event, Cancel):
@@ -76,3 +88,35 @@ class RefillJob(LaneJob):
         """The KV operations once every run is back: the cells of runs cancelled on their way
         (some ranks computed them, some not) removed."""
         return [] if self.exact >= self.stop else [seq_rm(CANONICAL_SEQ, self.exact, -1)]
+
+
+class AlongRefill(RefillJob):
+    """The refill of a generation under way: its accepted tokens' whole chunks from `start`
+    (the slot's exact cells once its prompt went in) on, each sent once accepted, into the
+    refill context `pipe` decodes in, which first takes context `source`'s cells below
+    `start`; `limit`: that context's cells."""
+
+    def __init__(self, pipe, source: int, start: int, limit: int, chunk: int, run_ids):
+        super().__init__(pipe, (), start, start, chunk, run_ids)
+        self.source, self.limit = source, limit
+
+    def begin(self) -> None:
+        """(Nothing to send before a whole chunk is accepted: offer.)"""
+
+    def feed(self, event) -> None:
+        super().feed(event)
+        if self._broken:   # (its slot may have taken its cells back already: Lanes._release)
+            raise RuntimeError("a run refilling a conversation along its generation came "
+                               "back cancelled: its slot's cells would not be exact")
+
+    def offer(self, gen) -> None:
+        """Send the chunks generation `gen`'s accepted tokens now complete."""
+        end = min(len(gen.request.prompt) + len(gen.tokens), self.limit)
+        if self.cancelled or self._broken or self.stop + self.chunk > end:
+            return
+        if self.stop == self.start:
+            self.pipe.kv([ctx_seed(CANONICAL_SEQ, self.source, self.start)])
+        self.tokens = tuple(gen.accepted[:end // self.chunk * self.chunk])
+        while self.stop + self.chunk <= end:
+            self._send(range(self.stop, self.stop + self.chunk))
+            self.stop += self.chunk

@@ -50,6 +50,8 @@ def apply_kv(stage: Stage, ops: list[KvOp], kept: KeptCells | None = None) -> No
             stage.seq_rm(op.seq, op.p0, op.p1, slot=op.slot)
         elif op.kind == KvOpType.KV_SEQ_COMPACT:
             stage.seq_compact(op.seq, slot=op.slot)
+        elif op.kind == KvOpType.KV_CTX_SEED:
+            stage.seed(op.seq, op.dst, op.p1, slot=op.slot)
         else:
             stage.seq_keep(op.seq, slot=op.slot)
 
