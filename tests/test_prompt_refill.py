@@ -15,16 +15,15 @@ import re
 import threading
 import time
 
-import httpx
 import pytest
 
-from support.serving import AUTH, KEY, Server, serving
+from support.serving import KEY, Server, serving
+from support.token_turns import (CODE, cached, complete, next_turn, text_and_logprobs,
+                                 tokenize)
 
 pytestmark = pytest.mark.smollm2
 
 CHUNK = 16
-CODE = ("def merge_sort(items):\n    if len(items) <= 1:\n        return items\n"
-        "    middle = len(items) // 2\n    left = merge_sort(items[:middle])\n")
 REFILLED = re.compile(r"slot (\d+): (\d+) of the (\d+) tokens refilled( \(a request came\))?")
 FIRST_REFILL = re.compile(r"tokens refilled.*")
 
@@ -38,29 +37,6 @@ def server(request, smollm2, tmp_path_factory):
     yield from serving(srv)
 
 
-def tokenize(server, text: str) -> list[int]:
-    r = httpx.post(server.url + "/tokenize", headers=AUTH, json={"content": text}, timeout=30)
-    assert r.status_code == 200, r.text
-    return r.json()["tokens"]
-
-
-def complete(server, prompt: list[int], cache: bool, n: int) -> dict:
-    r = httpx.post(server.url + "/v1/completions", headers=AUTH, timeout=180, json={
-        "prompt": prompt, "max_tokens": n, "temperature": 0, "logprobs": 3,
-        "ignore_eos": True, "cache_prompt": cache})
-    assert r.status_code == 200, r.text
-    return r.json()
-
-
-def text_and_logprobs(body: dict) -> tuple[str, list]:
-    choice = body["choices"][0]
-    return choice["text"], choice["logprobs"]["top_logprobs"]
-
-
-def cached(body: dict) -> int:
-    return body["usage"]["prompt_tokens_details"]["cached_tokens"]
-
-
 def refills(server) -> list[tuple[int, int, bool]]:
     """(refilled, wanted, cut short by a request) of every refill so far, from the log."""
     return [(int(m[2]), int(m[3]), bool(m[4])) for m in REFILLED.finditer(server.stderr)]
@@ -72,15 +48,6 @@ def wait_for_refills(server, count: int, limit_s: float = 60) -> list:
         assert time.monotonic() < deadline, server.stderr[-3000:]
         time.sleep(0.05)
     return done
-
-
-def next_turn(server, prompt: list[int], body: dict, ask: str) -> list[int]:
-    """`prompt`, the answer `body` gave to it (its own tokens), and `ask`'s tokens."""
-    text = body["choices"][0]["text"]
-    answer = tokenize(server, text)
-    pieces = body["choices"][0]["logprobs"]["tokens"]
-    assert len(answer) == len(pieces), (answer, pieces)   # (re-tokenized as generated)
-    return prompt + answer + tokenize(server, ask)
 
 
 def test_an_idle_slot_refills_the_answer_and_the_next_turn_reuses_it(server):

@@ -15,16 +15,15 @@ evaluation's."""
 
 from __future__ import annotations
 
-import httpx
 import numpy as np
 import pytest
 
 from pipeinfer.model.models import ModelError, resolve_model
 from pipeinfer.model.stage import Stage, StageConfig
-from support.serving import AUTH, KEY, Server, serving
+from support.serving import KEY, Server, serving
+from support.token_turns import (CODE, cached, complete, next_turn, text_and_logprobs,
+                                 tokenize)
 
-CODE = ("def merge_sort(items):\n    if len(items) <= 1:\n        return items\n"
-        "    middle = len(items) // 2\n    left = merge_sort(items[:middle])\n")
 ASKS = ("\n\ndef merge(left, right):\n", "\n\n# tests\n", "\n\nclass Sorter:\n")
 TOKENS = [(i * 7919) % 20000 + 100 for i in range(400)]
 
@@ -113,45 +112,24 @@ def server(request, smollm2, tmp_path_factory):
                                request.param, smollm2, 16))
 
 
-def tokenize(server, text: str) -> list[int]:
-    r = httpx.post(server.url + "/tokenize", headers=AUTH, json={"content": text}, timeout=30)
-    assert r.status_code == 200, r.text
-    return r.json()["tokens"]
-
-
-def complete(server, prompt: list[int], cache: bool, n: int) -> dict:
-    r = httpx.post(server.url + "/v1/completions", headers=AUTH, timeout=300, json={
-        "prompt": prompt, "max_tokens": n, "temperature": 0, "logprobs": 3,
-        "ignore_eos": True, "cache_prompt": cache})
-    assert r.status_code == 200, r.text
-    return r.json()
-
-
-def text_and_logprobs(body: dict) -> tuple[str, list]:
-    choice = body["choices"][0]
-    return choice["text"], choice["logprobs"]["top_logprobs"]
-
-
 def conversation_at_once(server, answers: tuple[int, ...], chunk: int) -> None:
     """Each turn asked as soon as the answer before came (token-id prompts: a turn's prompt
     holds the previous answer's very tokens); then every turn again without the cache."""
     mark = len(server.stderr)
     prompt, turns = tokenize(server, CODE), []
     for n, ask in zip(answers, ASKS):
-        body = complete(server, prompt, cache=True, n=n)
+        body = complete(server, prompt, cache=True, n=n, timeout=300)
         turns.append((prompt, n, body))
-        text = body["choices"][0]["text"]
-        answer = tokenize(server, text)
-        assert len(answer) == len(body["choices"][0]["logprobs"]["tokens"])
-        prompt = prompt + answer + tokenize(server, ask)
+        prompt = next_turn(server, prompt, body, ask)
     log = server.stderr[mark:]
     assert log.count("refilled along its generation") >= len(answers) - 1, log[-3000:]
     assert "refilling" not in log, log[-3000:]   # (nothing was left for an idle refill)
     for (prompt, n, body), (before, n_before, _) in zip(turns[1:], turns):
-        cached = body["usage"]["prompt_tokens_details"]["cached_tokens"]
-        assert cached == (len(before) + n_before) // chunk * chunk, (cached, len(before))
+        reused = cached(body)
+        assert reused == (len(before) + n_before) // chunk * chunk, (reused, len(before))
     for prompt, n, body in turns:
-        assert text_and_logprobs(body) == text_and_logprobs(complete(server, prompt, False, n))
+        fresh = complete(server, prompt, False, n, timeout=300)
+        assert text_and_logprobs(body) == text_and_logprobs(fresh)
 
 
 @pytest.mark.smollm2

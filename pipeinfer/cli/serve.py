@@ -191,9 +191,9 @@ SERVE_HELP = """Serve the model over HTTP with an OpenAI-compatible API. Two way
 def serve(model, draft, compact_draft, draft_vocab, alias, n_ctx, n_batch, prefill_chunk,
           prefill_tail, threads, split,
           profile, strategy, temp, top_k, top_p, seed, host, port, queue_size, parallel,
-          busy_strategy, api_key, cache_prompt, refill_along, cors_origins, ranks, hostfile, host_list,
-          mpiexec, front_address, max_restarts, stall_timeout, trace_path, channel, verbose,
-          quiet,
+          busy_strategy, api_key, cache_prompt, refill_along, cors_origins, ranks, hostfile,
+          host_list, mpiexec, front_address, max_restarts, stall_timeout, trace_path, channel,
+          verbose, quiet,
           **speculation_values):
     from ..config.job import JobConfig
     from ..config.run import OutputConfig, RequestConfig

@@ -56,6 +56,11 @@ class StageConfig:
                        n_slots=1, refill_ctx=0)
 
 
+def refill_context(slot: int, n_slots: int) -> int:
+    """The index of slot `slot`'s refill context among a stage's contexts."""
+    return n_slots + slot
+
+
 def drop_page_cache(path: str) -> None:
     """Ask the kernel to drop `path`'s cached pages (read once, never needed again)."""
     try:
@@ -127,7 +132,7 @@ class Stage:
         self.final = self.n_vocab > 1 if final is None else final
         for _ in range(self.config.n_slots):
             self._slots.append(_Context(self, self.config))
-        if self.config.refill_ctx:
+        if self.config.refill_ctx:   # (after the slots': refill_context's numbering)
             for _ in range(self.config.n_slots):
                 self._slots.append(_Context(self, self.config.refill()))
         trim_heap()

@@ -45,7 +45,7 @@ from .prompt_cache import PromptCache
 from .lane import Lane, PipelineShare, SlotPipeline
 from .refill import ALONG, REFILL, AlongRefill, RefillJob
 from ...model.grammar import Grammar
-from ...model.stage import MAX_OUTPUTS
+from ...model.stage import MAX_OUTPUTS, refill_context
 from ...model.sampling import Constraint, LogitObserver, Sampler, SamplingParams
 from ...schedule.events import Cancel, ResultArrived
 from ...schedule.generation import CANONICAL_SEQ, Generation, Request
@@ -137,7 +137,7 @@ class Lanes:
         if cache != EXACT or not self.cfg.refill_along or request.resumed:
             return None
         start = self.cache.exact_start(slot, request.cached, len(request.prompt))
-        pipe = SlotPipeline(self.pipe, self.cfg.slots + slot, self._owners)
+        pipe = SlotPipeline(self.pipe, refill_context(slot, self.cfg.slots), self._owners)
         job = AlongRefill(pipe, slot, start, self.cfg.n_ctx, self.cfg.chunk, self.head.run_ids)
         pipe.lane = Lane(slot, job, None, ALONG)
         return job
@@ -250,7 +250,7 @@ class Lanes:
         self.cache.took_back(lane.slot, along.tokens[:along.stop])
         log.info("slot %d: takes back %d tokens refilled along its generation", lane.slot,
                  along.stop - along.start)
-        return [ctx_seed(CANONICAL_SEQ, self.cfg.slots + lane.slot)]
+        return [ctx_seed(CANONICAL_SEQ, refill_context(lane.slot, self.cfg.slots))]
 
     def cancel(self, lane: Lane) -> None:
         """End `lane`'s generation now (its runs in flight are drained all the same)."""
