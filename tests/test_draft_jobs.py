@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 
+from pipeinfer.engine.drafting import drafter as drafter_module
 from pipeinfer.engine.drafting.drafter import WARM_STEP, Drafter, DraftParams
 from pipeinfer.engine.drafting.executors import InlineDrafts, ThreadedDrafts
 from pipeinfer.model.stage import Stage, StageConfig
@@ -61,9 +62,34 @@ def test_a_confident_job_stopped_at_once_ships_its_first_guess(tiny, drafter):
 def test_a_job_stopped_while_catching_up_is_interrupted(tiny, drafter):
     drafts = InlineDrafts(drafter, DraftParams(), lambda: False)
     context = list(tiny.prompt) + list(tiny.reference[:WARM_STEP + 8])
+    before = drafter.evaluated
     event = stopped_at_once(drafts, job(context, cutoff=0.0))
-    assert event == DraftInterrupted(0)
+    assert event == DraftInterrupted(0, evaluated=drafter.evaluated - before)
     assert len(tiny.prompt) < drafter.n_held < len(context)   # what it read is kept
+    assert event.evaluated > 0   # its work, for the guard
+
+
+@pytest.mark.parametrize("executor", ["inline", "thread"])
+def test_a_draft_stopped_at_every_job_still_catches_up(tiny, drafter, executor, monkeypatch):
+    """Behind by more than a step (after the guard's pause), with every job stopped as it
+    starts (the stages idle) and the target a token further at each: each job's step gains
+    more than that token, so the draft catches up and drafts again; even where a step's time
+    bound allows no token at all (a slow draft: here the bound is made zero)."""
+    monkeypatch.setattr(drafter_module, "WARM_STEP_S", 0.0)
+    drafts = (InlineDrafts(drafter, DraftParams(), lambda: False) if executor == "inline"
+              else ThreadedDrafts(drafter, DraftParams()))
+    accepted = len(tiny.prompt) + WARM_STEP + 8
+    context = list(tiny.prompt) + list(tiny.reference)
+    try:
+        for job_id in range(16):
+            event = stopped_at_once(drafts, job(context[:accepted], 0.0, job_id))
+            if isinstance(event, DraftReady):
+                break
+            accepted += 1   # the target generated a token meanwhile
+    finally:
+        drafts.close()
+    assert isinstance(event, DraftReady) and event.branches, (job_id, drafter.n_held)
+    assert job_id < 8
 
 
 def test_an_inline_draft_warms_up_on_idle_turns_until_it_holds_the_prompt(tiny):

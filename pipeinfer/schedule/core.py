@@ -9,7 +9,7 @@ multibuffering, cancellation, finishing and draining) is here and in speculation
 from __future__ import annotations
 
 from .partition_pool import PartitionPool
-from .actions import Finish, PolicyChanged
+from .actions import Finish, PolicyChanged, StartDraft, WarmDraft
 from .events import (Cancel, DraftInterrupted, DraftReady, DraftsStepped, ResultArrived, Start,
                      Tick)
 from .generation import Generation
@@ -65,6 +65,8 @@ class Scheduler:
                 # cutoff, or guesses the target had made meanwhile): head CPU spent, a
                 # token's worth per token it evaluated.
                 self.guard.drafted(max(1, event.evaluated))
+            elif isinstance(event, DraftInterrupted) and event.evaluated:
+                self.guard.drafted(event.evaluated)   # (catching up, then stopped)
         elif isinstance(event, Tick):
             if self.prefilled and not self.finished:
                 self.on_tick()
@@ -78,7 +80,10 @@ class Scheduler:
             self.finished = True
             self.on_finish()
             self.spec.emit(Finish(self.gen.stop_reason))
-        return self.spec.take()
+        actions = self.spec.take()
+        if any(isinstance(a, (StartDraft, WarmDraft)) for a in actions):
+            self.guard.draft_began()
+        return actions
 
     def _result(self, result) -> None:
         if self.finished:
@@ -136,11 +141,16 @@ class Scheduler:
 
     def start_main(self) -> None:
         """A non-speculative run of the pending token; timed by the guard when the pipeline
-        is empty (its round trip is what plain decoding costs per token)."""
-        alone = self.pipeline_load == 0
+        is empty and no draft job is out (its round trip is what plain decoding costs per
+        token)."""
+        alone = self.pipeline_load == 0 and not self.drafting()
         run = self.spec.start_main()
         if alone:
             self.guard.sent_alone(run.run_id)
+
+    def drafting(self) -> bool:
+        """Whether a draft job of this generation is out (the strategies that draft say)."""
+        return False
 
     # --- hooks ---------------------------------------------------------------------------------
     def on_start(self) -> None:

@@ -40,16 +40,20 @@ class DraftReady:
     def __repr__(self) -> str:
         sizes = "+".join(str(len(b)) for b in self.branches) or "0"
         source = "" if self.origin == "model" else f", {self.origin}"
-        return f"DraftReady(job={self.job_id}, tokens={sizes}{source})"
+        work = f", evaluated {self.evaluated}" if self.evaluated else ""
+        return f"DraftReady(job={self.job_id}, tokens={sizes}{source}{work})"
 
 
 @dataclass(frozen=True)
 class DraftInterrupted:
-    """Draft job `job_id` was stopped before it drafted anything (not a failed attempt)."""
+    """Draft job `job_id` was stopped before it drafted anything (not a failed attempt);
+    `evaluated`: the tokens the draft model evaluated meanwhile (catching up)."""
     job_id: int
+    evaluated: int = 0
 
     def __repr__(self) -> str:
-        return f"DraftInterrupted(job={self.job_id})"
+        work = f", evaluated {self.evaluated}" if self.evaluated else ""
+        return f"DraftInterrupted(job={self.job_id}{work})"
 
 
 @dataclass(frozen=True)

@@ -6,9 +6,12 @@ wrong makes generation slower than plain decoding. Whether it does depends on th
 this pipeline (how fast the stages are against the draft, the links, the head's quota), so the
 guard compares measured times, not an acceptance rate against a threshold:
 
-- plain: seconds per token of plain decoding. First the round trip of a one-token run sent
-  into an empty pipeline (what plain decoding repeats per token: the first run after the
-  prefill is one), then, once speculation has been paused, the time per token of the pause.
+- plain: seconds per token of plain decoding, measured while speculation is paused: the
+  median round trip of the pause's *clean* runs, one-token runs sent into an empty pipeline
+  while no draft job was out and returned before another began (the draft model shares the
+  head's CPU and, on an emulated cluster, the machine with the stages: a run timed beside
+  draft work is slower than plain decoding is, and a draft that does not pay would look
+  harmless against it). Without clean runs in a pause, its time per token.
 - speculating: seconds per token over the last `window` to 2 `window` tokens generated while
   speculating (from the first token that arrived after speculation began).
 
@@ -20,8 +23,9 @@ speculation pauses when its seconds per token exceed plain decoding's by more th
 draft that neither helps nor hurts is left alone rather than paused on noise): plain decoding
 for `pause` tokens, then a *probe* (speculation again, judged after `window` tokens). A probe
 that fails doubles the pause (at most `max_pause`); one that pays resets it to `first_pause`.
-Without a plain figure yet (no run went into an empty pipeline: the speculative strategy
-drafts from its first run on), a pause of MEASURE tokens measures one.
+Without a plain figure yet, the first decision pauses to measure one (until MEASURE clean
+runs came back, at most MEASURE_MAX tokens) and then judges the window it had timed: a draft
+that does not pay pauses at once, without another window.
 
 The clock is a parameter so that the policy can be tested on scripted times.
 """
@@ -36,7 +40,8 @@ WINDOW = 8          # tokens generated while speculating before a decision
 FIRST_PAUSE = 16    # generated tokens of the first pause
 MAX_PAUSE = 256
 MARGIN = 0.03      # speculation pauses when over (1 + MARGIN) x plain decoding's time
-MEASURE = 3        # tokens of plain decoding that give a first figure
+MEASURE = 3        # clean runs that give a first plain figure
+MEASURE_MAX = 12   # ... or the measuring pause ends after this many tokens
 SMOOTHING = 0.5     # weight of a new plain-decoding figure against the previous ones
 
 
@@ -56,13 +61,19 @@ class Guard:
         self.asked = False                     # the strategy asked: it speculates
         self.drafted_units = 0                 # draft work in this phase (see above)
         self.paused_for = 0                   # the length of the pause under way
-        self._sent: dict[int, float] = {}      # one-token runs sent into an empty pipeline
+        self.measuring = False                 # the pause under way measures a first figure
+        self._sent: dict[int, float] = {}      # clean runs out: one token, pipeline empty
+        self._clean: list[float] = []          # round trips of this pause's clean runs
 
     # --- what the scheduler reports ---------------------------------------------------------
     def sent_alone(self, run_id: int) -> None:
-        """A one-token, non-speculative run went into an empty pipeline."""
-        if self.enabled:
+        """A one-token, non-speculative run went into an empty pipeline with no draft job out."""
+        if self.enabled and self.resume_at is not None:
             self._sent[run_id] = self.clock()
+
+    def draft_began(self) -> None:
+        """A draft job (or the draft's warm-up) began: runs out now are timed beside it."""
+        self._sent.clear()
 
     def drafted(self, n: int = 1) -> None:
         """Draft work: a speculative run with `n` guessed tokens left the pipeline, or a draft
@@ -72,8 +83,8 @@ class Guard:
     def returned(self, run_id: int) -> None:
         """A run's result came back (or it was dropped)."""
         sent = self._sent.pop(run_id, None)
-        if sent is not None and self.plain_s is None:
-            self.plain_s = self.clock() - sent
+        if sent is not None and self.resume_at is not None:
+            self._clean.append(self.clock() - sent)
 
     def generated(self, n_generated: int) -> str | None:
         """Tokens were accepted (`n_generated` in all); the reason if this paused speculation."""
@@ -89,8 +100,13 @@ class Guard:
             return None
         self.spec_s = (self.marks[-1][1] - first_t) / (n_generated - first_n)
         if self.plain_s is None:
+            self.measuring = True
             return self._pause(n_generated, "no plain-decoding figure yet: measuring one",
-                               MEASURE)
+                               MEASURE_MAX)
+        return self._judge(n_generated)
+
+    def _judge(self, n_generated: int) -> str | None:
+        """Speculation's figure against plain decoding's: the reason if this paused it."""
         if self.spec_s <= self.plain_s * (1 + MARGIN):
             if self.probing:
                 self.pause, self.probing = self.first_pause, False
@@ -105,15 +121,22 @@ class Guard:
         self.asked = True
         if self.resume_at is None:
             return True, None
-        if n_generated < self.resume_at:
+        measured = self.measuring and len(self._clean) >= MEASURE
+        if n_generated < self.resume_at and not measured:
             return False, None
-        measuring = self.plain_s is None
+        measuring, self.measuring = self.measuring, False
         self._measure_pause()
         self.resume_at, self.probing = None, not measuring
         self.marks.clear()
         self.drafted_units = 0
         plain = "" if self.plain_s is None else f" ({1000 * self.plain_s:.0f} ms a token plain)"
-        return True, f"probing after a pause of {self.paused_for}{plain}"
+        if not measuring:
+            return True, f"probing after a pause of {self.paused_for}{plain}"
+        if self.spec_s is not None and self.plain_s is not None:
+            why = self._judge(n_generated)   # the window timed before the measurement
+            if why:
+                return False, f"measured plain decoding; {why}"
+        return True, f"measured plain decoding{plain}"
 
     # --- phases ---------------------------------------------------------------------------------
     def _pause(self, n_generated: int, why: str, length: int | None = None) -> str:
@@ -121,14 +144,21 @@ class Guard:
         self.resume_at, self.probing = n_generated + length, False
         self.marks.clear()
         self.marks.append((n_generated, self.clock()))
+        self._sent.clear()
+        self._clean = []
         return f"{why}: pause for {length} tokens"
 
     def _measure_pause(self) -> None:
-        """Seconds per token of the pause that ends, from its second arrival on (the first
-        may still come from a speculative run sent before it)."""
-        marks = list(self.marks)[1:]
-        if len(marks) < 2 or marks[-1][0] == marks[0][0]:
-            return
-        figure = (marks[-1][1] - marks[0][1]) / (marks[-1][0] - marks[0][0])
+        """Plain decoding's seconds per token from the pause that ends: the median round trip
+        of its clean runs; without any, its time per token from its second arrival on (the
+        first may still come from a speculative run sent before it)."""
+        if self._clean:
+            figure = sorted(self._clean)[len(self._clean) // 2]
+        else:
+            marks = list(self.marks)[1:]
+            if len(marks) < 2 or marks[-1][0] == marks[0][0]:
+                return
+            figure = (marks[-1][1] - marks[0][1]) / (marks[-1][0] - marks[0][0])
+        self._clean = []
         self.plain_s = figure if self.plain_s is None else (
             SMOOTHING * figure + (1 - SMOOTHING) * self.plain_s)

@@ -84,6 +84,9 @@ class PipeInfer(Scheduler):
         elif not self.stopping and self.batch.ship_now(self.pipeline_load):
             self._stop_job()  # a target stage idles: ship the tokens drafted so far
 
+    def drafting(self) -> bool:
+        return self.job is not None
+
     def on_draft(self, event) -> None:
         job = self.job
         if job is None or event.job_id != job.job_id:

@@ -48,6 +48,9 @@ class Speculative(Scheduler):
                             self.sources.use_ngram(), room=room)
         self.spec.emit(StartDraft(self.job))
 
+    def drafting(self) -> bool:
+        return self.job is not None
+
     def on_draft(self, event) -> None:
         if self.job is None or event.job_id != self.job.job_id:
             return

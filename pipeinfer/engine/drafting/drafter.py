@@ -32,6 +32,10 @@ from ...model.stage import Stage
 # speed is known) of about WARM_STEP_S seconds.
 WARM_STEP = 32
 WARM_STEP_S = 0.015
+# ... and of at least MIN_STEP tokens: a step's time hardly grows with its tokens (the weights
+# are read once), and a job the scheduler stops at once (a stage idles) takes one step, so
+# the draft must gain more per step than the target accepts per job, or it never catches up.
+MIN_STEP = 8
 
 # Tokens a request's draft context gains between two copies of it: each copy is the whole
 # context, written on the head, whose CPU speculation runs on; a resumed request's draft
@@ -182,8 +186,8 @@ class Drafter:
         `timed`: steps also of about WARM_STEP_S (the head's own thread waits for each);
         a draft thread steps by tokens only, as nothing waits for it but its closing."""
         if timed and max_tokens is not None:  # the first step measures the draft's speed
-            max_tokens = 1 if self._s_per_token is None else max(
-                1, min(max_tokens, int(WARM_STEP_S / self._s_per_token)))
+            max_tokens = min(max_tokens, MIN_STEP) if self._s_per_token is None else max(
+                MIN_STEP, min(max_tokens, int(WARM_STEP_S / self._s_per_token)))
         if max_tokens is None or len(context) - self._common(context) <= max_tokens:
             self._sync(context)
             return

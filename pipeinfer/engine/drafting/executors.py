@@ -53,7 +53,7 @@ class _Job:
         if self.error is not None:
             raise self.error
         if self.interrupted and self.stop.is_set() and not self.branches:
-            return DraftInterrupted(self.job.job_id)
+            return DraftInterrupted(self.job.job_id, evaluated=self.evaluated)
         return DraftReady(self.job.job_id, tuple(tuple(b) for b in self.branches or ()),
                           evaluated=self.evaluated)
 
