@@ -99,6 +99,25 @@ def test_failed_probe_doubles_pause_and_paying_probe_resets_it():
     assert guard.pause == 4
 
 
+def test_a_probe_within_the_margin_doubles_the_next_pause():
+    """A probe no faster than plain decoding, but within the margin, goes on speculating; it
+    did not pay, so when speculation is paused later the pause is twice as long. Only
+    speculation faster than plain decoding makes pauses short again."""
+    guard, clock = guard_with_plain(1.0, window=4, first_pause=4, max_pause=64)
+    [why] = tokens(guard, clock, 0, 5, 2.0)
+    assert "pause for 4" in why
+    tokens(guard, clock, 5, 4, 1.0)
+    assert guard.allows(9)[0]                          # the probe
+    assert tokens(guard, clock, 9, 8, 1.02) == []      # within the margin: left alone
+    [why] = tokens(guard, clock, 17, 4, 2.0)
+    assert "pause for 8 tokens" in why
+    end = guard.resume_at                              # 8 tokens after it paused
+    tokens(guard, clock, 21, end - 21, 1.0)
+    assert guard.allows(end - 1) == (False, None) and guard.allows(end)[0]
+    assert tokens(guard, clock, end, 12, 0.9) == []    # faster than plain: pays
+    assert guard.pause == 4
+
+
 def test_pauses_measure_plain_decoding():
     """A pause without clean runs (generations sharing the pipeline keep it busy) measures its
     tokens from its second arrival on (the first may come from a speculative run); the figure

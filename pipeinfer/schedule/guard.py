@@ -22,7 +22,9 @@ cost nothing), and at every token after,
 speculation pauses when its seconds per token exceed plain decoding's by more than MARGIN (a
 draft that neither helps nor hurts is left alone rather than paused on noise): plain decoding
 for `pause` tokens, then a *probe* (speculation again, judged after `window` tokens). A probe
-that fails doubles the pause (at most `max_pause`); one that pays resets it to `first_pause`.
+that is not faster than plain decoding doubles the pause (at most `max_pause`), whether it
+pauses now or, within the margin, later; speculation faster than plain decoding resets it to
+`first_pause`.
 Without a plain figure yet, the first decision pauses to measure one (until MEASURE clean
 runs came back, at most MEASURE_MAX tokens) and then judges the window it had timed: a draft
 that does not pay pauses at once, without another window.
@@ -106,13 +108,17 @@ class Guard:
         return self._judge(n_generated)
 
     def _judge(self, n_generated: int) -> str | None:
-        """Speculation's figure against plain decoding's: the reason if this paused it."""
-        if self.spec_s <= self.plain_s * (1 + MARGIN):
-            if self.probing:
-                self.pause, self.probing = self.first_pause, False
+        """Speculation's figure against plain decoding's: the reason if this paused it. Only
+        speculation faster than plain decoding resets the pause; a probe that was not doubles
+        it, paused now (over the margin) or later (within it: left alone until then)."""
+        probing, self.probing = self.probing, False
+        if self.spec_s <= self.plain_s:
+            self.pause = self.first_pause
             return None
-        if self.probing:
+        if probing:
             self.pause = min(2 * self.pause, self.max_pause)
+        if self.spec_s <= self.plain_s * (1 + MARGIN):
+            return None
         return self._pause(n_generated, f"{1000 * self.spec_s:.0f} ms a token speculating > "
                                         f"{1000 * self.plain_s:.0f} ms plain")
 
