@@ -234,12 +234,14 @@ SPECULATION_OPTIONS = (
                       "the cutoff."),
     click.option("--guard/--no-guard", default=SPEC.guard,
                  help="speculative, pipeinfer: the never-slower guard. It times the tokens "
-                      "generated while speculating against plain decoding (a one-token run's "
-                      "round trip, then the pauses' own tokens); when 8 tokens of speculation "
+                      "generated while speculating against plain decoding, measured while "
+                      "speculation pauses on one-token runs no draft work ran beside (the "
+                      "first decision pauses to measure it); when 8 tokens of speculation "
                       "that drafted 8 tokens or more (an attempt of the draft model that "
-                      "drafted nothing counts as one) came over 3% slower, speculation pauses "
-                      "(plain decoding) for 16 tokens, then probes again; each failed probe "
-                      "doubles the pause (up to 256), a probe that pays resets it. Exact "
+                      "drafted nothing counts the tokens it evaluated, at least one) came over "
+                      "3% slower, speculation pauses (plain decoding) for 16 tokens, then "
+                      "probes again; a probe no faster than plain decoding doubles the pause "
+                      "(up to 256), speculation faster than plain decoding resets it. Exact "
                       "either way."),
     click.option("--max-runs", default=SPEC.max_runs, type=click.IntRange(2, 64),
                  help="pipeinfer: most runs in flight in the target pipeline at once. specpipe: "
