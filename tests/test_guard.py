@@ -118,6 +118,30 @@ def test_a_probe_within_the_margin_doubles_the_next_pause():
     assert guard.pause == 4
 
 
+def test_guesses_none_accepted_pause_at_once():
+    """A window of verified guesses with not one accepted pauses speculation without timing
+    it (before any plain figure, or however fast its tokens came); a probe that ends so
+    doubles the pause. One accepted guess leaves the decision to the clock."""
+    clock = Clock()
+    guard = Guard(clock=clock, window=4, first_pause=8)
+    guard.allows(0)
+    guard.drafted(3, accepted=0)
+    assert guard.generated(1) is None
+    guard.drafted(2, accepted=0)
+    assert guard.generated(2) == "5 guesses, none accepted: pause for 8 tokens"
+    clean_runs(guard, clock, 2, 8, 1.0)
+    ok, why = guard.allows(10)
+    assert ok and why == "probing after a pause of 8 (1000 ms a token plain)"
+    guard.drafted(4, accepted=0)
+    assert guard.generated(11) == "4 guesses, none accepted: pause for 16 tokens"
+    clean_runs(guard, clock, 11, 16, 1.0)
+    assert guard.allows(27)[0]
+    guard.drafted(3, accepted=1)
+    guard.drafted(3, accepted=0)
+    guard.drafted(3)                                   # never verified: not judged
+    assert tokens(guard, clock, 27, 3, 0.5, guesses=0) == []
+
+
 def test_pauses_measure_plain_decoding():
     """A pause without clean runs (generations sharing the pipeline keep it busy) measures its
     tokens from its second arrival on (the first may come from a speculative run); the figure
@@ -319,10 +343,10 @@ def test_good_drafts_cost_one_measurement(tiny, monkeypatch, strategy):
 
 @pytest.mark.parametrize("strategy", ["speculative", "pipeinfer"])
 def test_speculation_returns_when_drafts_recover(tiny, monkeypatch, strategy):
-    """Useless drafts first, then good ones: the guard pauses, probes, and speculation comes
-    back: past the first window, the measurement and one pause (about 32 tokens), most
-    tokens are accepted drafts."""
-    plans = USELESS * 6 + PERFECT * 200
+    """Useless drafts first (the first jobs), then good ones: the guard pauses, probes, and
+    speculation comes back: past the first window, the measurement and one pause (about 32
+    tokens), most tokens are accepted drafts."""
+    plans = USELESS * 3 + PERFECT * 200
     on = go(tiny, monkeypatch, strategy, plans, True)
     assert on.n_accepted >= (N - 32) * 3 // 4, on
 

@@ -90,7 +90,7 @@ class Scheduler:
             self.spec.discard(result)
             return
         absorbed = self.spec.absorb(result)
-        self._observe(absorbed.run)
+        self._observe(absorbed.run, absorbed.verified)
         self.guard.returned(absorbed.run.run_id)
         if absorbed.prefill_done:
             self.prefilled = True
@@ -104,9 +104,9 @@ class Scheduler:
                     self.record("guard", self.guard.paused_for, why)
             self.on_result(absorbed)
 
-    def _observe(self, run) -> None:
+    def _observe(self, run, verified: bool) -> None:
         if run.speculative and run.guesses > 0:
-            self.guard.drafted(run.guesses)
+            self.guard.drafted(run.guesses, run.n_accepted if verified else None)
             before = self.sources.prefers_ngram
             self.sources.observe(run.origin, run.guesses, run.n_accepted)
             if self.sources.prefers_ngram != before:

@@ -29,6 +29,11 @@ Without a plain figure yet, the first decision pauses to measure one (until MEAS
 runs came back, at most MEASURE_MAX tokens) and then judges the window it had timed: a draft
 that does not pay pauses at once, without another window.
 
+Guesses none of which the target accepted cannot have brought a token sooner (each token
+still came from a run's own next token, as in plain decoding), so they need no clock: once a
+phase's verified runs held `window` guesses and not one was accepted, speculation pauses at
+once, as after a failed probe (a figure for plain decoding or not: the pause measures one).
+
 The clock is a parameter so that the policy can be tested on scripted times.
 """
 
@@ -62,6 +67,8 @@ class Guard:
         self.probing = False                   # the phase after a pause: one chance
         self.asked = False                     # the strategy asked: it speculates
         self.drafted_units = 0                 # draft work in this phase (see above)
+        self.judged = 0                        # ... guesses of its verified runs
+        self.accepted = 0                      # ... of which the target accepted
         self.paused_for = 0                   # the length of the pause under way
         self.measuring = False                 # the pause under way measures a first figure
         self._sent: dict[int, float] = {}      # clean runs out: one token, pipeline empty
@@ -77,10 +84,14 @@ class Guard:
         """A draft job (or the draft's warm-up) began: runs out now are timed beside it."""
         self._sent.clear()
 
-    def drafted(self, n: int = 1) -> None:
-        """Draft work: a speculative run with `n` guessed tokens left the pipeline, or a draft
-        model's attempt that drafted nothing evaluated `n` tokens."""
+    def drafted(self, n: int = 1, accepted: int | None = None) -> None:
+        """Draft work: a speculative run with `n` guessed tokens left the pipeline (`accepted`
+        of them, if it was verified), or a draft model's attempt that drafted nothing
+        evaluated `n` tokens."""
         self.drafted_units += n
+        if accepted is not None:
+            self.judged += n
+            self.accepted += accepted
 
     def returned(self, run_id: int) -> None:
         """A run's result came back (or it was dropped)."""
@@ -95,6 +106,11 @@ class Guard:
         self.marks.append((n_generated, self.clock()))
         if self.resume_at is not None:
             return None
+        if self.judged >= self.window and not self.accepted:
+            if self.probing:
+                self.pause = min(2 * self.pause, self.max_pause)
+            self.probing = False
+            return self._pause(n_generated, f"{self.judged} guesses, none accepted")
         while len(self.marks) > 2 and n_generated - self.marks[1][0] >= 2 * self.window:
             self.marks.popleft()
         first_n, first_t = self.marks[0]
@@ -134,7 +150,7 @@ class Guard:
         self._measure_pause()
         self.resume_at, self.probing = None, not measuring
         self.marks.clear()
-        self.drafted_units = 0
+        self.drafted_units = self.judged = self.accepted = 0
         plain = "" if self.plain_s is None else f" ({1000 * self.plain_s:.0f} ms a token plain)"
         if not measuring:
             return True, f"probing after a pause of {self.paused_for}{plain}"
