@@ -241,8 +241,9 @@ SPECULATION_OPTIONS = (
                       "drafted nothing counts the tokens it evaluated, at least one) came over "
                       "3% slower, speculation pauses (plain decoding) for 16 tokens, then "
                       "probes again; a probe no faster than plain decoding doubles the pause "
-                      "(up to 256), speculation faster than plain decoding resets it. Exact "
-                      "either way."),
+                      "(up to 256), speculation faster than plain decoding resets it; 8 "
+                      "guesses of verified runs none of which was accepted pause it at once. "
+                      "Exact either way."),
     click.option("--max-runs", default=SPEC.max_runs, type=click.IntRange(2, 64),
                  help="pipeinfer: most runs in flight in the target pipeline at once. specpipe: "
                       "tree levels in flight are the number of target stages + 1, at most this."),
