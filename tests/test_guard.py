@@ -185,6 +185,21 @@ def test_without_a_plain_figure_the_first_pause_measures_one():
     assert guard.pause == 8                            # a measurement is not a failed probe
 
 
+def test_runs_in_flight_do_not_end_the_measurement():
+    """The speculative runs still in flight deliver the measuring pause's first tokens at
+    speculation's pace: they neither end it nor enter its figure."""
+    clock = Clock()
+    guard = Guard(clock=clock, window=4, first_pause=8)
+    guard.allows(0)
+    tokens(guard, clock, 0, 5, 0.5)
+    for n in range(6, 26):
+        clock.now += 0.1
+        guard.generated(n, speculative=True)
+    assert guard.allows(25) == (False, None)
+    clean_runs(guard, clock, 25, 3, 1.0)
+    assert guard.allows(28) == (True, "measured plain decoding (1000 ms a token plain)")
+
+
 def test_the_measurement_judges_the_window_before_it():
     """Speculation that was slower than the measured plain decoding pauses as the
     measurement ends, without speculating for another window first."""

@@ -10,6 +10,7 @@ import pytest
 
 from pipeinfer.plan.cost import PREFILL_STEP, ModelShape, NodeCost, Pipeline
 from pipeinfer.plan.simulate import SimConfig, SimulationError, simulate
+from pipeinfer.schedule.options import SpecOptions
 
 
 def node(ms: float, draft: float = 0.0, rtt: float = 0.0, output: float = 0.0) -> NodeCost:
@@ -62,11 +63,17 @@ def test_idle_ranks_see_messages_half_a_polling_sleep_late():
     assert result.itl_s == pytest.approx(1.2 + 0.0025 + 0.000125)
 
 
+# The pipeline's bounds with the guard off: its one measurement of plain decoding (a few
+# one-token runs at the 120 ms round trip) is not what they check (the next test does).
+NO_GUARD = SpecOptions(guard=False)
+
+
 def test_fully_accepted_speculation_is_bounded_by_the_slowest_stage():
     # 3 stages of 40 ms (flat: any run size costs the same), instant drafts, every guess
     # right: at most one run of max_run = 3 tokens per 40 ms leaves the slowest stage
     p = pipe(node(10, draft=1e-6), node(10), node(10), node(10))
-    result = simulate(p, [0, 4, 4, 4], SimConfig("pipeinfer", n_predict=128, accept_rate=1.0))
+    result = simulate(p, [0, 4, 4, 4], SimConfig("pipeinfer", n_predict=128, accept_rate=1.0,
+                                                 spec=NO_GUARD))
     bound = 3 / 0.040
     iterative = 1 / 0.120
     assert result.speed_tps <= bound * 1.001
@@ -76,9 +83,24 @@ def test_fully_accepted_speculation_is_bounded_by_the_slowest_stage():
     assert result.accept_rate > 0.85 and result.counters["runs_cancelled"] == 0
 
 
+def test_the_guard_measures_plain_decoding_once():
+    """With the guard, speculation that pays pauses once, for the clean one-token runs that
+    measure plain decoding (after the runs in flight have delivered their tokens), and goes
+    on: a few tokens at plain decoding's pace, never a pause after."""
+    p = pipe(node(10, draft=1e-6), node(10), node(10), node(10))
+    cfg = SimConfig("pipeinfer", n_predict=128, accept_rate=1.0)
+    on = simulate(p, [0, 4, 4, 4], cfg)
+    off = simulate(p, [0, 4, 4, 4], SimConfig("pipeinfer", n_predict=128, accept_rate=1.0,
+                                              spec=NO_GUARD))
+    # three clean runs, the one sent as the last runs in flight drained, the pipeline
+    # filling again: about five round trips of 120 ms
+    assert 128 / off.speed_tps < 128 / on.speed_tps <= 128 / off.speed_tps + 5 * 0.120
+
+
 def test_a_slower_stage_sets_the_bound():
     p = pipe(node(10, draft=1e-6), node(10), node(20), node(10))
-    result = simulate(p, [0, 4, 4, 4], SimConfig("pipeinfer", n_predict=128, accept_rate=1.0))
+    result = simulate(p, [0, 4, 4, 4], SimConfig("pipeinfer", n_predict=128, accept_rate=1.0,
+                                                 spec=NO_GUARD))
     assert 0.8 * 3 / 0.080 <= result.speed_tps <= 3 / 0.080 * 1.001
 
 
@@ -118,7 +140,8 @@ def test_the_head_loop_slows_a_threaded_draft_on_a_fraction_of_a_core():
         head = NodeCost("h", {1: 10, PREFILL_STEP: 10}, {1: 0, 8: 0}, None, 0.0, draft_ms=30,
                         cores=cores)
         p = pipe(head, node(10), node(10), node(10))
-        cfg = SimConfig(strategy, n_predict=64, accept_rate=1.0, idle_sleep=False)
+        cfg = SimConfig(strategy, n_predict=64, accept_rate=1.0, idle_sleep=False,
+                        spec=NO_GUARD)
         return simulate(p, [0, 4, 4, 4], cfg).speed_tps
 
     assert speed("pipeinfer", 0.25) == pytest.approx(speed("pipeinfer", None) * 0.215 / 0.25,

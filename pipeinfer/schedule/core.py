@@ -99,7 +99,7 @@ class Scheduler:
         elif not absorbed.run.prefill:
             if len(self.gen.tokens) > self._timed:   # a result that brought tokens
                 self._timed = len(self.gen.tokens)
-                why = self.guard.generated(self._timed)
+                why = self.guard.generated(self._timed, absorbed.run.speculative)
                 if why:
                     self.record("guard", self.guard.paused_for, why)
             self.on_result(absorbed)

@@ -11,7 +11,7 @@ guard compares measured times, not an acceptance rate against a threshold:
   while no draft job was out and returned before another began (the draft model shares the
   head's CPU and, on an emulated cluster, the machine with the stages: a run timed beside
   draft work is slower than plain decoding is, and a draft that does not pay would look
-  harmless against it). Without clean runs in a pause, its time per token.
+  harmless against it). Without clean runs in a pause, the time per token of its own runs.
 - speculating: seconds per token over the last `window` to 2 `window` tokens generated while
   speculating (from the first token that arrived after speculation began).
 
@@ -26,8 +26,9 @@ that is not faster than plain decoding doubles the pause (at most `max_pause`), 
 pauses now or, within the margin, later; speculation faster than plain decoding resets it to
 `first_pause`.
 Without a plain figure yet, the first decision pauses to measure one (until MEASURE clean
-runs came back, at most MEASURE_MAX tokens) and then judges the window it had timed: a draft
-that does not pay pauses at once, without another window.
+runs came back, at most MEASURE_MAX arrivals of the pause's own runs: the speculative runs
+still in flight deliver tokens first, at speculation's pace) and then judges the window it
+had timed: a draft that does not pay pauses at once, without another window.
 
 Guesses none of which the target accepted cannot have brought a token sooner (each token
 still came from a run's own next token, as in plain decoding), so they need no clock: once a
@@ -48,7 +49,7 @@ FIRST_PAUSE = 16    # generated tokens of the first pause
 MAX_PAUSE = 256
 MARGIN = 0.03      # speculation pauses when over (1 + MARGIN) x plain decoding's time
 MEASURE = 3        # clean runs that give a first plain figure
-MEASURE_MAX = 12   # ... or the measuring pause ends after this many tokens
+MEASURE_MAX = 12   # ... or after this many arrivals of the pause's own runs
 SMOOTHING = 0.5     # weight of a new plain-decoding figure against the previous ones
 
 
@@ -73,6 +74,7 @@ class Guard:
         self.measuring = False                 # the pause under way measures a first figure
         self._sent: dict[int, float] = {}      # clean runs out: one token, pipeline empty
         self._clean: list[float] = []          # round trips of this pause's clean runs
+        self._own = 0                          # ... arrivals of its own runs
 
     # --- what the scheduler reports ---------------------------------------------------------
     def sent_alone(self, run_id: int) -> None:
@@ -99,13 +101,17 @@ class Guard:
         if sent is not None and self.resume_at is not None:
             self._clean.append(self.clock() - sent)
 
-    def generated(self, n_generated: int) -> str | None:
-        """Tokens were accepted (`n_generated` in all); the reason if this paused speculation."""
+    def generated(self, n_generated: int, speculative: bool = False) -> str | None:
+        """Tokens were accepted (`n_generated` in all), by a speculative run's result or not;
+        the reason if this paused speculation."""
         if not self.enabled or not self.asked:   # (iterative never asks)
             return None
-        self.marks.append((n_generated, self.clock()))
         if self.resume_at is not None:
+            if not speculative:   # (a pause's own tokens: not a run's sent before it)
+                self.marks.append((n_generated, self.clock()))
+                self._own += 1
             return None
+        self.marks.append((n_generated, self.clock()))
         if self.judged >= self.window and not self.accepted:
             if self.probing:
                 self.pause = min(2 * self.pause, self.max_pause)
@@ -143,8 +149,10 @@ class Guard:
         self.asked = True
         if self.resume_at is None:
             return True, None
-        measured = self.measuring and len(self._clean) >= MEASURE
-        if n_generated < self.resume_at and not measured:
+        if self.measuring:
+            if len(self._clean) < MEASURE and self._own < MEASURE_MAX:
+                return False, None
+        elif n_generated < self.resume_at:
             return False, None
         measuring, self.measuring = self.measuring, False
         self._measure_pause()
@@ -167,7 +175,7 @@ class Guard:
         self.marks.clear()
         self.marks.append((n_generated, self.clock()))
         self._sent.clear()
-        self._clean = []
+        self._clean, self._own = [], 0
         return f"{why}: pause for {length} tokens"
 
     def _measure_pause(self) -> None:
