@@ -6,6 +6,8 @@ slowest-stage time) and beats iterative by about the number of stages."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from pipeinfer.plan.cost import PREFILL_STEP, ModelShape, NodeCost, Pipeline
@@ -90,8 +92,7 @@ def test_the_guard_measures_plain_decoding_once():
     p = pipe(node(10, draft=1e-6), node(10), node(10), node(10))
     cfg = SimConfig("pipeinfer", n_predict=128, accept_rate=1.0)
     on = simulate(p, [0, 4, 4, 4], cfg)
-    off = simulate(p, [0, 4, 4, 4], SimConfig("pipeinfer", n_predict=128, accept_rate=1.0,
-                                              spec=NO_GUARD))
+    off = simulate(p, [0, 4, 4, 4], replace(cfg, spec=NO_GUARD))
     # three clean runs, the one sent as the last runs in flight drained, the pipeline
     # filling again: about five round trips of 120 ms
     assert 128 / off.speed_tps < 128 / on.speed_tps <= 128 / off.speed_tps + 5 * 0.120

@@ -40,6 +40,7 @@ The clock is a parameter so that the policy can be tested on scripted times.
 
 from __future__ import annotations
 
+import statistics
 import time
 from collections import deque
 from typing import Callable
@@ -113,9 +114,7 @@ class Guard:
             return None
         self.marks.append((n_generated, self.clock()))
         if self.judged >= self.window and not self.accepted:
-            if self.probing:
-                self.pause = min(2 * self.pause, self.max_pause)
-            self.probing = False
+            self._end_probe(paid=False)
             return self._pause(n_generated, f"{self.judged} guesses, none accepted")
         while len(self.marks) > 2 and n_generated - self.marks[1][0] >= 2 * self.window:
             self.marks.popleft()
@@ -130,15 +129,10 @@ class Guard:
         return self._judge(n_generated)
 
     def _judge(self, n_generated: int) -> str | None:
-        """Speculation's figure against plain decoding's: the reason if this paused it. Only
-        speculation faster than plain decoding resets the pause; a probe that was not doubles
-        it, paused now (over the margin) or later (within it: left alone until then)."""
-        probing, self.probing = self.probing, False
-        if self.spec_s <= self.plain_s:
-            self.pause = self.first_pause
-            return None
-        if probing:
-            self.pause = min(2 * self.pause, self.max_pause)
+        """Speculation's figure against plain decoding's: the reason if this paused it. A
+        probe that was not faster doubles the pause, paused now (over the margin) or later
+        (within it: left alone until then)."""
+        self._end_probe(paid=self.spec_s <= self.plain_s)
         if self.spec_s <= self.plain_s * (1 + MARGIN):
             return None
         return self._pause(n_generated, f"{1000 * self.spec_s:.0f} ms a token speculating > "
@@ -169,6 +163,15 @@ class Guard:
         return True, f"measured plain decoding{plain}"
 
     # --- phases ---------------------------------------------------------------------------------
+    def _end_probe(self, paid: bool) -> None:
+        """A phase was judged: speculation that paid makes pauses short again; a probe that
+        did not doubles the pause (at most `max_pause`)."""
+        probing, self.probing = self.probing, False
+        if paid:
+            self.pause = self.first_pause
+        elif probing:
+            self.pause = min(2 * self.pause, self.max_pause)
+
     def _pause(self, n_generated: int, why: str, length: int | None = None) -> str:
         length = self.paused_for = length or self.pause
         self.resume_at, self.probing = n_generated + length, False
@@ -183,12 +186,11 @@ class Guard:
         of its clean runs; without any, its time per token from its second arrival on (the
         first may still come from a speculative run sent before it)."""
         if self._clean:
-            figure = sorted(self._clean)[len(self._clean) // 2]
+            figure = statistics.median_high(self._clean)
         else:
             marks = list(self.marks)[1:]
             if len(marks) < 2 or marks[-1][0] == marks[0][0]:
                 return
             figure = (marks[-1][1] - marks[0][1]) / (marks[-1][0] - marks[0][0])
-        self._clean = []
         self.plain_s = figure if self.plain_s is None else (
             SMOOTHING * figure + (1 - SMOOTHING) * self.plain_s)

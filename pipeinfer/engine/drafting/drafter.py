@@ -186,8 +186,8 @@ class Drafter:
         `timed`: steps also of about WARM_STEP_S (the head's own thread waits for each);
         a draft thread steps by tokens only, as nothing waits for it but its closing."""
         if timed and max_tokens is not None:  # the first step measures the draft's speed
-            max_tokens = min(max_tokens, MIN_STEP) if self._s_per_token is None else max(
-                MIN_STEP, min(max_tokens, int(WARM_STEP_S / self._s_per_token)))
+            in_time = 0 if self._s_per_token is None else int(WARM_STEP_S / self._s_per_token)
+            max_tokens = min(max_tokens, max(MIN_STEP, in_time))
         if max_tokens is None or len(context) - self._common(context) <= max_tokens:
             self._sync(context)
             return
