@@ -56,6 +56,9 @@ class DraftJob:
     model: bool = True     # the draft model may answer it (not while it waits: retry.py)
     ngram_budget: int | None = None  # most tokens a lookup answers with (None: budget; ramp.py)
     room: int | None = None
+    # score the draft's agreement with the tokens it catches up on (Drafter.scoring): the
+    # guard asks at a probe whether speculating again could pay (guard.py)
+    score: bool = False
 
     @property
     def free_room(self) -> int:

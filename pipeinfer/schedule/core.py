@@ -53,10 +53,15 @@ class Scheduler:
         return self.share.limit(limit) if self.share is not None else limit
 
     def step(self, event) -> list:
+        self.guard.guessed = self.gen.counters.n_drafted
         if isinstance(event, ResultArrived):
             self._result(event.result)
         elif isinstance(event, (DraftReady, DraftInterrupted, DraftsStepped)):
             started = self.gen.counters.runs_speculative
+            why = self.guard.scored(getattr(event, "agreement", None), len(self.gen.tokens),
+                                    isinstance(event, DraftReady))
+            if why:   # (before on_draft: the job's guesses are not sent)
+                self.record("guard", self.guard.paused_for, why)
             if not self.finished:
                 self.on_draft(event)
             if (isinstance(event, DraftReady) and event.origin == "model"

@@ -31,11 +31,14 @@ class DraftReady:
     when the draft's first guess fell under the cutoff (or no n-gram matched). `origin`:
     where the draft came from, "model" (the draft model) or "ngram" (the text itself);
     `evaluated`: the tokens the draft model evaluated for it (catching up on the context,
-    then drafting), 0 where nothing says."""
+    then drafting), 0 where nothing says; `agreement`: the draft's score on the tokens it
+    caught up on, when the job asked for it (DraftJob.score): positions scored, confident
+    (the likeliest next token at the job's cutoff or above), right (and the token that came)."""
     job_id: int
     branches: tuple[tuple[int, ...], ...]
     origin: str = "model"
     evaluated: int = 0
+    agreement: tuple[int, int, int] | None = None
 
     def __repr__(self) -> str:
         sizes = "+".join(str(len(b)) for b in self.branches) or "0"
@@ -47,9 +50,11 @@ class DraftReady:
 @dataclass(frozen=True)
 class DraftInterrupted:
     """Draft job `job_id` was stopped before it drafted anything (not a failed attempt);
-    `evaluated`: the tokens the draft model evaluated meanwhile (catching up)."""
+    `evaluated`: the tokens the draft model evaluated meanwhile (catching up), `agreement`
+    its score on them (as DraftReady's)."""
     job_id: int
     evaluated: int = 0
+    agreement: tuple[int, int, int] | None = None
 
     def __repr__(self) -> str:
         work = f", evaluated {self.evaluated}" if self.evaluated else ""

@@ -30,6 +30,19 @@ runs came back, at most MEASURE_MAX arrivals of the pause's own runs: the specul
 still in flight deliver tokens first, at speculation's pace) and then judges the window it
 had timed: a draft that does not pay pauses at once, without another window.
 
+A probe first asks the draft model how it would have done: the job that starts it catches the
+draft up on the tokens of the pause and scores them (engine/drafting/drafter.py), the share
+of the positions where its likeliest next token reached the cutoff that were right (over
+every pause since speculation last ran, one more position counted as wrong). From the
+phase that paused speculation last, with g guesses sent (verified or cancelled) per token
+generated, a of them accepted, at s seconds a token against plain decoding's p, a linear
+account (an accepted guess saves a plain token's time; every guess costs c, and carries the
+draft's other work with it) gives c = p (s/p - 1)/g + a p: a guess pays when it is right more
+often than a* = (s/p - 1)/g + a. A draft that agreed no more
+often over the pause pauses again at once (as a failed probe) without sending a guess; one
+position scores a single step ahead, so it overrates a run's deeper guesses, and a draft that
+would not pay may still probe, never the reverse.
+
 Guesses none of which the target accepted cannot have brought a token sooner (each token
 still came from a run's own next token, as in plain decoding), so they need no clock: once a
 phase's verified runs held `window` guesses and not one was accepted, speculation pauses at
@@ -76,6 +89,16 @@ class Guard:
         self._sent: dict[int, float] = {}      # clean runs out: one token, pipeline empty
         self._clean: list[float] = []          # round trips of this pause's clean runs
         self._own = 0                          # ... arrivals of its own runs
+        self.guessed = 0                       # guesses sent so far (the scheduler's count)
+        self._phase: tuple[int, float, int] | None = None  # (tokens, time, guessed) at the
+        #                                        phase's start
+        self._failed: tuple[float, float, float] | None = None  # (s, g, a) that paused it
+        self.wants_score = False               # a probe waits for the draft's agreement
+        self._score = [0, 0, 0]                # ... over the pauses since `_failed`
+
+    @property
+    def paused(self) -> bool:
+        return self.resume_at is not None
 
     # --- what the scheduler reports ---------------------------------------------------------
     def sent_alone(self, run_id: int) -> None:
@@ -113,6 +136,8 @@ class Guard:
                 self._own += 1
             return None
         self.marks.append((n_generated, self.clock()))
+        if self._phase is None:
+            self._phase = (*self.marks[-1], self.guessed)
         if self.judged >= self.window and not self.accepted:
             self._end_probe(paid=False)
             return self._pause(n_generated, f"{self.judged} guesses, none accepted")
@@ -127,6 +152,33 @@ class Guard:
             return self._pause(n_generated, "no plain-decoding figure yet: measuring one",
                                MEASURE_MAX)
         return self._judge(n_generated)
+
+    def scored(self, agreement: tuple[int, int, int] | None, n_generated: int,
+               final: bool) -> str | None:
+        """The draft's score on tokens it caught up on (a job's, `final` once it drafted: the
+        catching up is over); the reason if this paused speculation again."""
+        if not self.wants_score or agreement is None:
+            return None
+        self._score = [x + y for x, y in zip(self._score, agreement)]
+        if not final:
+            return None
+        self.wants_score = False
+        seen, confident, right = self._score
+        need = self._breakeven()
+        rate = right / (confident + 1)   # (a few confident positions prove little)
+        if need is None or seen < self.window or rate > need:
+            return None
+        self._end_probe(paid=False)
+        return self._pause(n_generated, f"the draft was right on {right} of {confident} "
+                                        f"confident guesses over the pauses ({rate:.2f}; "
+                                        f"{need:.2f} would pay)")
+
+    def _breakeven(self) -> float | None:
+        """a* of the phase that paused speculation last (see above); None if not known."""
+        if self._failed is None or not self.plain_s:
+            return None
+        spent, rate, accepted = self._failed
+        return (spent / self.plain_s - 1) / rate + accepted
 
     def _judge(self, n_generated: int) -> str | None:
         """Speculation's figure against plain decoding's: the reason if this paused it. A
@@ -151,6 +203,8 @@ class Guard:
         measuring, self.measuring = self.measuring, False
         self._measure_pause()
         self.resume_at, self.probing = None, not measuring
+        self.wants_score = self.probing and self._breakeven() is not None
+        self._phase = None
         self.marks.clear()
         self.drafted_units = self.judged = self.accepted = 0
         plain = "" if self.plain_s is None else f" ({1000 * self.plain_s:.0f} ms a token plain)"
@@ -168,12 +222,18 @@ class Guard:
         did not doubles the pause (at most `max_pause`)."""
         probing, self.probing = self.probing, False
         if paid:
-            self.pause = self.first_pause
+            self.pause, self._failed = self.first_pause, None
         elif probing:
             self.pause = min(2 * self.pause, self.max_pause)
 
     def _pause(self, n_generated: int, why: str, length: int | None = None) -> str:
         length = self.paused_for = length or self.pause
+        sent = self.guessed - self._phase[2] if self._phase is not None else 0
+        if sent > 0 and n_generated > self._phase[0]:
+            n = n_generated - self._phase[0]
+            self._failed = ((self.clock() - self._phase[1]) / n, sent / n, self.accepted / sent)
+            self._score = [0, 0, 0]
+        self.wants_score = False
         self.resume_at, self.probing = n_generated + length, False
         self.marks.clear()
         self.marks.append((n_generated, self.clock()))

@@ -124,13 +124,15 @@ class PipeInfer(Scheduler):
         if (len(context), source, cutoff) == self.failed_at or budget <= 0:
             return
         model = self.retry.ready(len(context))   # (a lookup costs nothing: it never waits)
-        if not model and self.opts.draft_source == "model":
+        score = self.guard.wants_score   # (the draft model says first whether it could pay)
+        if not (model or score) and self.opts.draft_source == "model":
             return
-        ngram = self.sources.use_ngram()
-        if not (model or ngram):
+        ngram = self.sources.use_ngram() and not score
+        if not (model or ngram or score):
             return
         self.job = DraftJob(next(self.jobs), tuple(context), source, cutoff, budget, ngram,
-                            ngram_budget=self.ramp.size, room=room, model=model)
+                            ngram_budget=self.ramp.size, room=room, model=model or score,
+                            score=score)
         self.spec.emit(StartDraft(self.job))
 
     def _stop_job(self) -> None:

@@ -44,8 +44,9 @@ class Speculative(Scheduler):
         if not self.speculation_pays():   # paused by the guard: plain decoding meanwhile
             self.start_main()
             return
+        score = self.guard.wants_score
         self.job = DraftJob(next(self.jobs), tuple(context), None, self.opts.p_accept, budget,
-                            self.sources.use_ngram(), room=room)
+                            self.sources.use_ngram() and not score, room=room, score=score)
         self.spec.emit(StartDraft(self.job))
 
     def drafting(self) -> bool:
@@ -55,7 +56,7 @@ class Speculative(Scheduler):
         if self.job is None or event.job_id != self.job.job_id:
             return
         context, self.job = list(self.job.context), None
-        branches = getattr(event, "branches", ())
+        branches = () if self.guard.paused else getattr(event, "branches", ())
         branches = trim_branches(branches, self.spec.kv_free - 1)  # the root takes a cell
         pending = context[-1]
         tree = [[pending] + list(b) for b in branches] or [[pending]]

@@ -81,6 +81,13 @@ class Drafter:
         self._keeping: tuple[KeptCells, int] | None = None   # (store, request key)
         self._kept_n = 0                  # len(ctx) at the last copy
         self._taken: bytes | None = None  # cells taken back, put in at the next use
+        # While the guard asks (a probe after a pause): the cutoff under which the draft's
+        # agreement with the tokens it catches up on is scored, and the score so far
+        # (positions scored, those where its likeliest next token reaches the cutoff, those of
+        # them where it is the token that followed): what speculating would have guessed, and
+        # been right about.
+        self.scoring: float | None = None
+        self.agreement = [0, 0, 0]
 
     def reset(self) -> None:
         """Forget every cached token: a new generation of the job begins."""
@@ -143,15 +150,33 @@ class Drafter:
             last = want_logits and start + len(chunk) == len(context)
             t0 = time.perf_counter()
             self.evaluated += len(chunk)
+            scored = self.scoring is not None
+            rows = [scored or (last and i == len(chunk) - 1) for i in range(len(chunk))]
             out = self.stage.decode(list(range(start, start + len(chunk))), [(0,)] * len(chunk),
-                                    tokens=chunk, logit_rows=[last and i == len(chunk) - 1
-                                                              for i in range(len(chunk))])
+                                    tokens=chunk, logit_rows=rows)
             self._s_per_token = (time.perf_counter() - t0) / len(chunk)
+            if scored:
+                self._score(out, context[start + 1:start + len(chunk) + 1])
             if last:
                 logits = out[-1]
         self.ctx, self._last = list(context), logits
         self._keep()
         return logits
+
+    def _score(self, rows: np.ndarray, following: Sequence[int]) -> None:
+        """Add to `agreement` the rows (logits after each token caught up on) whose next token
+        is known (`following`): confident where the likeliest token's probability reaches
+        `scoring`, right where it is that token."""
+        z = rows[:len(following)].astype(np.float32)
+        if not len(z):
+            return
+        best = z.argmax(axis=1)
+        top = 1.0 / np.exp(z - z[np.arange(len(z)), best][:, None]).sum(axis=1)
+        self.agreement[0] += len(z)
+        for p, column, token in zip(top, best, following):
+            if p >= self.scoring:
+                self.agreement[1] += 1
+                self.agreement[2] += self.token(column) == token
 
     def sync(self, context: Sequence[int]) -> np.ndarray:
         """Make sequence 0 hold `context`; the draft's logits after it."""

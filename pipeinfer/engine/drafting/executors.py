@@ -33,9 +33,13 @@ class _Job:
         self.error: BaseException | None = None
         self.interrupted = False
         self.evaluated = 0   # tokens the draft model evaluated for this job
+        self.agreement: tuple[int, int, int] | None = None   # its score, if the job asked
 
     def run(self, drafter, params: DraftParams, should_stop: Callable[[], bool]) -> None:
         before = getattr(drafter, "evaluated", 0)
+        scoring = self.job.score and hasattr(drafter, "agreement")
+        if scoring:
+            drafter.scoring, drafter.agreement = self.job.cutoff, [0, 0, 0]
         try:
             self.branches, _ = drafter.draft(list(self.job.context), params, self.job.cutoff,
                                              max_tokens=self.job.budget,
@@ -48,14 +52,17 @@ class _Job:
         except BaseException as err:  # noqa: BLE001 (raised again on the driver's thread)
             self.error = err
         self.evaluated = getattr(drafter, "evaluated", 0) - before
+        if scoring:
+            self.agreement, drafter.scoring = tuple(drafter.agreement), None
 
     def event(self):
         if self.error is not None:
             raise self.error
         if self.interrupted and self.stop.is_set() and not self.branches:
-            return DraftInterrupted(self.job.job_id, evaluated=self.evaluated)
+            return DraftInterrupted(self.job.job_id, evaluated=self.evaluated,
+                                    agreement=self.agreement)
         return DraftReady(self.job.job_id, tuple(tuple(b) for b in self.branches or ()),
-                          evaluated=self.evaluated)
+                          evaluated=self.evaluated, agreement=self.agreement)
 
 
 class InlineDrafts:
