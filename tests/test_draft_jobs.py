@@ -5,6 +5,7 @@ the same attempt again at once), and a confident job stopped at once ships its f
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from pipeinfer.engine.drafting import drafter as drafter_module
@@ -121,3 +122,35 @@ def test_a_failed_attempt_says_how_many_tokens_it_evaluated(tiny, drafter):
     context = list(tiny.prompt) + list(tiny.reference[:5])
     drafts.submit(job(context, cutoff=1.01))
     assert drafts.poll() == DraftReady(0, (), evaluated=5)
+
+
+@pytest.mark.parametrize("cutoff", [0.0, 0.3])
+def test_a_scoring_job_counts_what_the_draft_would_have_guessed_right(tiny, drafter, cutoff):
+    """The guard's question at a probe (schedule/guard.py): over the tokens a job catches up
+    on, at how many positions the draft's likeliest next token reaches the cutoff, and how
+    many of those are the token that came. Counted against the draft's own logits of the
+    whole text, evaluated apart; the text is the target's answer, then tokens of the prompt
+    (which the draft does not expect there)."""
+    tail = list(tiny.reference[:8]) + list(tiny.prompt[:8])
+    context = list(tiny.prompt) + tail
+    stage = Stage(tiny.aligned, StageConfig(n_ctx=512, n_batch=len(context), n_seq_max=1),
+                  final=True, label="reference")
+    try:
+        rows = stage.decode(list(range(len(context))), [(0,)] * len(context), tokens=context)
+    finally:
+        stage.close()
+    confident = right = 0
+    for pos in range(len(tiny.prompt), len(context) - 1):   # rows of the tokens caught up on
+        row = rows[pos].astype(float)
+        p = np.exp(row - row.max())
+        p /= p.sum()
+        if p.max() >= cutoff:
+            confident += 1
+            right += int(p.argmax()) == context[pos + 1]
+    assert 0 < right < len(tail) - 1   # (the text tells right from wrong guesses)
+    drafts = InlineDrafts(drafter, DraftParams(), lambda: False)
+    drafts.submit(DraftJob(0, tuple(context), None, cutoff, budget=4, score=True))
+    event = drafts.poll()
+    assert event.agreement == (len(tail) - 1, confident, right)
+    drafts.submit(DraftJob(1, tuple(context + [tail[0]]), None, cutoff, budget=4))
+    assert drafts.poll().agreement is None    # (a job that did not ask)

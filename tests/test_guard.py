@@ -271,6 +271,71 @@ def test_turned_off_never_pauses():
     assert guard.allows(100) == (True, None)
 
 
+def speculating(guard: Guard, clock: Clock, start: int, count: int, seconds: float,
+                guesses: int = 2) -> list[str]:
+    """tokens(), with the scheduler's count of guesses sent going up by `guesses` a token."""
+    reasons = []
+    for n in range(start + 1, start + count + 1):
+        guard.guessed += guesses
+        reasons += tokens(guard, clock, n - 1, 1, seconds, guesses=guesses)
+    return reasons
+
+
+def failed_then_probing(window: int = 8) -> tuple[Guard, Clock, int]:
+    """A guard whose speculation (2 guesses a token, none accepted, 1.5 s a token against
+    plain decoding's 1.0) paused for 16 tokens and now probes: a guess would pay if right
+    more often than (1.5 - 1) / 2 + 0 = 0.25."""
+    guard, clock = guard_with_plain(1.0, window=window, first_pause=16)
+    guard.drafted(0, accepted=0)
+    [why] = speculating(guard, clock, 0, window + 1, 1.5, guesses=2)
+    assert "pause for 16" in why
+    n = window + 1
+    tokens(guard, clock, n, 16, 1.0)
+    n += 16
+    ok, why = guard.allows(n)
+    assert ok and "probing" in why
+    return guard, clock, n
+
+
+def test_a_probe_whose_draft_agreed_too_rarely_pauses_again_at_once():
+    guard, clock, n = failed_then_probing()
+    assert guard.wants_score
+    assert guard.scored((8, 4, 1), n, final=False) is None   # an interrupted catch-up
+    why = guard.scored((12, 6, 1), n, final=True)
+    assert "right on 2 of 10 confident guesses" in why and "0.25 would pay" in why
+    assert "pause for 32 tokens" in why                      # as a failed probe: doubled
+    assert not guard.wants_score and guard.allows(n + 1) == (False, None)
+
+
+def test_a_probe_whose_draft_agreed_often_enough_speculates():
+    guard, clock, n = failed_then_probing()
+    assert guard.scored((20, 10, 5), n, final=True) is None  # 5 / 11 > 0.25
+    assert not guard.wants_score and guard.allows(n) == (True, None)
+
+
+def test_the_draft_s_agreement_adds_up_over_the_pauses():
+    """A few confident positions prove little: a second pause's score adds to the first's."""
+    guard, clock, n = failed_then_probing()
+    why = guard.scored((10, 2, 0), n, final=True)             # 0 of 2: pause again
+    assert "pause for 32" in why
+    tokens(guard, clock, n, 32, 1.0)
+    n += 32
+    assert guard.allows(n)[0] and guard.wants_score
+    why = guard.scored((30, 4, 1), n, final=True)             # 1 of 6, (1 / 7 < 0.25)
+    assert "right on 1 of 6 confident guesses" in why
+
+
+def test_no_verdict_without_guesses_sent_or_a_scoring_draft():
+    """A phase that sent no guess gives no figure to judge agreement by (the probe goes on
+    as before), and a draft that does not score (None) leaves the probe to its timing."""
+    guard, clock = guard_with_plain(1.0, window=8, first_pause=16)
+    [why] = tokens(guard, clock, 0, 9, 1.5)                   # drafted, guessed nothing
+    tokens(guard, clock, 9, 16, 1.0)
+    assert guard.allows(25)[0] and not guard.wants_score
+    guard, clock, n = failed_then_probing()
+    assert guard.scored(None, n, final=True) is None and not guard.wants_score
+
+
 # --- the guard inside the schedule: real tiny stages, scripted drafts (no MPI) -------------------
 
 

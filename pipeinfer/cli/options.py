@@ -243,6 +243,10 @@ SPECULATION_OPTIONS = (
                       "probes again; a probe no faster than plain decoding doubles the pause "
                       "(up to 256), speculation faster than plain decoding resets it; 8 "
                       "guesses of verified runs none of which was accepted pause it at once. "
+                      "A probe first scores the draft model on the tokens of the pause "
+                      "(where its likeliest next token reached the cutoff, how often it was "
+                      "right) and pauses again, doubled, without sending a guess when that is "
+                      "under what the last paused speculation needed to pay. "
                       "Exact either way."),
     click.option("--max-runs", default=SPEC.max_runs, type=click.IntRange(2, 64),
                  help="pipeinfer: most runs in flight in the target pipeline at once. specpipe: "

@@ -157,12 +157,15 @@ class Guard:
                final: bool) -> str | None:
         """The draft's score on tokens it caught up on (a job's, `final` once it drafted: the
         catching up is over); the reason if this paused speculation again."""
-        if not self.wants_score or agreement is None:
+        if not self.wants_score:
             return None
-        self._score = [x + y for x, y in zip(self._score, agreement)]
+        if agreement is not None:
+            self._score = [x + y for x, y in zip(self._score, agreement)]
         if not final:
             return None
-        self.wants_score = False
+        self.wants_score = False   # (a draft that does not score answers None: no verdict)
+        if agreement is None:
+            return None
         seen, confident, right = self._score
         need = self._breakeven()
         rate = right / (confident + 1)   # (a few confident positions prove little)
