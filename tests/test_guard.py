@@ -325,6 +325,19 @@ def test_the_draft_s_agreement_adds_up_over_the_pauses():
     assert "right on 1 of 6 confident guesses" in why
 
 
+def test_after_the_longest_pause_the_probe_is_timed_whatever_the_score():
+    """A figure from long ago may say no draft could pay (a* over 1): the probe after the
+    longest pause speculates and is timed, so that speculation can come back."""
+    guard, clock = guard_with_plain(1.0, window=8, first_pause=16, max_pause=32)
+    speculating(guard, clock, 0, 9, 3.0, guesses=1)           # a* = (3 - 1) / 1 + 0 = 2
+    tokens(guard, clock, 9, 16, 1.0)
+    assert guard.allows(25)[0] and guard.wants_score
+    assert "pause for 32" in guard.scored((20, 20, 20), 25, final=True)
+    tokens(guard, clock, 25, 32, 1.0)
+    ok, why = guard.allows(57)
+    assert ok and "probing after a pause of 32" in why and not guard.wants_score
+
+
 def test_no_verdict_without_guesses_sent_or_a_scoring_draft():
     """A phase that sent no guess gives no figure to judge agreement by (the probe goes on
     as before), and a draft that does not score (None) leaves the probe to its timing."""

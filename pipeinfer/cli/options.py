@@ -246,7 +246,8 @@ SPECULATION_OPTIONS = (
                       "A probe first scores the draft model on the tokens of the pause "
                       "(where its likeliest next token reached the cutoff, how often it was "
                       "right) and pauses again, doubled, without sending a guess when that is "
-                      "under what the last paused speculation needed to pay. "
+                      "under what the last paused speculation needed to pay (up to the "
+                      "longest pause, whose probe is timed whatever the score). "
                       "Exact either way."),
     click.option("--max-runs", default=SPEC.max_runs, type=click.IntRange(2, 64),
                  help="pipeinfer: most runs in flight in the target pipeline at once. specpipe: "

@@ -39,9 +39,11 @@ generated, a of them accepted, at s seconds a token against plain decoding's p, 
 account (an accepted guess saves a plain token's time; every guess costs c, and carries the
 draft's other work with it) gives c = p (s/p - 1)/g + a p: a guess pays when it is right more
 often than a* = (s/p - 1)/g + a. A draft that agreed no more
-often over the pause pauses again at once (as a failed probe) without sending a guess; one
-position scores a single step ahead, so it overrates a run's deeper guesses, and a draft that
-would not pay may still probe, never the reverse.
+often over the pause pauses again at once (as a failed probe) without sending a guess, until
+the pause reaches `max_pause`: that probe is timed whatever the score (the host or the text
+may have changed since speculation last ran). One position scores a single step ahead, so it
+overrates a run's deeper guesses: a draft that would not pay may still probe, never the
+reverse.
 
 Guesses none of which the target accepted cannot have brought a token sooner (each token
 still came from a run's own next token, as in plain decoding), so they need no clock: once a
@@ -206,7 +208,8 @@ class Guard:
         measuring, self.measuring = self.measuring, False
         self._measure_pause()
         self.resume_at, self.probing = None, not measuring
-        self.wants_score = self.probing and self._breakeven() is not None
+        self.wants_score = (self.probing and self.paused_for < self.max_pause
+                            and self._breakeven() is not None)
         self._phase = None
         self.marks.clear()
         self.drafted_units = self.judged = self.accepted = 0
