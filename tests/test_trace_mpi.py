@@ -135,6 +135,47 @@ def test_worker_spans_reach_the_head(tmp_path):
             assert end - start >= 0.009  # the stand-in stage's sleep
 
 
+# Three ranks: the last worker (rank 2) starts its loop only after ASLEEP_S, as if stuck. The
+# head cancels run 1 before sending runs 0 and 1: rank 1 must skip run 1 without rank 2's
+# help (the head sends cancellations to every worker, none is relayed by another).
+ASLEEP_S = 1.5
+CANCEL_SCRIPT = WORKER_SCRIPT.split("out = pathlib.Path")[0] + f"""
+out = pathlib.Path(sys.argv[1])
+rank = world()[0]
+if rank == 0:
+    link = HeadTransport(N_VOCAB)
+    link.send_cancel([1])
+    time.sleep(0.3)
+    link.send_decode(tx(0, 1, False), np.zeros((1, 8), dtype=np.float32))
+    link.send_decode(tx(1, 1, True), np.zeros((1, 8), dtype=np.float32))
+    results = []
+    while len(results) < 2:
+        result = link.poll_result()
+        if result is None:
+            time.sleep(0.001)
+        else:
+            results.append((result.run_id, result.cancelled))
+    stats = link.shutdown()
+    out.write_text(json.dumps({{"results": results, "spans": [s["spans"] for s in stats]}}))
+else:
+    if rank == 2:
+        time.sleep({ASLEEP_S})
+    Worker(WorkerLink(), FakeStage()).run()
+"""
+
+
+def test_a_cancellation_reaches_a_worker_whose_successor_is_stuck(tmp_path):
+    script, out = tmp_path / "cancel.py", tmp_path / "out.json"
+    script.write_text(CANCEL_SCRIPT)
+    result = launch(mpi_command(3, [PYTHON, script, out]), timeout=TIMEOUT)
+    assert result.rc == 0 and not result.timed_out, result.describe()
+    got = json.loads(out.read_text())
+    assert got["results"] == [[0, False], [1, True]]
+    rank1, rank2 = ([[run, outcome] for run, _, _, outcome, _, _ in s] for s in got["spans"])
+    assert rank1 == [[0, "computed"], [1, "skipped"]]
+    assert rank2 == [[0, "computed"], [1, "skipped"]]
+
+
 class SpanStage:
     """A stand-in stage for LocalTransport: each decode takes a moment; `aborts` abort."""
 

@@ -37,8 +37,8 @@ finally:
     if _sigint is not None:
         signal.signal(signal.SIGINT, _sigint)
 
-# The last message on every cancellation channel (head -> last worker -> ... -> rank 1): a
-# worker ends only after it, so no cancellation is ever left in flight to a rank that is gone.
+# The last message on every cancellation channel (the head to each worker): a worker ends
+# only after it, so no cancellation is ever left in flight to a rank that is gone.
 CANCEL_END = -1
 # A receive of at least this many bytes wakes its sender every LARGE_RECV_WAKE_S until the data
 # is in: past MPICH's eager limit it moves only while the sender calls into MPI, and a sender
@@ -296,7 +296,13 @@ class HeadTransport(Link):
                   (encode_kv_ops(ops), Tag.KV_OPS))
 
     def send_cancel(self, run_ids: list[int]) -> None:
-        self.isend(np.array(run_ids, dtype=np.int64), self.last, Tag.CANCEL)
+        """To every worker at once, not relayed from the last: a relay is a worker's side
+        thread, and a message it posts while its rank computes may wait for that rank's next
+        call into MPI (tens of ms under MPICH's shared memory), while the head calls in all
+        the time. A worker that has not reached a run yet skips it when it comes."""
+        ids = np.array(run_ids, dtype=np.int64)
+        for rank in self.stages:
+            self.isend(ids, rank, Tag.CANCEL)
 
     def send_busy_probe(self) -> None:
         """Ask every worker for its busy seconds so far (after what it was sent before), its
@@ -342,7 +348,7 @@ class HeadTransport(Link):
     def shutdown(self) -> list[dict]:
         """Stop every worker and collect their statistics (rank order)."""
         self.isend(make_header(TxType.SHUTDOWN), self.first, Tag.BEGIN)
-        self.isend(np.array([CANCEL_END], dtype=np.int64), self.last, Tag.CANCEL)
+        self.send_cancel([CANCEL_END])
         for rank in self.idle:
             self.isend(make_header(TxType.SHUTDOWN), rank, Tag.BEGIN)
         stats = []
@@ -357,8 +363,8 @@ class HeadTransport(Link):
 
 
 class WorkerLink(Link):
-    """A worker's side: begin/payload from the previous rank, forward to the next, results to
-    the head, cancellations from the next rank (or the head, for the last rank) upstream."""
+    """A worker's side: begin/payload from the previous rank, forward to the next, results and
+    cancellations to and from the head."""
 
     def __init__(self, comm: Any = None, n_ranks: int | None = None,
                  chain: list[int] | None = None):
@@ -368,7 +374,7 @@ class WorkerLink(Link):
         i = chain.index(self.rank)
         self.prev = chain[i - 1]
         self.next = chain[i + 1] if i + 1 < len(chain) else None
-        self.cancel_source = self.next if self.next is not None else HEAD
+        self.cancel_source = HEAD
 
     def poll_begin(self) -> np.ndarray | None:
         return self.recv_array(self.prev, Tag.BEGIN, np.int64, wait=False)
@@ -399,10 +405,6 @@ class WorkerLink(Link):
 
     def poll_cancel(self) -> np.ndarray | None:
         return self.recv_array(self.cancel_source, Tag.CANCEL, np.int64, wait=False)
-
-    def cancel_upstream(self, run_ids: np.ndarray) -> None:
-        if self.prev >= 1:
-            self.isend(run_ids, self.prev, Tag.CANCEL)
 
     def send_stats(self, stats: dict) -> None:
         self.isend_obj(stats, HEAD, Tag.STATS)

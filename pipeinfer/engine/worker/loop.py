@@ -3,8 +3,8 @@
 forwards them; this module is only the MPI side of it. Between transactions it takes the
 copies of KV cells its neighbours send it (replicas.py).
 
-Cancellations arrive on a side thread (they travel backwards, independent of the begin
-stream) and go to the core, which may abort the decode the main thread is in.
+Cancellations arrive from the head on a side thread (independent of the begin stream) and go
+to the core, which may abort the decode the main thread is in.
 
 With wake-ups from both the previous rank and the rank cancellations come from
 (transport/wakeup.py), the watcher waits for cancellations all the time, each thread sleeps
@@ -56,7 +56,7 @@ class Worker:
         if self.replicas is not None:
             self.replicas.send = lambda rank, copy: link.isend_obj(copy, rank, Tag.REPLICA)
         self._cancel_lock = threading.Lock()  # one thread at a time receives cancellations
-        self._cancels_ended = False           # CANCEL_END received (and passed upstream)
+        self._cancels_ended = False           # CANCEL_END received
         self._rss_trace_mb: list[float] = []
         self.woken = woken_by(link.prev, link.cancel_source)
 
@@ -99,7 +99,7 @@ class Worker:
             wakeup.wake_self(Channel.CANCEL)
             watcher.join()
         backoff = self._backoff(Channel.CANCEL)
-        while not self._cancels_ended:  # cancellations still on their way: pass them on
+        while not self._cancels_ended:  # cancellations still on their way: take them
             if not self._poll_cancels():
                 backoff.wait()
         stats = {"rank": self.link.rank, **self.core.stats, "rss_trace_mb": self._rss_trace_mb,
@@ -195,7 +195,6 @@ class Worker:
             ids = self.link.poll_cancel()
             if ids is None:
                 return False
-            self.link.cancel_upstream(ids)
             if len(ids) == 1 and int(ids[0]) == CANCEL_END:
                 self._cancels_ended = True
                 return True
