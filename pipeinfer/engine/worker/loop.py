@@ -6,10 +6,11 @@ copies of KV cells its neighbours send it (replicas.py).
 Cancellations arrive from the head on a side thread (independent of the begin stream) and go
 to the core, which may abort the decode the main thread is in.
 
-With wake-ups from both the previous rank and the rank cancellations come from
-(transport/wakeup.py), the watcher waits for cancellations all the time, each thread sleeps
-until a message for it is sent, and an idle worker costs next to no CPU; without them the
-main loop polls for cancellations while idle and the watcher only while a decode runs.
+With wake-ups from both the previous rank and the head (transport/wakeup.py), the watcher
+waits for cancellations all the time, each thread sleeps until a message for it is sent, and
+an idle worker costs next to no CPU, while a decode runs the watcher also looks every
+WATCH_WOKEN_S; without them the main loop polls for cancellations while idle and the watcher
+only while a decode runs.
 
 Spans are in the worker's own time.monotonic() clock; they go to the head with the statistics
 at shutdown, where the trace converts them with this rank's clock offset (transport/clock_sync.py).
@@ -36,6 +37,11 @@ from ..transport.wakeup import Channel
 
 # The cancel watcher polls (fast) only while a decode it may have to abort is running.
 WATCH_FAST_S = 500e-6
+# ... and with wake-ups, still looks at least this often while a decode runs: a wake-up can
+# come before MPI has the message there to find (the busiest rank's watcher then slept its
+# idle back-off, up to 0.1 s, while the decodes of runs cancelled meanwhile went on: 150-390 ms
+# late on the last stage in traces), and a look costs a probe.
+WATCH_WOKEN_S = 2e-3
 RSS_EVERY = 64  # record the resident size every this many computed decodes
 # What a rank appends to a busy probe (transport/wire.py Tag.BUSY), in this order: the
 # seconds its stage computed, its CPU seconds (every thread's), its resident MB
@@ -49,7 +55,7 @@ class Worker:
         self.argmax_only = argmax_only  # greedy sampling: return argmaxes, not logits
         self.is_last = link.next is None
         self._stop = threading.Event()
-        self._computing = threading.Event()  # wakes the cancel watcher when a decode starts
+        self._computing = _Computing()  # wakes the cancel watcher when a decode starts
         self.core = StageCore(stage, computing=self._computing, kept=kept)
         self.replicas = kept if isinstance(kept, Replicas) else None
         self._replicas_from = list(self.replicas.senders) if self.replicas else []
@@ -170,19 +176,23 @@ class Worker:
 
     # --- cancellations ----------------------------------------------------------------------
     def _watch_cancels(self) -> None:
-        """Side thread: receives cancellations while a decode runs (it may have to abort it);
-        with wake-ups also while idle (it sleeps until one is sent). Without them the main
-        loop polls for them while nothing is computed, so an idle worker has one polling
-        thread, not two."""
-        backoff = self._backoff(Channel.CANCEL) if self.woken else Backoff(
-            limit=WATCH_FAST_S, channel=Channel.CANCEL)
+        """Side thread: receives cancellations while a decode runs (it may have to abort it:
+        looks every WATCH_FAST_S, with wake-ups at least every WATCH_WOKEN_S); with wake-ups
+        also while idle (it sleeps until one is sent). Without them the main loop polls for
+        them while nothing is computed, so an idle worker has one polling thread, not two."""
+        idle = self._backoff(Channel.CANCEL) if self.woken else None
+        fast = Backoff(limit=WATCH_FAST_S if idle is None else WATCH_WOKEN_S,
+                       channel=Channel.CANCEL, sleep=lambda s: self.link.sleep(s, Channel.CANCEL))
         while not self._stop.is_set():
-            if not self.woken and not self._computing.is_set():
+            if idle is None and not self._computing.is_set():
                 self._computing.wait()
-                backoff.reset()
+                fast.reset()
                 continue
+            backoff = fast if self._computing.is_set() else idle
             if self._poll_cancels():
-                backoff.reset()
+                fast.reset()
+                if idle is not None:
+                    idle.reset()
             else:
                 backoff.wait()
 
@@ -202,6 +212,15 @@ class Worker:
             return True
         finally:
             self._cancel_lock.release()
+
+
+class _Computing(threading.Event):
+    """Set while a decode runs; setting it also wakes the cancel watcher from an idle sleep,
+    so that it looks every WATCH_WOKEN_S from the decode's start on."""
+
+    def set(self) -> None:
+        super().set()
+        wakeup.wake_self(Channel.CANCEL)
 
 
 class Idle:
