@@ -38,10 +38,10 @@ phase that paused speculation last, with g guesses sent (verified or cancelled) 
 generated, a of them accepted, at s seconds a token against plain decoding's p, a linear
 account (an accepted guess saves a plain token's time; every guess costs c, and carries the
 draft's other work with it) gives c = p (s/p - 1)/g + a p: a guess pays when it is right more
-often than a* = (s/p - 1)/g + a. A draft that agreed no more
-often over the pause pauses again at once (as a failed probe) without sending a guess, until
-the pause reaches `max_pause`: that probe is timed whatever the score (the host or the text
-may have changed since speculation last ran). One position scores a single step ahead, so it
+often than a* = (s/p - 1)/g + a. A draft that agreed no more often over the pause pauses
+again at once (as a failed probe) without sending a guess, until the pause reaches
+`max_pause`: that probe is timed whatever the score (the host or the text may have changed
+since speculation last ran). One position scores a single step ahead, so it
 overrates a run's deeper guesses: a draft that would not pay may still probe, never the
 reverse.
 
