@@ -87,6 +87,16 @@ class FakeStage:
 def tx(run, n, speculative):
     return DecodeTx(run, tuple(range(n)), ((0,),) * n, (True,) * n, speculative)
 
+def collect(link, n):  # the first n results, as (run id, cancelled)
+    results = []
+    while len(results) < n:
+        result = link.poll_result()
+        if result is None:
+            time.sleep(0.001)
+        else:
+            results.append((result.run_id, result.cancelled))
+    return results
+
 out = pathlib.Path(sys.argv[1])
 if world()[0] == 0:
     link = HeadTransport(N_VOCAB)
@@ -98,13 +108,7 @@ if world()[0] == 0:
     link.isend(decode_header(skipped, skipped=True, meta_len=len(meta)), 1, Tag.BEGIN)
     link.isend(meta, 1, Tag.DECODE_META)
     link.send_decode(tx(2, 3, True), np.zeros((3, 8), dtype=np.float32))
-    results = []
-    while len(results) < 3:
-        result = link.poll_result()
-        if result is None:
-            time.sleep(0.001)
-        else:
-            results.append((result.run_id, result.cancelled))
+    results = collect(link, 3)
     t_last = time.monotonic()
     stats = link.shutdown()
     out.write_text(json.dumps({"offset": offsets[1], "window": [t_first, t_last],
@@ -116,12 +120,17 @@ else:
 """
 
 
-def test_worker_spans_reach_the_head(tmp_path):
-    script, out = tmp_path / "worker.py", tmp_path / "out.json"
-    script.write_text(WORKER_SCRIPT)
-    result = launch(mpi_command(2, [PYTHON, script, out]), timeout=TIMEOUT)
+def run_script(tmp_path, text: str, n_ranks: int) -> dict:
+    """Run a script of this file under mpiexec; what its head wrote."""
+    script, out = tmp_path / "script.py", tmp_path / "out.json"
+    script.write_text(text)
+    result = launch(mpi_command(n_ranks, [PYTHON, script, out]), timeout=TIMEOUT)
     assert result.rc == 0 and not result.timed_out, result.describe()
-    got = json.loads(out.read_text())
+    return json.loads(out.read_text())
+
+
+def test_worker_spans_reach_the_head(tmp_path):
+    got = run_script(tmp_path, WORKER_SCRIPT, 2)
     assert got["results"] == [[0, False], [1, True], [2, True]]
     spans = got["spans"]
     assert [[run, outcome, n, spec] for run, _, _, outcome, n, spec in spans] == [
@@ -148,13 +157,7 @@ if rank == 0:
     time.sleep(0.3)
     link.send_decode(tx(0, 1, False), np.zeros((1, 8), dtype=np.float32))
     link.send_decode(tx(1, 1, True), np.zeros((1, 8), dtype=np.float32))
-    results = []
-    while len(results) < 2:
-        result = link.poll_result()
-        if result is None:
-            time.sleep(0.001)
-        else:
-            results.append((result.run_id, result.cancelled))
+    results = collect(link, 2)
     stats = link.shutdown()
     out.write_text(json.dumps({{"results": results, "spans": [s["spans"] for s in stats]}}))
 else:
@@ -165,11 +168,7 @@ else:
 
 
 def test_a_cancellation_reaches_a_worker_whose_successor_is_stuck(tmp_path):
-    script, out = tmp_path / "cancel.py", tmp_path / "out.json"
-    script.write_text(CANCEL_SCRIPT)
-    result = launch(mpi_command(3, [PYTHON, script, out]), timeout=TIMEOUT)
-    assert result.rc == 0 and not result.timed_out, result.describe()
-    got = json.loads(out.read_text())
+    got = run_script(tmp_path, CANCEL_SCRIPT, 3)
     assert got["results"] == [[0, False], [1, True]]
     rank1, rank2 = ([[run, outcome] for run, _, _, outcome, _, _ in s] for s in got["spans"])
     assert rank1 == [[0, "computed"], [1, "skipped"]]
