@@ -8,8 +8,8 @@ to the core, which may abort the decode the main thread is in.
 
 With wake-ups from both the previous rank and the head (transport/wakeup.py), the watcher
 waits for cancellations all the time, each thread sleeps until a message for it is sent, and
-an idle worker costs next to no CPU, while a decode runs the watcher also looks every
-WATCH_WOKEN_S; without them the main loop polls for cancellations while idle and the watcher
+an idle worker costs next to no CPU (while a decode runs the watcher also looks every
+WATCH_WOKEN_S); without them the main loop polls for cancellations while idle and the watcher
 only while a decode runs.
 
 Spans are in the worker's own time.monotonic() clock; they go to the head with the statistics
