@@ -11,6 +11,7 @@ import pytest
 from pipeinfer.engine.drafting import drafter as drafter_module
 from pipeinfer.engine.drafting.drafter import WARM_STEP, Drafter, DraftParams
 from pipeinfer.engine.drafting.executors import InlineDrafts, ThreadedDrafts
+from pipeinfer.engine.drafting.ngram_drafts import NgramDrafts
 from pipeinfer.model.stage import Stage, StageConfig
 from pipeinfer.schedule.actions import DraftJob
 from pipeinfer.schedule.events import DraftInterrupted, DraftReady
@@ -154,3 +155,15 @@ def test_a_scoring_job_counts_what_the_draft_would_have_guessed_right(tiny, draf
     assert event.agreement == (len(tail) - 1, confident, right)
     drafts.submit(DraftJob(1, tuple(context + [tail[0]]), None, cutoff, budget=4))
     assert drafts.poll().agreement is None    # (a job that did not ask)
+
+
+def test_a_scoring_job_goes_to_the_draft_model_past_a_lookup(tiny, drafter):
+    """A text that repeats itself: a lookup answers the job, unless the job scores the draft
+    (then the model catches up and drafts, even where the job says the model waits)."""
+    context = list(tiny.prompt) * 2
+    drafts = NgramDrafts(1, 4, fallback=InlineDrafts(drafter, DraftParams(), lambda: False))
+    drafts.submit(DraftJob(0, tuple(context), None, 0.0, budget=4, model=False))
+    assert drafts.poll().origin == "ngram"
+    drafts.submit(DraftJob(1, tuple(context), None, 0.0, budget=4, model=False, score=True))
+    event = drafts.poll()
+    assert event.origin == "model" and event.agreement[0] == len(tiny.prompt) - 1

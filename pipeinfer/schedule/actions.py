@@ -57,8 +57,19 @@ class DraftJob:
     ngram_budget: int | None = None  # most tokens a lookup answers with (None: budget; ramp.py)
     room: int | None = None
     # score the draft's agreement with the tokens it catches up on (Drafter.scoring): the
-    # guard asks at a probe whether speculating again could pay (guard.py)
+    # guard asks at a probe whether speculating again could pay (guard.py). Such a job is the
+    # draft model's, whatever `ngram` and `model` say
     score: bool = False
+
+    @property
+    def looks_up(self) -> bool:
+        """Whether an n-gram lookup may answer it."""
+        return self.ngram and not self.score
+
+    @property
+    def asks_model(self) -> bool:
+        """Whether the draft model may answer it."""
+        return self.model or self.score
 
     @property
     def free_room(self) -> int:
@@ -74,7 +85,7 @@ class DraftJob:
         lookup = "" if self.lookup_budget == self.budget else f" ({self.lookup_budget} n-gram)"
         return (f"DraftJob({self.job_id} after {len(self.context)} tokens, cutoff "
                 f"{self.cutoff:.3f}, budget {self.budget}{lookup}"
-                f"{'' if self.ngram else ', model'}{'' if self.model else ', lookup'})")
+                f"{'' if self.looks_up else ', model'}{'' if self.asks_model else ', lookup'})")
 
 
 @dataclass(frozen=True)

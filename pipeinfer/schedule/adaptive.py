@@ -103,9 +103,8 @@ class AdaptivePipeInfer(PipeInfer):
         budget = min(self.opts.draft, room)
         if budget <= 0 or self.pool.n_free == 0 or not self.speculation_pays():
             return False
-        score = self.guard.wants_score
         self.rooted = DraftJob(next(self.jobs), tuple(context), None, self.opts.p_accept,
-                               budget, self.sources.use_ngram() and not score, room=room,
-                               score=score)
+                               budget, self.sources.use_ngram(), room=room,
+                               score=self.guard.wants_score)
         self.spec.emit(StartDraft(self.rooted))
         return True

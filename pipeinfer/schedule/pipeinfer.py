@@ -127,12 +127,11 @@ class PipeInfer(Scheduler):
         score = self.guard.wants_score   # (the draft model says first whether it could pay)
         if not (model or score) and self.opts.draft_source == "model":
             return
-        ngram = self.sources.use_ngram() and not score
+        ngram = self.sources.use_ngram()
         if not (model or ngram or score):
             return
         self.job = DraftJob(next(self.jobs), tuple(context), source, cutoff, budget, ngram,
-                            ngram_budget=self.ramp.size, room=room, model=model or score,
-                            score=score)
+                            ngram_budget=self.ramp.size, room=room, model=model, score=score)
         self.spec.emit(StartDraft(self.job))
 
     def _stop_job(self) -> None:

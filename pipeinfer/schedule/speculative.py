@@ -44,9 +44,8 @@ class Speculative(Scheduler):
         if not self.speculation_pays():   # paused by the guard: plain decoding meanwhile
             self.start_main()
             return
-        score = self.guard.wants_score
         self.job = DraftJob(next(self.jobs), tuple(context), None, self.opts.p_accept, budget,
-                            self.sources.use_ngram() and not score, room=room, score=score)
+                            self.sources.use_ngram(), room=room, score=self.guard.wants_score)
         self.spec.emit(StartDraft(self.job))
 
     def drafting(self) -> bool:

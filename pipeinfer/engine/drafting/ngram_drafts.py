@@ -69,13 +69,13 @@ class NgramDrafts(LookupExecutor):
 
     def submit(self, job: DraftJob) -> None:
         draft = (ngram_draft(job.context, self.n_min, self.n_max, job.lookup_budget)
-                 if job.ngram else [])
-        if job.ngram and self.track is not None:
+                 if job.looks_up else [])
+        if job.looks_up and self.track is not None:
             draft = self.track.shape(job.context, draft, job.free_room)
         if draft:
             self._ready.append(DraftReady(job.job_id, (tuple(draft),), origin=ORIGIN))
             return
-        if self.fallback is not None and job.model:
+        if self.fallback is not None and job.asks_model:
             self.fallback.submit(job)
         else:
             self._ready.append(DraftReady(job.job_id, (), origin=ORIGIN))
