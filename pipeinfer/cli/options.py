@@ -249,6 +249,15 @@ SPECULATION_OPTIONS = (
                       "under what the last paused speculation needed to pay (up to the "
                       "longest pause, whose probe is timed whatever the score). "
                       "Exact either way."),
+    click.option("--row-costs/--no-row-costs", default=SPEC.row_costs,
+                 help="pipeinfer: every worker times its stage on runs of 1-4 rows at start-up "
+                      "(about 0.5 s), and a speculative run gets a further draft token only if "
+                      "the chance that the token is reached (the product of the draft's "
+                      "probabilities along the run) is at least what its row adds to a run on "
+                      "the slowest stage, as a fraction of a one-row run. On hosts whose "
+                      "kernels take a few rows one at a time, runs stay short; where extra rows "
+                      "are cheap, they grow to --draft. Only what is guessed changes: exact "
+                      "either way."),
     click.option("--max-runs", default=SPEC.max_runs, type=click.IntRange(2, 64),
                  help="pipeinfer: most runs in flight in the target pipeline at once. specpipe: "
                       "tree levels in flight are the number of target stages + 1, at most this."),
@@ -343,5 +352,5 @@ def speculation(values: dict, strategy: str, has_draft: bool) -> dict:
 
 # SpecOptions' fields that are options of the same name
 SPEC_FIELDS = ("p_accept", "p_split", "n_parallel", "p_recovery", "p_decay", "p_floor",
-               "guard", "max_runs", "partitions", "kv_size", "tree_width", "tree_k",
+               "guard", "row_costs", "max_runs", "partitions", "kv_size", "tree_width", "tree_k",
                "ngram_min", "ngram_max")

@@ -34,7 +34,9 @@ from ..engine.transport.draft_link import DraftLink
 from ..engine.transport.mpi import Link, WorkerLink, hostname
 from ..engine.transport.transfer import TransferError
 from ..engine.worker.loop import Idle, Worker
+from ..model.llama_lib import LlamaError
 from ..model.partition import chain
+from ..model.row_costs import marginal, time_rows
 from ..model.sampling import Sampler, SamplingParams
 from ..plan.cgroups import memory_limit_mb
 from ..report.metrics import rss_mb
@@ -59,6 +61,18 @@ def _load(cfg: JobConfig, early: Preload, path, rng, n_pipeline: int):
                                                                            n_pipeline)
     early.note(path, rng)
     return stage
+
+
+def _time_rows(cfg: JobConfig, stage, rank: int, error: str | None) -> tuple[float, ...]:
+    """A worker's stage timed on runs of a few rows (model/row_costs.py), where pipeinfer's
+    drafter will use the figures; () otherwise, or if the stage cannot take such runs."""
+    if error or stage is None or cfg.strategy != "pipeinfer" or not cfg.spec.row_costs:
+        return ()
+    try:
+        return time_rows(stage)
+    except LlamaError as err:
+        log.warning("rank %d: its stage was not timed on runs of a few rows: %s", rank, err)
+        return ()
 
 
 class Job:
@@ -132,10 +146,13 @@ class Job:
         if setup is None and tokenizer is not None:  # (head_setup did not take it)
             tokenizer.close()
         marks.mark("loaded early" if early.used else "loaded")
+        timed = _time_rows(cfg, stage, rank, error) if 0 < rank < cfg.n_pipeline(size) else ()
         statuses, failure = link.agree((rank, hostname(), os.getpid(), error, received,
-                                        rss_mb(), memory_limit_mb()))
+                                        rss_mb(), memory_limit_mb(), timed))
         if failure:
             raise StartFailed(failure)
+        if setup is not None:
+            setup.pipeline.row_costs = marginal([s[7] for s in statuses])
         offsets = clock_offsets(link)
         layers = stage if rank < cfg.n_pipeline(size) else None
         kept = stage_copies(layers, (ranges[rank].first, ranges[rank].last) if layers else None,

@@ -42,6 +42,7 @@ def result_json(cfg, gen, setup, ranges, stats, wall: float) -> dict:
         "repack": repacked(cfg),
         "exact": cfg.exact,
         "max_run": cfg.max_run,
+        "row_costs": [round(c, 3) for c in setup.pipeline.row_costs],
         "prompt_tokens": list(setup.prompt),
         "tokens": list(gen.tokens),
         "text": setup.tokenizer.detokenize(gen.tokens),

@@ -40,6 +40,7 @@ class SpecOptions:
     p_floor: float = FLOOR     # the cutoff never decays below min(this, p_accept)
     draft_source: str = "model"  # model, ngram (prompt lookup) or both (n-grams first)
     guard: bool = True         # speculation pauses while it makes tokens slower (guard.py)
+    row_costs: bool = True     # runs only as deep as their rows pay (model/row_costs.py)
     ngram_min: int = NGRAM_MIN   # shortest suffix an n-gram draft matches
     ngram_max: int = NGRAM_MAX   # longest (tried first)
 

@@ -23,6 +23,7 @@ import numpy as np
 
 from ...model.draft_vocab_stage import DraftVocab
 from ...model.kept_cells import KeptCells, token_digest
+from ...model.row_costs import row_cost
 from ...model.stage import Stage
 
 
@@ -48,12 +49,23 @@ class DraftParams:
     max_tokens: int = 4        # tree depth limit (micro-batch size for a single branch)
     p_split: float = 0.1       # fork a branch when the runner-up candidate is above this
     n_parallel: int = 1        # at most this many branches
+    # what rows 2, 3, ... of a run cost its slowest stage against a run of one row
+    # (model/row_costs.py): a branch stops before a token less likely to be reached
+    row_costs: tuple[float, ...] = ()
 
 
 def _softmax(logits: np.ndarray) -> np.ndarray:
     z = logits.astype(np.float64)
     z = np.exp(z - z.max())
     return z / z.sum()
+
+
+def _pays(p: float, cutoff: float, reach: float, row: int, row_costs) -> bool:
+    """Whether a token of draft probability `p` goes into a branch as the run's `row`-th
+    row: at least the cutoff, and (from the second row on) likely enough to be reached (the
+    branch's probability so far, `reach`, times p) to pay for what its row costs against a
+    run of its own (`row_costs`)."""
+    return p >= cutoff and reach * p >= row_cost(row_costs, row)
 
 
 def candidates(logits: np.ndarray) -> tuple[np.ndarray, int, int]:
@@ -250,24 +262,28 @@ class Drafter:
         base = len(context)
         last_evaluated = True  # branch 0's last token has been evaluated (logits[0] follows it)
         stopped = False
+        reach = [1.0]   # per branch: the product of its tokens' draft probabilities
         for depth in range(limit):
             grown = []
             for b in range(len(branches)):
                 if not active[b]:
                     continue
                 probs, first, second = candidates(logits[b])
-                if probs[first] < cutoff:
+                if not _pays(probs[first], cutoff, reach[b], depth + 1, params.row_costs):
                     active[b] = False
                     continue
                 if (len(branches) < params.n_parallel and probs[second] > params.p_split
-                        and probs[second] >= cutoff):
+                        and _pays(probs[second], cutoff, reach[b], depth + 1,
+                                  params.row_costs)):
                     fork = branches[b][:] + [self.token(second)]
                     self.stage.seq_cp(b, len(branches), -1, -1)
                     branches.append(fork)
+                    reach.append(reach[b] * float(probs[second]))
                     active.append(True)
                     logits.append(None)
                     grown.append(len(branches) - 1)
                 branches[b].append(self.token(first))
+                reach[b] *= float(probs[first])
                 if b == 0:
                     main_probs.append(float(probs[first]))
                     last_evaluated = False

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from ... import strategies
@@ -29,6 +29,7 @@ class Drafting:
     drafter: Any = None
     track: Any = None
     threaded: bool = False
+    row_costs: tuple[float, ...] = ()  # the pipeline's (model/row_costs.py), for the drafter
 
 
 def driver_for(strategy: str, pipe: Pipeline, gen: Generation, sampler, cfg,
@@ -42,6 +43,7 @@ def driver_for(strategy: str, pipe: Pipeline, gen: Generation, sampler, cfg,
     plan = strategies.get(strategy)
     scheduler = plan.scheduler_class()(gen, sampler, limits, cfg.spec, pool)
     driver = Driver(pipe, scheduler, gen, trace=trace)
+    drafting = replace(drafting, row_costs=pipe.row_costs if cfg.spec.row_costs else ())
     if plan.drafts == strategies.HIERARCHY:
         driver.drafts = HierarchyDrafts(build_hierarchy(drafting.drafter, cfg), gen, cfg)
     elif plan.drafts == strategies.TREE:
@@ -59,7 +61,7 @@ def draft_executor(plan: strategies.Strategy, opts, drafting: Drafting, should_s
     model, drafter = None, drafting.drafter
     if drafter is not None and opts.draft_source != "ngram":
         # (a job's depth is its own budget, which the scheduler sets: not params.max_tokens)
-        params = DraftParams(opts.draft, opts.p_split, opts.n_parallel)
+        params = DraftParams(opts.draft, opts.p_split, opts.n_parallel, drafting.row_costs)
         threaded = (drafting.threaded or plan.draft_thread) and opts.draft_thread
         model = (ThreadedDrafts(drafter, params) if threaded else
                  InlineDrafts(drafter, params, should_stop))

@@ -21,7 +21,7 @@ class SlotPipeline:
 
     def __init__(self, pipe: Pipeline, slot: int, owners: dict[int, "Lane"]):
         self.pipe, self.slot, self.owners = pipe, slot, owners
-        self.stage, self.n_stages = pipe.stage, pipe.n_stages
+        self.stage, self.n_stages, self.row_costs = pipe.stage, pipe.n_stages, pipe.row_costs
         self.lane: Lane | None = None    # whose runs these are (set once it exists)
 
     def decode(self, tx: DecodeTx, tokens) -> None:

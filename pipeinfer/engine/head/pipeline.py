@@ -38,6 +38,9 @@ class Pipeline:
         self.embed, self.stage, self.transport = embed, stage, transport
         self.whole_model = whole_model  # the head stage is the unsliced model: feed token ids
         self.kept = None   # where the head's stage copies its KV cells (model/kept_cells.py)
+        # what rows after the first add to a run on the slowest worker (model/row_costs.py;
+        # the job's start sets them): the drafter's depth rule; empty: not measured
+        self.row_costs: tuple[float, ...] = ()
         self._local: deque[RunResult] = deque()
         self.busy_s = 0.0
         self.in_flight = 0
