@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from pipeinfer.schedule.guard import Guard
+from pipeinfer.schedule.guard import MARGIN, Guard
 
 
 class Clock:
@@ -77,6 +77,41 @@ def test_slower_speculation_pauses_after_a_window_then_probes():
     ok, why = guard.allows(25)
     assert ok and "probing after a pause of 16" in why
     assert guard.allows(26) == (True, None)
+
+
+def bursts(guard: Guard, clock: Clock, start: int, pairs: int, late: float = 4.0) -> list[str]:
+    """Arrivals as speculation brings them: one token 0.2 s after the last, then three
+    together `late` s later (4.0: 1.05 s a token on average, in bursts); the guard's
+    reasons."""
+    reasons, n = [], start
+    for _ in range(pairs):
+        for seconds, count in ((0.2, 1), (late, 3)):
+            clock.now += seconds
+            n += count
+            guard.drafted(2)
+            if why := guard.generated(n):
+                reasons.append(why)
+    return reasons
+
+
+def test_a_slower_figure_over_a_few_bursts_is_not_enough_to_pause():
+    """1.05 s a token against plain decoding's 1.0 pauses speculation when its tokens came
+    steadily, but not over a few bursts whose figure could as well be under 1.0 (the
+    standard error of the ratio): the guard judges again at the next token."""
+    steady, clock = guard_with_plain(1.0, window=8)
+    assert tokens(steady, clock, 0, 8, 1.05) == []
+    assert len(tokens(steady, clock, 8, 1, 1.05)) == 1
+    bursty, clock = guard_with_plain(1.0, window=8)
+    assert bursts(bursty, clock, 0, 3) == []
+    assert bursty.spec_s > 1.0 * (1 + MARGIN)     # (over the margin: the figure alone paused)
+
+
+def test_bursts_that_cost_time_pause_once_the_figure_is_sure():
+    """Speculation at 1.2 s a token in the same bursts: not at the first window, but the more
+    tokens its figure spans, the surer it gets, and it pauses."""
+    guard, clock = guard_with_plain(1.0, window=8)
+    assert bursts(guard, clock, 0, 2, late=4.6) == []
+    assert bursts(guard, clock, 8, 14, late=4.6) != []
 
 
 def test_failed_probe_doubles_pause_and_paying_probe_resets_it():

@@ -12,15 +12,21 @@ guard compares measured times, not an acceptance rate against a threshold:
   head's CPU and, on an emulated cluster, the machine with the stages: a run timed beside
   draft work is slower than plain decoding is, and a draft that does not pay would look
   harmless against it). Without clean runs in a pause, the time per token of its own runs.
-- speculating: seconds per token over the last `window` to 2 `window` tokens generated while
-  speculating (from the first token that arrived after speculation began).
+- speculating: seconds per token over the last `window` to HISTORY `window` tokens generated
+  while speculating (from the first token that arrived after speculation began). Speculation
+  delivers tokens in bursts (a run accepting three, then a gap), so a figure over a few of
+  them swings widely around its mean; judged at every token, a short window would pause
+  speculation that pays on a stretch that happened to be slow. A long one still judges a
+  phase's first `window` tokens alone, so a draft that does not pay is caught as soon.
 
 After `window` tokens of a phase that did at least `window` units of draft work (a guessed
 token sent, or a token the draft model evaluated in an attempt that found nothing confident
 enough, at least one per attempt: both take the head's CPU; n-gram lookups that found nothing
 cost nothing), and at every token after,
-speculation pauses when its seconds per token exceed plain decoding's by more than MARGIN (a
-draft that neither helps nor hurts is left alone rather than paused on noise): plain decoding
+speculation pauses when its seconds per token exceed plain decoding's by more than MARGIN
+plus SPREAD standard errors of its figure (a draft that neither helps nor hurts is left alone
+rather than paused on noise; a figure over a few bursts proves little, and a pause is dearer
+than going on one more token, after which the guard judges again): plain decoding
 for `pause` tokens, then a *probe* (speculation again, judged after `window` tokens). A probe
 that is not faster than plain decoding doubles the pause (at most `max_pause`), whether it
 pauses now or, within the margin, later; speculation faster than plain decoding resets it to
@@ -55,18 +61,21 @@ The clock is a parameter so that the policy can be tested on scripted times.
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from collections import deque
 from typing import Callable
 
 WINDOW = 8          # tokens generated while speculating before a decision
+HISTORY = 8         # speculation's figure spans at most this many windows
 FIRST_PAUSE = 16    # generated tokens of the first pause
 MAX_PAUSE = 256
 MARGIN = 0.03      # speculation pauses when over (1 + MARGIN) x plain decoding's time
 MEASURE = 3        # clean runs that give a first plain figure
 MEASURE_MAX = 12   # ... or after this many arrivals of the pause's own runs
 SMOOTHING = 0.5     # weight of a new plain-decoding figure against the previous ones
+SPREAD = 1.0        # standard errors of speculation's figure it must exceed plain's by
 
 
 class Guard:
@@ -143,7 +152,7 @@ class Guard:
         if self.judged >= self.window and not self.accepted:
             self._end_probe(paid=False)
             return self._pause(n_generated, f"{self.judged} guesses, none accepted")
-        while len(self.marks) > 2 and n_generated - self.marks[1][0] >= 2 * self.window:
+        while len(self.marks) > 2 and n_generated - self.marks[1][0] >= HISTORY * self.window:
             self.marks.popleft()
         first_n, first_t = self.marks[0]
         if n_generated - first_n < self.window or self.drafted_units < self.window:
@@ -190,7 +199,7 @@ class Guard:
         probe that was not faster doubles the pause, paused now (over the margin) or later
         (within it: left alone until then)."""
         self._end_probe(paid=self.spec_s <= self.plain_s)
-        if self.spec_s <= self.plain_s * (1 + MARGIN):
+        if self.spec_s <= self.plain_s * (1 + MARGIN) + SPREAD * _error(self.marks):
             return None
         return self._pause(n_generated, f"{1000 * self.spec_s:.0f} ms a token speculating > "
                                         f"{1000 * self.plain_s:.0f} ms plain")
@@ -260,3 +269,18 @@ class Guard:
             figure = (marks[-1][1] - marks[0][1]) / (marks[-1][0] - marks[0][0])
         self.plain_s = figure if self.plain_s is None else (
             SMOOTHING * figure + (1 - SMOOTHING) * self.plain_s)
+
+
+def _error(marks) -> float:
+    """The standard error of the seconds per token over `marks` ((tokens, time) at each
+    arrival): tokens come in bursts, so it is a ratio's (time over tokens, arrival by
+    arrival); 0 with fewer than two arrivals to compare."""
+    points = list(marks)
+    gaps = [(b[1] - a[1], b[0] - a[0]) for a, b in zip(points, points[1:]) if b[0] > a[0]]
+    m = len(gaps)
+    if m < 2:
+        return 0.0
+    seconds, count = sum(g[0] for g in gaps), sum(g[1] for g in gaps)
+    ratio = seconds / count
+    spread = sum((t - ratio * n) ** 2 for t, n in gaps) / (m - 1)
+    return math.sqrt(spread / m) / (count / m)
