@@ -78,22 +78,3 @@ def test_workers_time_their_stages_and_the_output_stays_exact(tiny):
     untimed = _run(tiny, "--no-row-costs")
     assert untimed["row_costs"] == []
     assert untimed["tokens"] == timed["tokens"]
-
-
-def test_the_chance_of_what_a_run_continues_counts_and_a_queued_first_token_pays(drafter,
-                                                                                  tiny):
-    """A run continuing unverified guesses starts from their chance; a run that would queue
-    behind others at every stage pays for its first token as for a second row."""
-    context = list(tiny.prompt)
-    free, probs = drafter.draft(context, DraftParams(3), cutoff=0.0)
-    costs = (probs[0] * probs[1] * 0.5 - 1e-9,)      # every row after the first
-    params = DraftParams(3, row_costs=costs)
-    alone, _ = drafter.draft(context, params, cutoff=0.0)
-    assert len(alone[0]) >= 2
-    halved, _ = drafter.draft(context, params, cutoff=0.0, reach=(0.49, 1))
-    assert halved[0] == free[0][:1]          # its second token's chance: under the cost
-    queued, _ = drafter.draft(context, params, cutoff=0.0,
-                              reach=(costs[0] / probs[0] - 1e-6, 2))
-    assert queued == []                      # its first token does not pay for its row
-    # queued but certain: its first token pays for a second row, and the rest as before
-    assert drafter.draft(context, params, cutoff=0.0, reach=(1.0, 2))[0] == alone

@@ -259,23 +259,3 @@ def test_pipespec_feeds_the_target_from_the_last_draft_buffer():
     assert done and s.log[-1][1].index(done[0]) < s.log[-1][1].index(of(s.log[-1][1],
                                                                           A.Finish)[0])
     assert s.sched.gen.tokens == TARGET[len(PROMPT):len(PROMPT) + 20]
-
-
-def test_a_draft_job_carries_the_chance_of_the_speculation_it_continues():
-    """A speculative run remembers the draft's chance that its guesses are right, that of the
-    speculation it continues included; the next job continuing it is told that chance, and
-    whether its run would queue behind runs at every stage (the drafter's row-cost rule,
-    model/row_costs.py)."""
-    s = Script(make(n_stages=2, max_runs=8))
-    s.prefill()
-    s.step(Tick())
-    job = of(s.log[-1][1], A.StartDraft)[0].job
-    assert (job.reach, job.queued) == (1.0, False)   # continues the plain run: certain
-    n = len(job.context)
-    s.step(DraftReady(job.job_id, (tuple(TARGET[n:n + 1]),), reach=0.8))
-    job = of(s.step(Tick()), A.StartDraft)[0].job
-    assert job.reach == pytest.approx(0.8) and job.queued     # 2 runs in flight, 2 stages
-    n = len(job.context)
-    s.step(DraftReady(job.job_id, (tuple(TARGET[n:n + 1]),), reach=0.5))
-    job = of(s.step(Tick()), A.StartDraft)[0].job
-    assert job.reach == pytest.approx(0.4)

@@ -253,10 +253,8 @@ SPECULATION_OPTIONS = (
                  help="pipeinfer: every worker times its stage on runs of 1-4 rows at start-up "
                       "(about 0.5 s), and a speculative run gets a further draft token only if "
                       "the chance that the token is reached (the product of the draft's "
-                      "probabilities along the run and the unverified runs it continues) is "
-                      "at least what its row adds to a run on the slowest stage, as a fraction "
-                      "of a one-row run; a run that would queue behind runs at every stage "
-                      "pays for its first token as for a second row. On hosts whose "
+                      "probabilities along the run) is at least what its row adds to a run on "
+                      "the slowest stage, as a fraction of a one-row run. On hosts whose "
                       "kernels take a few rows one at a time, runs stay short; where extra rows "
                       "are cheap, they grow to --draft. Only what is guessed changes: exact "
                       "either way."),

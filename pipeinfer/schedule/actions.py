@@ -60,12 +60,6 @@ class DraftJob:
     # guard asks at a probe whether speculating again could pay (guard.py). Such a job is the
     # draft model's, whatever `ngram` and `model` say
     score: bool = False
-    # the chance that the speculation it continues is right (the product of the draft
-    # probabilities of the unverified guesses in its context), and whether its run would
-    # queue behind runs at every stage (then its first token costs a stage what a second
-    # row does: model/row_costs.py); the drafter's depth rule reads both
-    reach: float = 1.0
-    queued: bool = False
 
     @property
     def looks_up(self) -> bool:

@@ -39,7 +39,6 @@ class DraftReady:
     origin: str = "model"
     evaluated: int = 0
     agreement: tuple[int, int, int] | None = None
-    reach: float = 1.0   # the product of branch 0's draft probabilities (lookups: 1)
 
     def __repr__(self) -> str:
         sizes = "+".join(str(len(b)) for b in self.branches) or "0"

@@ -97,8 +97,7 @@ class PipeInfer(Scheduler):
         context, source = self.spec.tip()
         branches = trim_branches(_rebase(job, event.branches, context), self.spec.kv_free - 1)
         if branches and self._may_speculate():
-            run = self.spec.start_speculative(context, branches, source, event.origin)
-            run.reach = self._reach(source) * event.reach
+            self.spec.start_speculative(context, branches, source, event.origin)
             self.ramp.started()
             self.failed_at = None
             self.retry.drafted()
@@ -132,18 +131,8 @@ class PipeInfer(Scheduler):
         if not (model or ngram or score):
             return
         self.job = DraftJob(next(self.jobs), tuple(context), source, cutoff, budget, ngram,
-                            ngram_budget=self.ramp.size, room=room, model=model, score=score,
-                            reach=self._reach(source),
-                            queued=self.pipeline_load >= self.limits.n_stages)
+                            ngram_budget=self.ramp.size, room=room, model=model, score=score)
         self.spec.emit(StartDraft(self.job))
-
-    def _reach(self, source: tuple[int, int] | None) -> float:
-        """The draft's chance that the speculation a run continuing `source` (the tip's run,
-        spec.tip) builds on is right: that run's (Run.reach), 1 for accepted tokens."""
-        if source is None:
-            return 1.0
-        run = next((r for r in self.spec.live() if r.run_id == source[0]), None)
-        return 1.0 if run is None else run.reach
 
     def _stop_job(self) -> None:
         self.stopping = True

@@ -47,8 +47,6 @@ class Run:
     final_chunk: bool = False  # prefill: the prompt's last chunk, whose last row gives a token
     tree_ids: tuple[int, ...] = ()  # specpipe: the BeamTree node of each output row
     origin: str = "model"     # where its draft came from: "model" or "ngram" (counters)
-    reach: float = 1.0        # the draft's chance that its branch 0 is right to the end,
-                              # the speculation it continues included (pipeinfer.py)
 
     @property
     def max_pos(self) -> int:

@@ -81,8 +81,7 @@ class ScriptedDraft:
     def warm_step(self, prompt) -> bool:
         return False
 
-    def draft(self, context, params, cutoff, max_tokens=None, should_stop=None, room=None,
-              reach=(1.0, 1)):
+    def draft(self, context, params, cutoff, max_tokens=None, should_stop=None, room=None):
         limit = params.max_tokens if max_tokens is None else max_tokens
         plan = self.plans[self.calls % len(self.plans)]
         self.calls += 1
@@ -126,7 +125,7 @@ class ScriptedDrafter:
         self.steps = 0   # tokens of branch 0 the "model" drafted
 
     def draft(self, context, params, cutoff, max_tokens=None, should_stop=None,
-              stop_at=None, reach=(1.0, 1)):
+              stop_at=None):
         self.calls += 1
         main = []
         for token in self.branches[0]:   # as Drafter.draft: stop_at after each token

@@ -242,18 +242,15 @@ class Drafter:
 
     def draft(self, context: Sequence[int], params: DraftParams, cutoff: float,
               max_tokens: int | None = None, should_stop: Callable[[], bool] | None = None,
-              stop_at: Callable[[list[int]], bool] | None = None, room: int | None = None,
-              reach: tuple[float, int] = (1.0, 1)) -> tuple[list[list[int]], list[float]]:
+              stop_at: Callable[[list[int]], bool] | None = None, room: int | None = None
+              ) -> tuple[list[list[int]], list[float]]:
         """Branches continuing `context` (branch 0 first) and the draft probability of each
         token of branch 0; empty when the first guess is under `cutoff`. `should_stop`
         (asked after every step) ends drafting with the tree so far: a ready micro-batch goes
         out rather than wait (paper IV-B); while catching up on a long context, it gives
         nothing (progress is kept). `stop_at(branch 0)`, asked after each token branch 0
         gains, ends drafting after it (where a grammar forces the rest, which
-        engine/drafting/grammar_drafts.py drafts without the model, up to `room`: unused here).
-        `reach`: the chance that `context`'s unverified guesses are right, and the row of
-        the run's cost (params.row_costs) its first token takes (2: it queues behind
-        others)."""
+        engine/drafting/grammar_drafts.py drafts without the model, up to `room`: unused here)."""
         limit = params.max_tokens if max_tokens is None else max_tokens
         self.interrupted = False
         if limit <= 0 or not self._catch_up(context, should_stop):
@@ -265,20 +262,18 @@ class Drafter:
         base = len(context)
         last_evaluated = True  # branch 0's last token has been evaluated (logits[0] follows it)
         stopped = False
-        chance, first_row = reach
-        reach = [chance]   # per branch: that times its tokens' draft probabilities
+        reach = [1.0]   # per branch: the product of its tokens' draft probabilities
         for depth in range(limit):
             grown = []
             for b in range(len(branches)):
                 if not active[b]:
                     continue
                 probs, first, second = candidates(logits[b])
-                if not _pays(probs[first], cutoff, reach[b], depth + first_row,
-                             params.row_costs):
+                if not _pays(probs[first], cutoff, reach[b], depth + 1, params.row_costs):
                     active[b] = False
                     continue
                 if (len(branches) < params.n_parallel and probs[second] > params.p_split
-                        and _pays(probs[second], cutoff, reach[b], depth + first_row,
+                        and _pays(probs[second], cutoff, reach[b], depth + 1,
                                   params.row_costs)):
                     fork = branches[b][:] + [self.token(second)]
                     self.stage.seq_cp(b, len(branches), -1, -1)

@@ -11,7 +11,6 @@ drafted anything. The prompt warm-up (WarmDraft) goes in steps, so stopping stay
 
 from __future__ import annotations
 
-import math
 import queue
 import threading
 import time
@@ -35,7 +34,6 @@ class _Job:
         self.interrupted = False
         self.evaluated = 0   # tokens the draft model evaluated for this job
         self.agreement: tuple[int, int, int] | None = None   # its score, if the job asked
-        self.reach = 1.0     # the product of branch 0's draft probabilities
 
     def run(self, drafter, params: DraftParams, should_stop: Callable[[], bool]) -> None:
         before = getattr(drafter, "evaluated", 0)
@@ -43,11 +41,10 @@ class _Job:
         if scoring:
             drafter.scoring, drafter.agreement = self.job.cutoff, [0, 0, 0]
         try:
-            self.branches, probs = drafter.draft(
-                list(self.job.context), params, self.job.cutoff, max_tokens=self.job.budget,
-                should_stop=should_stop, room=self.job.free_room,
-                reach=(self.job.reach, 2 if self.job.queued else 1))
-            self.reach = math.prod(probs)
+            self.branches, _ = drafter.draft(list(self.job.context), params, self.job.cutoff,
+                                             max_tokens=self.job.budget,
+                                             should_stop=should_stop,
+                                             room=self.job.free_room)
             # A first guess under the cutoff is a failed attempt even when a stop came
             # meanwhile: reported as interrupted, it would be tried again at once, unchanged,
             # and on a pipeline with idle stages every job is stopped as it starts.
@@ -65,8 +62,7 @@ class _Job:
             return DraftInterrupted(self.job.job_id, evaluated=self.evaluated,
                                     agreement=self.agreement)
         return DraftReady(self.job.job_id, tuple(tuple(b) for b in self.branches or ()),
-                          evaluated=self.evaluated, agreement=self.agreement,
-                          reach=self.reach)
+                          evaluated=self.evaluated, agreement=self.agreement)
 
 
 class InlineDrafts:

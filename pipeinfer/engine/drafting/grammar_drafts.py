@@ -186,8 +186,7 @@ class GrammarDrafter:
         return getattr(self.drafter, name)   # prepare, sync, n_held, reset, ...
 
     def draft(self, context: Sequence[int], params, cutoff: float,
-              max_tokens: int | None = None, should_stop=None, room: int | None = None,
-              reach: tuple[float, int] = (1.0, 1)):
+              max_tokens: int | None = None, should_stop=None, room: int | None = None):
         """Drafter.draft under the grammar: the forced text's tokens if there are any (no
         draft-model step), else the draft model's branches cut where the grammar forbids,
         branch 0 followed by the text forced after it. The model drafts at most `max_tokens`
@@ -198,14 +197,13 @@ class GrammarDrafter:
         track = self.track
         tip = track.tip(context)
         if tip is None or limit <= 0:
-            return self.drafter.draft(context, params, cutoff, max_tokens, should_stop,
-                                      reach=reach)
+            return self.drafter.draft(context, params, cutoff, max_tokens, should_stop)
         forced = track.forced(tip, room)
         if forced:
             return [forced], [1.0] * len(forced)
         watch = ForcedWatch(tip, track.probe) if track.free else None
         branches, probs = self.drafter.draft(context, params, cutoff, max_tokens,
-                                             should_stop, stop_at=watch, reach=reach)
+                                             should_stop, stop_at=watch)
         kept = [track.cut(tip, branch) for branch in branches]
         probs = probs[:len(kept[0])] if kept else []
         if watch is not None and watch.forced and kept and kept[0] == branches[0]:
