@@ -14,7 +14,7 @@ from pipeinfer.schedule.transaction import DecodeTx, seq_clear, seq_cp
 
 
 class RecordingPipe:
-    stage, n_stages = None, 3
+    stage, n_stages, row_costs = None, 3, ()
 
     def __init__(self):
         self.sent, self.in_flight = [], 0
