@@ -63,10 +63,13 @@ def _load(cfg: JobConfig, early: Preload, path, rng, n_pipeline: int):
     return stage
 
 
-def _time_rows(cfg: JobConfig, stage, rank: int, error: str | None) -> tuple[float, ...]:
+def _time_rows(cfg: JobConfig, stage, rank: int, size: int,
+               error: str | None) -> tuple[float, ...]:
     """A worker's stage timed on runs of a few rows (model/row_costs.py), where pipeinfer's
-    drafter will use the figures; () otherwise, or if the stage cannot take such runs."""
-    if error or stage is None or cfg.strategy != "pipeinfer" or not cfg.spec.row_costs:
+    drafter will use the figures; () on other ranks, otherwise, or if the stage cannot take
+    such runs."""
+    if (error or stage is None or not 0 < rank < cfg.n_pipeline(size)
+            or cfg.strategy != "pipeinfer" or not cfg.spec.row_costs):
         return ()
     try:
         return time_rows(stage)
@@ -146,13 +149,11 @@ class Job:
         if setup is None and tokenizer is not None:  # (head_setup did not take it)
             tokenizer.close()
         marks.mark("loaded early" if early.used else "loaded")
-        timed = _time_rows(cfg, stage, rank, error) if 0 < rank < cfg.n_pipeline(size) else ()
         statuses, failure = link.agree((rank, hostname(), os.getpid(), error, received,
-                                        rss_mb(), memory_limit_mb(), timed))
+                                        rss_mb(), memory_limit_mb(),
+                                        _time_rows(cfg, stage, rank, size, error)))
         if failure:
             raise StartFailed(failure)
-        if setup is not None:
-            setup.pipeline.row_costs = marginal([s[7] for s in statuses])
         offsets = clock_offsets(link)
         layers = stage if rank < cfg.n_pipeline(size) else None
         kept = stage_copies(layers, (ranges[rank].first, ranges[rank].last) if layers else None,
@@ -169,6 +170,7 @@ class Job:
             head.restored, head.tokens_kept = restored, token_store()
             head.drafts_kept = draft_store(cfg, drafts)
             setup.pipeline.kept = kept.own if kept is not None else None
+            setup.pipeline.row_costs = marginal([s[7] for s in statuses])
         job = cls(cfg, link, stage, head, statuses, ranges, predicted)
         job.kept = sending
         return job

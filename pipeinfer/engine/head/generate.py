@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from ... import strategies
@@ -29,7 +29,6 @@ class Drafting:
     drafter: Any = None
     track: Any = None
     threaded: bool = False
-    row_costs: tuple[float, ...] = ()  # the pipeline's (model/row_costs.py), for the drafter
 
 
 def driver_for(strategy: str, pipe: Pipeline, gen: Generation, sampler, cfg,
@@ -43,25 +42,27 @@ def driver_for(strategy: str, pipe: Pipeline, gen: Generation, sampler, cfg,
     plan = strategies.get(strategy)
     scheduler = plan.scheduler_class()(gen, sampler, limits, cfg.spec, pool)
     driver = Driver(pipe, scheduler, gen, trace=trace)
-    drafting = replace(drafting, row_costs=pipe.row_costs if cfg.spec.row_costs else ())
     if plan.drafts == strategies.HIERARCHY:
         driver.drafts = HierarchyDrafts(build_hierarchy(drafting.drafter, cfg), gen, cfg)
     elif plan.drafts == strategies.TREE:
         driver.drafts = tree_executor(cfg.spec, drafting.drafter)
     elif plan.drafts == strategies.TOKENS:
-        driver.drafts = draft_executor(plan, cfg.spec, drafting, driver.should_stop_draft)
+        driver.drafts = draft_executor(plan, cfg.spec, drafting, driver.should_stop_draft,
+                                       pipe.row_costs)
     return driver
 
 
-def draft_executor(plan: strategies.Strategy, opts, drafting: Drafting, should_stop):
+def draft_executor(plan: strategies.Strategy, opts, drafting: Drafting, should_stop,
+                   row_costs: tuple[float, ...] = ()):
     """Where speculative's and pipeinfer's draft jobs run, by `opts.draft_source`: the draft
     model (inline, or for pipeinfer on a thread of its own), the n-gram lookup (under
     the request's grammar if given and there is no draft model), or both (the lookup first,
-    the model for the jobs it cannot answer). None with no draft model."""
+    the model for the jobs it cannot answer). None with no draft model. `row_costs`: the
+    pipeline's (Pipeline.row_costs, empty unless its workers were timed), for the drafter."""
     model, drafter = None, drafting.drafter
     if drafter is not None and opts.draft_source != "ngram":
         # (a job's depth is its own budget, which the scheduler sets: not params.max_tokens)
-        params = DraftParams(opts.draft, opts.p_split, opts.n_parallel, drafting.row_costs)
+        params = DraftParams(opts.draft, opts.p_split, opts.n_parallel, row_costs)
         threaded = (drafting.threaded or plan.draft_thread) and opts.draft_thread
         model = (ThreadedDrafts(drafter, params) if threaded else
                  InlineDrafts(drafter, params, should_stop))
