@@ -219,7 +219,9 @@ IDLE_JOB = textwrap.dedent('''
     """Rank 0 idles while ranks 1..N-1 wait (in the start-up handshake, then in Worker.run);
     rank 0 samples their CPU time from /proc and prints the fraction of wall time used."""
     import json, os, sys, time
-    from pipeinfer.engine.transport.mpi import HeadTransport, Link, WorkerLink
+    from pipeinfer.engine.transport.head_transport import HeadTransport
+    from pipeinfer.engine.transport.mpi import Link
+    from pipeinfer.engine.transport.worker_link import WorkerLink
     from pipeinfer.engine.worker.loop import Worker
 
     SECONDS = float(sys.argv[1])

@@ -66,7 +66,9 @@ WORKER_SCRIPT = """
 import json, pathlib, sys, time
 import numpy as np
 from pipeinfer.engine.transport.clock_sync import clock_offsets
-from pipeinfer.engine.transport.mpi import HeadTransport, WorkerLink, world
+from pipeinfer.engine.transport.head_transport import HeadTransport
+from pipeinfer.engine.transport.mpi import world
+from pipeinfer.engine.transport.worker_link import WorkerLink
 from pipeinfer.model.stage import StageAborted
 from pipeinfer.engine.transport.wire import Tag, decode_header, encode_meta
 from pipeinfer.schedule.transaction import DecodeTx

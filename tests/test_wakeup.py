@@ -236,7 +236,9 @@ WAKE_JOB = textwrap.dedent('''
     import json, os, sys, time
     from pipeinfer.engine.transport import wakeup, wakeup_net
     from pipeinfer.engine.transport.backoff import IdleBackoff
-    from pipeinfer.engine.transport.mpi import HeadTransport, Link, WorkerLink
+    from pipeinfer.engine.transport.head_transport import HeadTransport
+    from pipeinfer.engine.transport.mpi import Link
+    from pipeinfer.engine.transport.worker_link import WorkerLink
     from pipeinfer.engine.worker.loop import Worker
 
     MODE, SECONDS, WAKE = sys.argv[1], float(sys.argv[2]), sys.argv[3] == "wake"

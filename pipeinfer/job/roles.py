@@ -31,8 +31,9 @@ from ..engine.head.trace import Trace
 from ..engine.transport import wakeup
 from ..engine.transport.clock_sync import clock_offsets
 from ..engine.transport.draft_link import DraftLink
-from ..engine.transport.mpi import Link, WorkerLink, hostname
+from ..engine.transport.mpi import Link, hostname
 from ..engine.transport.transfer import TransferError
+from ..engine.transport.worker_link import WorkerLink
 from ..engine.worker.loop import Idle, Worker
 from ..model.llama_lib import LlamaError
 from ..model.partition import chain
@@ -61,6 +62,36 @@ def _load(cfg: JobConfig, early: Preload, path, rng, n_pipeline: int):
                                                                            n_pipeline)
     early.note(path, rng)
     return stage
+
+
+def _load_part(cfg: JobConfig, link: Link, early: Preload, shared, tokenizer, drafts) -> tuple:
+    """This rank's part obtained (its cache, its own copy of the model, else from rank 0) and
+    loaded, and on the head its setup: (stage, setup, error, bytes received). An error the
+    other ranks must hear of is returned, not raised: they would wait for this rank forever."""
+    model, ranges, manifest = shared
+    rank, size = link.rank, link.size
+    stage, setup, error, received = None, None, None, 0
+    try:
+        path, received = obtain(link, manifest, own=cfg.model, confirm=False)
+        n_pipeline = cfg.n_pipeline(size)
+        if rank >= n_pipeline:
+            stage = load_draft_rank_stage(cfg, path, rank)
+        elif rank == 0:
+            stage = _load(cfg, early, own_stage_file(model, ranges[0], n_pipeline),
+                          ranges[0], n_pipeline)
+            setup = head_setup(cfg, model, stage, size, drafts, chain(ranges[:n_pipeline]),
+                               tokenizer)
+        elif path is not None:
+            stage = _load(cfg, early, path, ranges[rank], n_pipeline)
+    except WeightsError as err:  # raised on every rank alike: the start fails here
+        raise StartFailed(str(err)) from None
+    except SETUP_ERRORS + (TransferError,) as err:
+        error = str(err)
+    except Exception as err:  # a bug: still take part in the gather, or the others hang
+        error = describe(err, cfg.output.verbose)
+    if setup is None and tokenizer is not None:  # (head_setup did not take it)
+        tokenizer.close()
+    return stage, setup, error, received
 
 
 def _time_rows(cfg: JobConfig, stage, rank: int, size: int,
@@ -127,27 +158,7 @@ class Job:
         marks.mark("planned")
         model, ranges, manifest = shared
         rank, size = link.rank, link.size
-        stage, setup, error, received = None, None, None, 0
-        try:
-            path, received = obtain(link, manifest, own=cfg.model, confirm=False)
-            n_pipeline = cfg.n_pipeline(size)
-            if rank >= n_pipeline:
-                stage = load_draft_rank_stage(cfg, path, rank)
-            elif rank == 0:
-                stage = _load(cfg, early, own_stage_file(model, ranges[0], n_pipeline),
-                              ranges[0], n_pipeline)
-                setup = head_setup(cfg, model, stage, size, drafts, chain(ranges[:n_pipeline]),
-                                   tokenizer)
-            elif path is not None:
-                stage = _load(cfg, early, path, ranges[rank], n_pipeline)
-        except WeightsError as err:  # raised on every rank alike: the start fails here
-            raise StartFailed(str(err)) from None
-        except SETUP_ERRORS + (TransferError,) as err:
-            error = str(err)
-        except Exception as err:  # a bug: still take part in the gather, or the others hang
-            error = describe(err, cfg.output.verbose)
-        if setup is None and tokenizer is not None:  # (head_setup did not take it)
-            tokenizer.close()
+        stage, setup, error, received = _load_part(cfg, link, early, shared, tokenizer, drafts)
         marks.mark("loaded early" if early.used else "loaded")
         statuses, failure = link.agree((rank, hostname(), os.getpid(), error, received,
                                         rss_mb(), memory_limit_mb(),

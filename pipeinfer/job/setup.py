@@ -17,7 +17,7 @@ from ..engine.drafting.hierarchy_remote import RemoteHierarchy
 from ..model.llama_lib import LlamaError
 from ..model.models import ModelError, resolve_model
 from ..engine.transport.draft_link import DraftLink
-from ..engine.transport.mpi import HeadTransport
+from ..engine.transport.head_transport import HeadTransport
 from ..model.balance import balanced_split
 from ..model.partition import PartitionError, StageRange, partition
 from ..schedule.partition_pool import PartitionPool

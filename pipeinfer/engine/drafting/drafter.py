@@ -68,6 +68,34 @@ def _pays(p: float, cutoff: float, reach: float, row: int, row_costs) -> bool:
     return p >= cutoff and reach * p >= row_cost(row_costs, row)
 
 
+class _Tree:
+    """The branches Drafter.draft grows: branch b lives in the draft's sequence b; `logits[b]`
+    follow its last evaluated token, `reach[b]` is the product of its tokens' draft
+    probabilities, `main_probs` those of branch 0's tokens; `last_evaluated`: branch 0's last
+    token has been evaluated (logits[0] follow it); `stopped`: branch 0 may not grow."""
+
+    def __init__(self, logits: list):
+        self.logits: list = logits
+        self.branches: list[list[int]] = [[]]
+        self.active, self.reach = [True], [1.0]
+        self.main_probs: list[float] = []
+        self.last_evaluated, self.stopped = True, False
+
+    def extend(self, b: int, token: int, p: float) -> None:
+        self.branches[b].append(token)
+        self.reach[b] *= p
+        if b == 0:
+            self.main_probs.append(p)
+            self.last_evaluated = False
+
+    def fork(self, b: int, token: int, p: float) -> None:
+        """A new branch: branch b so far, then `token` (its runner-up, of probability p)."""
+        self.branches.append(self.branches[b] + [token])
+        self.reach.append(self.reach[b] * p)
+        self.active.append(True)
+        self.logits.append(None)
+
+
 def candidates(logits: np.ndarray) -> tuple[np.ndarray, int, int]:
     """The draft's choice at one position: the probabilities, the likeliest token and the
     runner-up (plan/measure.py times this as part of a drafted token)."""
@@ -255,53 +283,52 @@ class Drafter:
         self.interrupted = False
         if limit <= 0 or not self._catch_up(context, should_stop):
             return [], []
-        logits = [self._sync(context)]
-        branches: list[list[int]] = [[]]
-        active = [True]
-        main_probs: list[float] = []
-        base = len(context)
-        last_evaluated = True  # branch 0's last token has been evaluated (logits[0] follows it)
-        stopped = False
-        reach = [1.0]   # per branch: the product of its tokens' draft probabilities
+        tree = _Tree([self._sync(context)])
         for depth in range(limit):
-            grown = []
-            for b in range(len(branches)):
-                if not active[b]:
-                    continue
-                probs, first, second = candidates(logits[b])
-                if not _pays(probs[first], cutoff, reach[b], depth + 1, params.row_costs):
-                    active[b] = False
-                    continue
-                if (len(branches) < params.n_parallel and probs[second] > params.p_split
-                        and _pays(probs[second], cutoff, reach[b], depth + 1,
-                                  params.row_costs)):
-                    fork = branches[b][:] + [self.token(second)]
-                    self.stage.seq_cp(b, len(branches), -1, -1)
-                    branches.append(fork)
-                    reach.append(reach[b] * float(probs[second]))
-                    active.append(True)
-                    logits.append(None)
-                    grown.append(len(branches) - 1)
-                branches[b].append(self.token(first))
-                reach[b] *= float(probs[first])
-                if b == 0:
-                    main_probs.append(float(probs[first]))
-                    last_evaluated = False
-                    stopped = stop_at is not None and stop_at(branches[0])
-                grown.append(b)
-            if not grown or depth + 1 == limit or stopped:
+            grown = self._grow(tree, depth, cutoff, params, stop_at)
+            if not grown or depth + 1 == limit or tree.stopped:
                 break
             if should_stop is not None and should_stop():
                 break
-            grown.sort()
-            self.evaluated += len(grown)
-            out = self.stage.decode([base + depth] * len(grown), [(b,) for b in grown],
-                                    tokens=[branches[b][-1] for b in grown])
-            for row, b in enumerate(grown):
-                logits[b] = out[row]
-            last_evaluated = last_evaluated or 0 in grown
-        self._finish(context, branches, logits[0] if last_evaluated else None)
-        return [br for br in branches if br], main_probs
+            self._evaluate(tree, grown, len(context) + depth)
+        self._finish(context, tree.branches, tree.logits[0] if tree.last_evaluated else None)
+        return [br for br in tree.branches if br], tree.main_probs
+
+    def _grow(self, tree: "_Tree", depth: int, cutoff: float, params: DraftParams,
+              stop_at: Callable[[list[int]], bool] | None) -> list[int]:
+        """Each active branch gains its likeliest next token if it pays (else it ends), and
+        forks on the runner-up where that is likely enough and the tree has room; the
+        branches that gained a token, whose new tokens the draft evaluates next."""
+        grown = []
+        for b in range(len(tree.branches)):
+            if not tree.active[b]:
+                continue
+            probs, first, second = candidates(tree.logits[b])
+            reach = tree.reach[b]
+            if not _pays(probs[first], cutoff, reach, depth + 1, params.row_costs):
+                tree.active[b] = False
+                continue
+            if (len(tree.branches) < params.n_parallel and probs[second] > params.p_split
+                    and _pays(probs[second], cutoff, reach, depth + 1, params.row_costs)):
+                self.stage.seq_cp(b, len(tree.branches), -1, -1)
+                tree.fork(b, self.token(second), float(probs[second]))
+                grown.append(len(tree.branches) - 1)
+            tree.extend(b, self.token(first), float(probs[first]))
+            if b == 0:
+                tree.stopped = stop_at is not None and stop_at(tree.branches[0])
+            grown.append(b)
+        return grown
+
+    def _evaluate(self, tree: "_Tree", grown: list[int], position: int) -> None:
+        """The draft model evaluates the last token of each branch in `grown` (all at
+        `position`, each in its branch's sequence) for the logits of the next step."""
+        grown.sort()
+        self.evaluated += len(grown)
+        out = self.stage.decode([position] * len(grown), [(b,) for b in grown],
+                                tokens=[tree.branches[b][-1] for b in grown])
+        for row, b in enumerate(grown):
+            tree.logits[b] = out[row]
+        tree.last_evaluated = tree.last_evaluated or 0 in grown
 
     def _catch_up(self, context: Sequence[int], should_stop: Callable[[], bool] | None) -> bool:
         """Evaluate a long unevaluated tail of `context` in WARM_STEP steps, asking

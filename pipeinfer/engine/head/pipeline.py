@@ -1,7 +1,7 @@
 """The head's view of the target pipeline: what a scheduler submits runs to.
 
 It embeds tokens, evaluates the head's own slice of layers (if it holds any), and hands the
-rest to a Transport: the MPI job's (transport/mpi.HeadTransport), or stages in this process
+rest to a Transport: the MPI job's (transport/head_transport.HeadTransport), or stages in this process
 (worker/local.LocalTransport). Results come back as RunResults in the order runs were
 submitted. The scheduler never calls MPI.
 """

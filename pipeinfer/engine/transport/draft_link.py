@@ -1,6 +1,6 @@
 """The link of PipeSpec's draft models on ranks of their own (hierarchy_remote.py) and the head:
 int64 arrays [kind, arg, tokens...] on one tag, so that the messages of one sender arrive in
-the order sent. Built on mpi_transport.Link (which alone imports mpi4py)."""
+the order sent. Built on mpi.Link (mpi.py alone imports mpi4py)."""
 
 from __future__ import annotations
 

@@ -28,7 +28,8 @@ from ..transport.backoff import Backoff, IdleBackoff
 from ..transport.backoff import idle_backoff as backoff_for
 from .core import COMPUTED, StageCore
 from ...report.metrics import peak_rss_mb, rss_mb
-from ..transport.mpi import CANCEL_END, WorkerLink
+from ..transport.mpi import CANCEL_END
+from ..transport.worker_link import WorkerLink
 from ...model.kept_cells import KeptCells
 from .replicas import END as REPLICAS_END, Replicas
 from ...model.stage import Stage

@@ -19,7 +19,7 @@ def _rank() -> str:
 
 
 def _stage_faults(kind: str, n: int) -> None:
-    from pipeinfer.engine.transport import mpi
+    from pipeinfer.engine.transport import worker_link
     from pipeinfer.model import stage
 
     if kind == "decode":
@@ -41,7 +41,7 @@ def _stage_faults(kind: str, n: int) -> None:
         def send_stats(self, stats):
             raise RuntimeError("injected fault in shutdown")
 
-        mpi.WorkerLink.send_stats = send_stats
+        worker_link.WorkerLink.send_stats = send_stats
 
 
 class _Unreadable:
