@@ -93,6 +93,7 @@ def test_microbatch_ends_early_exactly_when_a_stage_would_idle():
             stops = of(s.step(Tick()), A.StopDraft)
             in_flight = s.sched.in_flight
             assert bool(stops) == (in_flight < n_stages), (n_stages, in_flight)
+            assert not any(stop.stale for stop in stops)   # its tokens are wanted
             assert not of(s.step(Tick()), A.StopDraft)  # said once
             n = len(job.context)
             s.step(DraftReady(job.job_id, (tuple(TARGET[n:n + 1]),)))
@@ -140,6 +141,22 @@ def test_invalidated_and_superfluous_runs_are_cancelled():
     assert bad in cancels and worse in cancels
     assert s.sched.gen.counters.runs_cancelled_invalidated == 2
     assert s.sched.gen.tokens == TARGET[len(PROMPT):n + 1]
+
+
+def test_a_job_continuing_a_rejected_guess_is_stopped_as_stale():
+    """The job out continues a speculation the target has just rejected: it is stopped as
+    stale (its draft step under way may be aborted), and the next job starts from the
+    target's token."""
+    s = Script(make(max_runs=8, n_stages=8))
+    s.prefill()
+    job = of(s.step(Tick()), A.StartDraft)[0].job
+    s.step(DraftReady(job.job_id, ((777,),)))          # wrong
+    job = of(s.step(Tick()), A.StartDraft)[0].job      # continues the wrong guess
+    stops = of(s.finish_oldest(), A.StopDraft)         # the target's token is not 777
+    assert stops == [A.StopDraft(job.job_id, stale=True)]
+    s.step(DraftInterrupted(job.job_id))               # (its step aborted: nothing drafted)
+    again = of(s.step(Tick()), A.StartDraft)[0].job
+    assert list(again.context) == list(s.sched.gen.accepted)
 
 
 def test_superfluous_run_is_cancelled():

@@ -132,6 +132,9 @@ class Simulation:
             elif isinstance(action, A.StartDraft):
                 self._start_draft(action.job)
             elif isinstance(action, A.StopDraft):
+                # (a stale stop aborts the draft step under way on a real head; here every
+                # stop ends the job after its step: the head's time is one queue here, and a
+                # step taken out of it would move what is queued behind it)
                 if self.job is not None and self.job[0].job_id == action.job_id:
                     self.job[2] = True
             else:

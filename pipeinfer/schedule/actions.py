@@ -98,11 +98,13 @@ class StartDraft:
 
 @dataclass(frozen=True)
 class StopDraft:
-    """Ship what job `job_id` drafted so far (or drop it, if its speculation is gone)."""
+    """Ship what job `job_id` drafted so far; `stale`: drop it, its speculation is gone (its
+    draft step under way may be aborted)."""
     job_id: int
+    stale: bool = False
 
     def __repr__(self) -> str:
-        return f"StopDraft(job={self.job_id})"
+        return f"StopDraft(job={self.job_id}{', stale' if self.stale else ''})"
 
 
 @dataclass(frozen=True)

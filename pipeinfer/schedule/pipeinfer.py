@@ -75,7 +75,7 @@ class PipeInfer(Scheduler):
         job = self.job
         if job is not None and not self.gen.done and not _extends(self.spec.tip()[0],
                                                                    job.context):
-            self._stop_job()  # it continues a speculation that is gone
+            self._stop_job(stale=True)  # it continues a speculation that is gone
 
     def on_tick(self) -> None:
         if self.job is None:
@@ -134,9 +134,9 @@ class PipeInfer(Scheduler):
                             ngram_budget=self.ramp.size, room=room, model=model, score=score)
         self.spec.emit(StartDraft(self.job))
 
-    def _stop_job(self) -> None:
+    def _stop_job(self, stale: bool = False) -> None:
         self.stopping = True
-        self.spec.emit(StopDraft(self.job.job_id))
+        self.spec.emit(StopDraft(self.job.job_id, stale))
 
     def _may_speculate(self) -> bool:
         if self.pool.n_free == 0 or self.pipeline_load >= self.run_limit or self.rebuilding():

@@ -22,7 +22,7 @@ class ScriptedExecutor:
     def submit(self, job):
         raise NotImplementedError
 
-    def stop(self, job_id):
+    def stop(self, job_id, stale=False):
         self.calls.append(("stop", job_id))
 
     def poll(self):

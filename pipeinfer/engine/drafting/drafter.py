@@ -14,17 +14,18 @@ the output, so a copy needs no exact run sizes: only the same draft file and set
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Callable, Sequence
-
+import itertools
 import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Callable, Iterator, Sequence
 
 import numpy as np
 
 from ...model.draft_vocab_stage import DraftVocab
 from ...model.kept_cells import KeptCells, token_digest
 from ...model.row_costs import row_cost
-from ...model.stage import Stage
+from ...model.stage import Stage, StageAborted
 
 
 # Catching up on a long context (the prompt, while the target prefills it) goes in steps, and
@@ -117,7 +118,9 @@ class Drafter:
         self.busy_s = 0.0
         self.evaluated = 0   # tokens the draft model evaluated so far (its work, for the guard)
         self._s_per_token: float | None = None  # measured cost of one context token
-        self.interrupted = False   # the last draft() was stopped while catching up
+        self.interrupted = False   # the last draft() was stopped while catching up, or aborted
+        self._run_id = 0   # the run id of the draft's decodes now (a job's while it runs)
+        self._runs = itertools.count(1)
         self._keeping: tuple[KeptCells, int] | None = None   # (store, request key)
         self._kept_n = 0                  # len(ctx) at the last copy
         self._taken: bytes | None = None  # cells taken back, put in at the next use
@@ -192,8 +195,13 @@ class Drafter:
             self.evaluated += len(chunk)
             scored = self.scoring is not None
             rows = [scored or (last and i == len(chunk) - 1) for i in range(len(chunk))]
-            out = self.stage.decode(list(range(start, start + len(chunk))), [(0,)] * len(chunk),
-                                    tokens=chunk, logit_rows=rows)
+            try:
+                out = self.stage.decode(list(range(start, start + len(chunk))),
+                                        [(0,)] * len(chunk), tokens=chunk, logit_rows=rows,
+                                        run_id=self._run_id)
+            except StageAborted:   # (the chunk's cells are gone: those before it stay)
+                self.ctx, self._last = list(context[:start]), None
+                raise
             self._s_per_token = (time.perf_counter() - t0) / len(chunk)
             if scored:
                 self._score(out, context[start + 1:start + len(chunk) + 1])
@@ -278,21 +286,50 @@ class Drafter:
         out rather than wait (paper IV-B); while catching up on a long context, it gives
         nothing (progress is kept). `stop_at(branch 0)`, asked after each token branch 0
         gains, ends drafting after it (where a grammar forces the rest, which
-        engine/drafting/grammar_drafts.py drafts without the model, up to `room`: unused here)."""
+        engine/drafting/grammar_drafts.py drafts without the model, up to `room`: unused here).
+        Inside `running`, another thread may abort it: then it gives nothing (`interrupted`),
+        and sequence 0 holds what was evaluated before the aborted decode."""
         limit = params.max_tokens if max_tokens is None else max_tokens
         self.interrupted = False
-        if limit <= 0 or not self._catch_up(context, should_stop):
+        try:
+            if limit <= 0 or not self._catch_up(context, should_stop):
+                return [], []
+            tree = _Tree([self._sync(context)])
+            for depth in range(limit):
+                grown = self._grow(tree, depth, cutoff, params, stop_at)
+                if not grown or depth + 1 == limit or tree.stopped:
+                    break
+                if should_stop is not None and should_stop():
+                    break
+                self._evaluate(tree, grown, len(context) + depth)
+        except StageAborted:
+            self._aborted(params.n_parallel)
             return [], []
-        tree = _Tree([self._sync(context)])
-        for depth in range(limit):
-            grown = self._grow(tree, depth, cutoff, params, stop_at)
-            if not grown or depth + 1 == limit or tree.stopped:
-                break
-            if should_stop is not None and should_stop():
-                break
-            self._evaluate(tree, grown, len(context) + depth)
         self._finish(context, tree.branches, tree.logits[0] if tree.last_evaluated else None)
         return [br for br in tree.branches if br], tree.main_probs
+
+    @contextmanager
+    def running(self) -> Iterator[int]:
+        """The draft's decodes inside run under a run id of their own (yielded), which
+        `abort` ends from another thread: the draft() under way then gives nothing."""
+        self._run_id = next(self._runs)
+        try:
+            yield self._run_id
+        finally:
+            self._run_id = 0
+
+    def abort(self, run_id: int) -> None:
+        """End the decode of `run_id` under way (or its next): thread-safe (Stage.cancel)."""
+        self.stage.cancel(run_id)
+
+    def _aborted(self, n_branches: int) -> None:
+        """After an aborted decode (whose batch's cells llama.cpp's caller dropped): the side
+        branches dropped, sequence 0 cut back to the tokens `ctx` says it holds."""
+        for b in range(1, n_branches):
+            self.stage.seq_rm(b, -1, -1)
+        self.stage.seq_rm(0, len(self.ctx), -1)
+        self._last = None
+        self.interrupted = True
 
     def _grow(self, tree: "_Tree", depth: int, cutoff: float, params: DraftParams,
               stop_at: Callable[[list[int]], bool] | None) -> list[int]:
@@ -325,7 +362,8 @@ class Drafter:
         grown.sort()
         self.evaluated += len(grown)
         out = self.stage.decode([position] * len(grown), [(b,) for b in grown],
-                                tokens=[tree.branches[b][-1] for b in grown])
+                                tokens=[tree.branches[b][-1] for b in grown],
+                                run_id=self._run_id)
         for row, b in enumerate(grown):
             tree.logits[b] = out[row]
         tree.last_evaluated = tree.last_evaluated or 0 in grown

@@ -4,13 +4,16 @@ A draft step is long next to everything else the head does (Qwen2.5 0.5B: ~20 ms
 one core, ~50 ms on half a core). Inline, the driver runs a job when it polls for it and asks
 between draft steps whether to stop (a result waits, or the scheduler says a stage idles).
 On a thread (llama.cpp releases the GIL while it computes), the driver keeps absorbing
-results and starting runs while the job computes, and the scheduler stops it with StopDraft.
+results and starting runs while the job computes, and the scheduler stops it with StopDraft;
+a stale job (the speculation it continues is gone) has its draft step under way aborted, so
+that the draft reaches the next job, on the corrected context, at once.
 Both turn a finished job into DraftReady, or DraftInterrupted when it was stopped before it
 drafted anything. The prompt warm-up (WarmDraft) goes in steps, so stopping stays prompt.
 """
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import threading
 import time
@@ -34,17 +37,20 @@ class _Job:
         self.interrupted = False
         self.evaluated = 0   # tokens the draft model evaluated for this job
         self.agreement: tuple[int, int, int] | None = None   # its score, if the job asked
+        self.run_id: int | None = None   # its draft decodes' run id, once it runs (abort)
 
     def run(self, drafter, params: DraftParams, should_stop: Callable[[], bool]) -> None:
         before = getattr(drafter, "evaluated", 0)
         scoring = self.job.score and hasattr(drafter, "agreement")
         if scoring:
             drafter.scoring, drafter.agreement = self.job.cutoff, [0, 0, 0]
+        running = getattr(drafter, "running", contextlib.nullcontext)
         try:
-            self.branches, _ = drafter.draft(list(self.job.context), params, self.job.cutoff,
-                                             max_tokens=self.job.budget,
-                                             should_stop=should_stop,
-                                             room=self.job.free_room)
+            with running() as self.run_id:
+                self.branches, _ = drafter.draft(list(self.job.context), params,
+                                                 self.job.cutoff, max_tokens=self.job.budget,
+                                                 should_stop=should_stop,
+                                                 room=self.job.free_room)
             # A first guess under the cutoff is a failed attempt even when a stop came
             # meanwhile: reported as interrupted, it would be tried again at once, unchanged,
             # and on a pipeline with idle stages every job is stopped as it starts.
@@ -95,7 +101,7 @@ class InlineDrafts:
         self._warm = None  # from now on jobs move the draft's context along
         self._job = _Job(job)
 
-    def stop(self, job_id: int) -> None:
+    def stop(self, job_id: int, stale: bool = False) -> None:
         if self._job is not None and self._job.job.job_id == job_id:
             self._job.stop.set()
 
@@ -138,9 +144,14 @@ class ThreadedDrafts:
         self._current = _Job(job)
         self._todo.put(self._current)
 
-    def stop(self, job_id: int) -> None:
-        if self._current is not None and self._current.job.job_id == job_id:
-            self._current.stop.set()
+    def stop(self, job_id: int, stale: bool = False) -> None:
+        """End job `job_id` after its draft step under way; `stale` (the speculation it
+        continues is gone): end that step too, its work is of no use."""
+        job = self._current
+        if job is not None and job.job.job_id == job_id:
+            job.stop.set()
+            if stale and job.run_id is not None and hasattr(self.drafter, "abort"):
+                self.drafter.abort(job.run_id)
 
     def poll(self):
         if self._warm_error is not None:

@@ -74,7 +74,7 @@ class HierarchyDrafts:
         self._changed = False
         return DraftsStepped(tuple(self.hier.buffer))
 
-    def stop(self, job_id: int) -> None:
+    def stop(self, job_id: int, stale: bool = False) -> None:
         pass
 
     def close(self) -> None:

@@ -36,10 +36,10 @@ class LookupExecutor:
     def idle(self) -> bool:
         return self.fallback.idle() if self.fallback is not None else False
 
-    def stop(self, job_id: int) -> None:
+    def stop(self, job_id: int, stale: bool = False) -> None:
         """A job of the lookup is answered already; one of the fallback's stops there."""
         if self.fallback is not None:
-            self.fallback.stop(job_id)
+            self.fallback.stop(job_id, stale)
 
     def close(self) -> None:
         self._ready.clear()

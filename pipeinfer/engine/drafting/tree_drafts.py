@@ -56,7 +56,7 @@ class TreeDrafts:
                 list(positions), [(s,) for s in seqs], tokens=list(tokens))]
         return TreeDraftReady(job.job_id, (), rows=tuple(rows + synced))
 
-    def stop(self, job_id: int) -> None:
+    def stop(self, job_id: int, stale: bool = False) -> None:
         pass   # jobs are done when submitted
 
     def poll(self) -> TreeDraftReady | None:

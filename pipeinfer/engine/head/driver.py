@@ -137,7 +137,7 @@ class Driver:
         elif isinstance(action, A.StartDraft):
             self.drafts.submit(action.job)
         elif isinstance(action, A.StopDraft):
-            self.drafts.stop(action.job_id)
+            self.drafts.stop(action.job_id, action.stale)
         elif isinstance(action, A.WarmDraft):
             self.drafts.warm(action.tokens)
         elif isinstance(action, (A.SyncDrafts, A.DraftsDone)):
