@@ -128,6 +128,34 @@ def test_cpu_quota_binds(tmp_path):
                 f"{attempts} (unconstrained processes get {share:.2f})")
 
 
+BURSTS = """
+    import json, sys, time
+    walls = []
+    for _ in range(int(sys.argv[1])):
+        time.sleep(0.1)                       # idle, as a stage between two runs
+        t0, wall0 = time.thread_time(), time.perf_counter()
+        while time.thread_time() - t0 < 0.015:
+            pass
+        walls.append(time.perf_counter() - wall0)
+    print(json.dumps({"median_wall": sorted(walls)[len(walls) // 2]}))
+"""
+
+
+@needs_cgroups
+def test_a_node_idle_before_a_burst_runs_it_at_its_quota(tmp_path):
+    """A half-core node that waited computes 15 ms of CPU in no less than about 30 ms: under
+    the default period (fitted to the quota) a burst gets no more than the quota. (Under a
+    10 ms period the kernel let such bursts take about 20 ms, as if the node were faster
+    whenever it had waited.)"""
+    script = write_script(tmp_path, "bursts.py", BURSTS)
+    result, job = cluster("--nodes", "1", "--cpu", "0.5", "--", PYTHON, script, "9")
+    assert result.rc == 0, result.describe()
+    assert_cleaned_up(job)
+    report = json.loads(next(line for line in result.stdout.splitlines()
+                             if line.startswith("{")))
+    assert report["median_wall"] >= 0.025, report
+
+
 @needs_cgroups
 def test_heterogeneous_quotas_per_rank(tmp_path):
     script = write_script(tmp_path, "busy.py", BUSY)

@@ -82,9 +82,9 @@ def peer_bin(session_cache, monkeypatch) -> Path:
 
 
 def _cluster_run(bin_dir: Path, command: list[str], timeout: float):
-    from experiments.harness.cpu_quota import PERIOD_US, CpuQuotas
+    from experiments.harness.cpu_quota import CpuQuotas
     from experiments.harness.peers import PeerCluster
-    quotas = CpuQuotas(uuid.uuid4().hex[:6], [1.0, 1.0], PERIOD_US)
+    quotas = CpuQuotas(uuid.uuid4().hex[:6], [1.0, 1.0])
     quotas.create()
     try:
         with PeerCluster(bin_dir, quotas) as cluster:

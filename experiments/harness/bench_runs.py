@@ -18,7 +18,7 @@ from pathlib import Path
 
 from . import CLUSTER
 from .cluster_run import run_cluster
-from .cpu_quota import PERIOD_US, CpuQuotas, QuotaError
+from .cpu_quota import CpuQuotas, QuotaError, fitted_period_us
 from .peer_output import PeerOutputError, parse_completion, parse_speculative
 from .peers import PeerCluster, last_line
 
@@ -40,6 +40,7 @@ class RunSpec:
     n_layer: int = 0     # the target's layers, for same_slices
     same_slices: bool = False   # pipeinfer's workers get llama.cpp's layers (llama_ts_layers)
     flags: tuple[str, ...] = ()  # more pipeinfer flags (bench_peers --variant)
+    period_us: int | None = None   # the CFS period of the nodes' quotas (None: fitted)
 
     @property
     def uses_draft(self) -> bool:
@@ -117,7 +118,7 @@ def peer_command(spec: RunSpec, bin_dir: Path, endpoints: str) -> list[str]:
 def run_peer(spec: RunSpec, bin_dir: Path) -> dict:
     """Fresh rpc-servers (so each run's peak memory is its own), the main program on node 0."""
     try:
-        quotas = CpuQuotas(uuid.uuid4().hex[:6], [spec.cpu] * spec.nodes, PERIOD_US)
+        quotas = CpuQuotas(uuid.uuid4().hex[:6], [spec.cpu] * spec.nodes, spec.period_us)
         quotas.create()
     except QuotaError as err:
         return {"error": f"no CPU quotas: {err}"}
@@ -161,7 +162,8 @@ def pipeinfer_command(spec: RunSpec) -> list[str]:
         cmd += ["-md", spec.draft]
     cmd += spec.flags
     return [sys.executable, str(CLUSTER), "--nodes", str(spec.nodes),
-            "--cpu", f"{spec.cpu:g}", "--period-us", str(PERIOD_US), "--link", spec.link,
+            "--cpu", f"{spec.cpu:g}", "--period-us",
+            str(spec.period_us or fitted_period_us([spec.cpu])), "--link", spec.link,
             "--", *cmd]
 
 

@@ -27,7 +27,7 @@ from contextlib import ExitStack
 from pathlib import Path
 
 from . import CLUSTER, cluster_hosts, cluster_shim, linkhub, node_disks
-from .cpu_quota import PERIOD_US, CpuQuotas, QuotaError, parse_cpus
+from .cpu_quota import CpuQuotas, QuotaError, parse_cpus
 
 LINK_PRESETS = {"gigabit": ("1gbit", "0.2ms", "0ms"), "slow": ("100mbit", "1ms", "0ms")}
 SUBNET = "10.77.0"
@@ -331,8 +331,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--nodes", type=int, default=4, help="MPI ranks (emulated nodes)")
     parser.add_argument("--cpu", type=float, default=0.5, help="CPU quota per node, in cores")
     parser.add_argument("--cpus", help="per-node quotas, comma-separated (heterogeneous cluster)")
-    parser.add_argument("--period-us", type=int, default=PERIOD_US,
-                        help="CFS period; short periods avoid 100 ms throttling bursts")
+    parser.add_argument("--period-us", type=int, default=None,
+                        help="CFS period of the quotas (default: the shortest the kernel "
+                             "allows for them, 2 ms at 0.5 core: a node idle before a burst "
+                             "runs it faster than its quota for up to about a period)")
     parser.add_argument("--link", default="none", choices=["none", "gigabit", "slow", "custom"],
                         help="network between nodes: none (shared memory), gigabit "
                              "(1 Gbit/s, 0.2 ms each way), slow (100 Mbit/s, 1 ms each way), "

@@ -39,7 +39,7 @@ import shlex
 import tomllib
 from dataclasses import dataclass, field
 
-from .cpu_quota import PERIOD_US
+from .cpu_quota import MIN_QUOTA_US
 from pathlib import Path
 
 BASE_STRATEGIES = ("iterative", "speculative", "pipeinfer")  # the paper's, the default order
@@ -250,8 +250,8 @@ def parse_settings(raw: list, path: Path) -> list[Setting]:
                     len(setting.layer_split.split(",")) != ranks:
                 raise ConfigError(f"settings[{i}]: layer_split {setting.layer_split!r} needs "
                                   f"{ranks} shares")
-            period = setting.period_us or PERIOD_US
-            if cpus is not None and min(cpus) * period < 1000:
+            period = setting.period_us
+            if cpus is not None and period and min(cpus) * period < MIN_QUOTA_US:
                 raise ConfigError(f"settings[{i}] ({name}): a quota of {min(cpus):g} cores is "
                                   f"under the kernel's 1 ms minimum per {period} us period; "
                                   f"set period_us to at least {int(1000 / min(cpus)) + 1}")
