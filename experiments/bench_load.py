@@ -43,7 +43,7 @@ from experiments.harness import CLUSTER, ROOT, build_peers  # noqa: E402
 from experiments.harness.bench_runs import RunSpec, _links, peer_command  # noqa: E402
 from experiments.harness.cluster import LINK_PRESETS  # noqa: E402
 from experiments.harness.cluster_run import stop  # noqa: E402
-from experiments.harness.cpu_quota import CpuQuotas, fitted_period_us, host_cpu  # noqa: E402
+from experiments.harness.cpu_quota import CpuQuotas, host_cpu  # noqa: E402
 from experiments.harness.peers import PeerCluster, last_line, peak_rss_mb  # noqa: E402
 
 SENT = re.compile(r"sent ([\d.]+) MB of weights in ([\d.]+) s")
@@ -63,7 +63,7 @@ def first_byte(proc: subprocess.Popen, timeout: float, watch=None) -> float | No
 
 def pipeinfer_start(args, disks: Path, prompt: str, env: dict | None = None) -> dict:
     cmd = [sys.executable, str(CLUSTER), "--nodes", str(args.nodes), "--cpu",
-           f"{args.cpu:g}", "--period-us", str(fitted_period_us([args.cpu])), "--link", args.link, "--disks",
+           f"{args.cpu:g}", "--link", args.link, "--disks",
            "private", "--disk-root", str(disks), "--", str(Path(sys.executable).parent /
                                                         "pipeinfer"),
            "run", "-m", args.model, "-p", prompt, "-n", str(args.n), "--ignore-eos", "-t", "1",

@@ -43,7 +43,7 @@ if not __package__:   # run as `python experiments/NAME.py`: the repository on t
 
 from experiments.harness import CLUSTER, ROOT  # noqa: E402
 from experiments.harness.bench_runs import even_split, target_layers  # noqa: E402
-from experiments.harness.cpu_quota import CpuQuotas, fitted_period_us, host_cpu  # noqa: E402
+from experiments.harness.cpu_quota import CpuQuotas, host_cpu  # noqa: E402
 from experiments.harness.peers import PeerCluster, last_line  # noqa: E402
 
 PROMPTS = (
@@ -181,8 +181,7 @@ class PipeinferServer:
                  *flags, "--layer-split", split, "--parallel", str(args.clients), "--port", "0",
                  "-c", str(getattr(args, "ctx", 2048))]
         self.command = [sys.executable, str(CLUSTER), "--nodes", str(args.nodes),
-                        "--cpu", f"{args.cpu:g}", "--period-us",
-                        str(fitted_period_us([args.cpu])), "--", *serve]
+                        "--cpu", f"{args.cpu:g}", "--", *serve]
         self.log = Path(f"/tmp/pipeinfer-bench-serve-{os.getpid()}.log")
 
     def __enter__(self) -> str:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from . import CLUSTER
 from .cluster_run import run_cluster
-from .cpu_quota import CpuQuotas, QuotaError, fitted_period_us
+from .cpu_quota import CpuQuotas, QuotaError
 from .peer_output import PeerOutputError, parse_completion, parse_speculative
 from .peers import PeerCluster, last_line
 
@@ -161,10 +161,9 @@ def pipeinfer_command(spec: RunSpec) -> list[str]:
     if spec.uses_draft:
         cmd += ["-md", spec.draft]
     cmd += spec.flags
+    period = ["--period-us", str(spec.period_us)] if spec.period_us else []  # (else fitted)
     return [sys.executable, str(CLUSTER), "--nodes", str(spec.nodes),
-            "--cpu", f"{spec.cpu:g}", "--period-us",
-            str(spec.period_us or fitted_period_us([spec.cpu])), "--link", spec.link,
-            "--", *cmd]
+            "--cpu", f"{spec.cpu:g}", *period, "--link", spec.link, "--", *cmd]
 
 
 def run_pipeinfer(spec: RunSpec) -> dict:

@@ -150,7 +150,7 @@ class ThreadedDrafts:
         job = self._current
         if job is not None and job.job.job_id == job_id:
             job.stop.set()
-            if stale and job.run_id is not None and hasattr(self.drafter, "abort"):
+            if stale and job.run_id is not None:   # (set only by a drafter that aborts)
                 self.drafter.abort(job.run_id)
 
     def poll(self):
