@@ -15,7 +15,7 @@ import pytest
 
 from support import tinymodel
 from pipeinfer.model.embedding import Embedder
-from pipeinfer.model.llama_lib import LlamaError
+from pipeinfer.model.llama_lib import LlamaError, dequantize_rows
 from pipeinfer.model.partition import partition
 from pipeinfer.model.slicing import model_info, read_model, split_model
 from pipeinfer.model.stage import Stage, StageAborted, StageConfig
@@ -226,6 +226,26 @@ def test_the_embedder_refuses_token_ids_outside_the_vocabulary(tiny_setup: Setup
     for bad in ([embed.n_vocab], [3, -1]):
         with pytest.raises(ValueError, match="out of range"):
             embed(bad)
+
+
+def test_kept_rows_are_the_rows_converted_afresh(smollm2: Path):
+    """The rows the embedder keeps give the bits a fresh conversion gives, whatever mix of
+    kept, new and repeated tokens a run holds, while it keeps no more than its bound; the
+    array it returns is the caller's to change."""
+    embed = Embedder(smollm2)
+    embed.max_kept = 8
+    rng = np.random.default_rng(0)
+    tokens = [int(t) for t in rng.integers(0, embed.n_vocab, 30)] + [5, 5, 7, 5, 9, 7]
+    tokens += tokens[:12]
+    for i in range(0, len(tokens), 3):
+        run = tokens[i:i + 3]
+        got = embed(run)
+        fresh = dequantize_rows(embed._rows[np.asarray(run)], embed._type, embed.n_embd)
+        assert got.dtype == np.float32 and np.array_equal(got, fresh), run
+        assert len(embed._kept) <= 8
+        got += 1.0
+    assert np.array_equal(embed([5, 7]), dequantize_rows(embed._rows[[5, 7]], embed._type,
+                                                          embed.n_embd))
 
 
 def test_logit_rows_subset(tiny_setup: Setup):

@@ -414,3 +414,44 @@ def test_a_large_send_to_a_busy_rank_costs_its_sender_next_to_no_cpu(tmp_path: P
     assert sender["heard"] == [1] and receiver["heard"] == [0]
     assert statistics.median(sender["cpu"]) < SENDER_CPU_MAX, sender["cpu"]
     assert statistics.median(receiver["recv_s"]) < RECEIVE_MAX_S, receiver["recv_s"]
+
+
+PROBE_JOB = textwrap.dedent('''
+    """Rank 1 sends rank 0 a small message ROUNDS times, each once rank 0 sleeps; rank 0
+    sleeps until the send's wake-up and then probes once: does one look find it?"""
+    import json, sys, time
+    import numpy as np
+    from pipeinfer.engine.transport import wakeup
+    from pipeinfer.engine.transport.mpi import Link
+    from pipeinfer.engine.transport.wire import Tag
+
+    ROUNDS = int(sys.argv[1])
+    link = Link()
+    heard = wakeup.connect(link)
+    found = []
+    for i in range(ROUNDS):
+        link.barrier()
+        if link.rank == 1:
+            time.sleep(0.02)                          # rank 0 is asleep by now
+            link.send(0, (np.array([i], dtype=np.int64), Tag.RESULT))
+        else:
+            while not wakeup.sleep(1.0):              # until the send wakes this rank
+                pass
+            found.append(link.probe(1, Tag.RESULT) is not None)
+            assert int(link.recv_array(1, Tag.RESULT, np.int64)[0]) == i
+    link.flush()
+    if link.rank == 0:
+        print(json.dumps({"heard": sorted(heard), "found": found}), flush=True)
+''')
+
+
+def test_the_first_probe_after_a_wake_up_finds_the_message(tmp_path: Path) -> None:
+    """A message is in by the time its wake-up is: one probe finds it, so the turn a wake-up
+    brings is the one that takes the message (MPICH's Iprobe alone answers 'nothing' after
+    the progress that took the message in: every message would cost its receiver a turn)."""
+    script = tmp_path / "probe_job.py"
+    script.write_text(PROBE_JOB)
+    res = launch([MPIEXEC, "-n", "2", str(PYTHON), str(script), "20"], timeout=90)
+    assert res.rc == 0 and res.json is not None, res.describe()
+    assert res.json["heard"] == [1]
+    assert res.json["found"] == [True] * 20, res.json["found"]

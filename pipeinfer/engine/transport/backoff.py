@@ -60,9 +60,12 @@ MAX_SLEEP_S = 5e-3
 # each look and each sleep costs the waiting thread tens of microseconds of CPU (a select()
 # call, a probe, a scheduler tick), and nothing is on its way that a wake-up has not announced.
 # A lost wake-up delays a pick-up by at most WOKEN_QUIET_S, or 3 times the time waited so far.
+# WOKEN_QUIET_S is longer than a token's round trip through a fast pipeline (SmolLM2 on four
+# half-core nodes: 13 ms), so the sleep after a run goes out is ended by its result's wake-up,
+# not by a timeout and another look.
 WOKEN_LATENCY_SHARE = 3.0
 WOKEN_MAX_SLEEP_S = 0.1
-WOKEN_QUIET_S = 5e-3
+WOKEN_QUIET_S = 30e-3
 
 
 def idle_backoff(woken: bool, channel: Channel = Channel.MAIN,

@@ -203,10 +203,16 @@ class Link:
 
     # --- receives ---------------------------------------------------------------------------
     def probe(self, source: int | None, tag: Tag) -> MPI.Status | None:
-        """The status of a waiting message from `source` (None: any rank), or None."""
+        """The status of a waiting message from `source` (None: any rank), or None.
+
+        Asks twice: MPICH's Iprobe, finding nothing, makes progress (which may take in the
+        very message asked for) and answers without looking again. Once is what a poll
+        right after a wake-up would see, so every message would cost its receiver a turn
+        more; a second look costs a few microseconds."""
         status = MPI.Status()
         source = MPI.ANY_SOURCE if source is None else source
-        if self.comm.Iprobe(source=source, tag=int(tag), status=status):
+        if (self.comm.Iprobe(source=source, tag=int(tag), status=status)
+                or self.comm.Iprobe(source=source, tag=int(tag), status=status)):
             return status
         return None
 

@@ -34,8 +34,9 @@ class Tag(enum.IntEnum):
     ACTIVATIONS = 3
     KV_OPS = 4
     CANCEL = 5
-    RESULT = 6      # last rank -> head: int64 header of a run's result
-    LOGITS = 7      # last rank -> head: its logits (absent when the run was cancelled)
+    RESULT = 6      # last rank -> head: int64 header of a run's result (then each row's
+                    # argmax, under greedy sampling: ResultFlag.ARGMAX)
+    LOGITS = 7      # last rank -> head: its logits or states (absent: cancelled, or argmax)
     ERROR = 8       # any rank -> head: a pickled message
     STATS = 9       # worker -> head at shutdown: a pickled dict
     DRAFT = 10      # between PipeSpec's draft ranks and the head: int64 [kind, arg, tokens...]
@@ -56,7 +57,7 @@ class DecodeFlag(enum.IntFlag):
 class ResultFlag(enum.IntFlag):
     NONE = 0
     SKIPPED = 1     # cancelled along the pipeline: no payload
-    ARGMAX = 2      # greedy sampling: the payload is each row's argmax, not its logits
+    ARGMAX = 2      # greedy sampling: each row's argmax, after the header in its message
     STATES = 4      # the payload is each row's final hidden state (DecodeFlag.STATES)
 
 

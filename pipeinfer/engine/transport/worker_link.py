@@ -36,18 +36,23 @@ class WorkerLink(Link):
 
     def send_result(self, run_id: int, logits: np.ndarray | None, argmax_only: bool,
                     states: bool = False) -> None:
-        """Send a run's logits to the head (only each row's argmax if `argmax_only`), or its
-        hidden states (`states`: an embedding's run)."""
+        """Send a run's logits to the head (only each row's argmax if `argmax_only`: in the
+        header's message, one message for the head to take, not two), or its hidden states
+        (`states`: an embedding's run)."""
         n_rows = 0 if logits is None else logits.shape[0]
+        payload = None
         if logits is None:
-            flags, payload = ResultFlag.SKIPPED, None
+            flags = ResultFlag.SKIPPED
         elif states:
             flags, payload = ResultFlag.STATES, logits.reshape(-1)
         elif argmax_only:
-            flags, payload = ResultFlag.ARGMAX, np.argmax(logits, axis=1).astype(np.int32)
+            flags = ResultFlag.ARGMAX
         else:
             flags, payload = ResultFlag.NONE, logits.reshape(-1)
-        messages = [(make_header(TxType.LOGITS, run_id, n_rows, flags=int(flags)), Tag.RESULT)]
+        header = make_header(TxType.LOGITS, run_id, n_rows, flags=int(flags))
+        if flags == ResultFlag.ARGMAX:
+            header = np.concatenate([header, np.argmax(logits, axis=1).astype(np.int64)])
+        messages = [(header, Tag.RESULT)]
         if payload is not None:
             messages.append((payload, Tag.LOGITS))
         self.send(HEAD, *messages)
