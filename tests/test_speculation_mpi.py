@@ -117,11 +117,15 @@ def test_compact_draft_exact(tiny, reference, session_cache, flag, tmp_path):
 def test_pipeinfer_speculates_and_accepts(tiny, reference):
     """With the guard off, an aligned draft keeps the pipeline speculating and most guesses
     are accepted. (With it on, three ranks sharing the test machine's cores may well make
-    speculation not pay, and the guard pause it: that is its job, tested in test_guard.py.)"""
+    speculation not pay, and the guard pause it: that is its job, tested in test_guard.py.)
+    How many runs speculate is a race between the draft's thread and a pipeline that takes
+    under a millisecond a token (41-142 accepted guesses in 200 tokens, one CI run 9): the
+    share of verified guesses accepted is what an aligned draft fixes (0.93-0.97)."""
     result = run(3, tiny.target, "-md", tiny.aligned, "--strategy", "pipeinfer",
                  "--layer-split", "0,0.5,0.5", "--no-guard", n_predict=200)
     check_run(result, reference[:200], 2)
-    assert result["runs_speculative"] > 10 and result["n_accepted"] > 10
+    assert result["runs_speculative"] > 5 and result["n_accepted"] > 5, result
+    assert result["verified_accept_rate"] > 0.8, result
 
 
 @pytest.mark.parametrize("thread", [(), ("--no-draft-thread",)])
