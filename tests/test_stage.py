@@ -246,6 +246,10 @@ def test_kept_rows_are_the_rows_converted_afresh(smollm2: Path):
         got += 1.0
     assert np.array_equal(embed([5, 7]), dequantize_rows(embed._rows[[5, 7]], embed._type,
                                                           embed.n_embd))
+    wide = list(range(100, 120))                           # more new tokens than it keeps
+    assert np.array_equal(embed(wide), dequantize_rows(embed._rows[wide], embed._type,
+                                                        embed.n_embd))
+    assert len(embed._kept) <= 8
 
 
 def test_logit_rows_subset(tiny_setup: Setup):

@@ -51,16 +51,15 @@ class Embedder:
         for i, token in enumerate(tokens):
             out[i] = kept[token]
             kept.move_to_end(token)
+        while len(kept) > self.max_kept:   # (after the copies: a run may hold more tokens)
+            kept.popitem(last=False)
         return out
 
     def _convert(self, tokens: list[int]) -> None:
-        """Read and convert the rows of `tokens` and keep them (the oldest make room)."""
+        """Read and convert the rows of `tokens` and keep them."""
         if min(tokens) < 0 or max(tokens) >= self.n_vocab:
             raise ValueError(f"token id out of range 0..{self.n_vocab - 1}")
         rows = dequantize_rows(self._rows[np.asarray(tokens, dtype=np.intp)], self._type,
                                self.n_embd)
         rows.flags.writeable = False
-        for token, row in zip(tokens, rows):
-            self._kept[token] = row
-        while len(self._kept) > self.max_kept:
-            self._kept.popitem(last=False)
+        self._kept.update(zip(tokens, rows))

@@ -40,18 +40,18 @@ class WorkerLink(Link):
         header's message, one message for the head to take, not two), or its hidden states
         (`states`: an embedding's run)."""
         n_rows = 0 if logits is None else logits.shape[0]
-        payload = None
+        payload, argmax = None, None
         if logits is None:
             flags = ResultFlag.SKIPPED
         elif states:
             flags, payload = ResultFlag.STATES, logits.reshape(-1)
         elif argmax_only:
-            flags = ResultFlag.ARGMAX
+            flags, argmax = ResultFlag.ARGMAX, np.argmax(logits, axis=1)
         else:
             flags, payload = ResultFlag.NONE, logits.reshape(-1)
         header = make_header(TxType.LOGITS, run_id, n_rows, flags=int(flags))
-        if flags == ResultFlag.ARGMAX:
-            header = np.concatenate([header, np.argmax(logits, axis=1).astype(np.int64)])
+        if argmax is not None:
+            header = np.concatenate([header, argmax.astype(np.int64)])
         messages = [(header, Tag.RESULT)]
         if payload is not None:
             messages.append((payload, Tag.LOGITS))
