@@ -8,9 +8,10 @@ On hosts whose kernels show it, the same chunk computed in the slot's own contex
 those cells does not: why the refill has a context of its own.
 
 Served: `pipeinfer serve --ranks 3 --refill-along` (SmolLM2, 16-token chunks, iterative and
-pipeinfer; Qwen2.5-Coder 0.5B with the default 64-token chunks): a conversation whose every
-turn is asked as soon as the answer before it came reuses all the whole chunks of its
-history, the answers included, with no idle refill, and every answer equals a fresh
+pipeinfer, the head with layers or without; Qwen2.5-Coder 0.5B with the default 64-token
+chunks), every rank computing the refill's chunks behind its other runs: a conversation
+whose every turn is asked as soon as the answer before it came reuses all the whole chunks
+of its history, the answers included, with no idle refill, and every answer equals a fresh
 evaluation's."""
 
 from __future__ import annotations
@@ -100,8 +101,8 @@ def test_a_refill_context_is_small_and_refuses_what_does_not_fit(smollm2):
 
 # --- served -------------------------------------------------------------------------------
 
-def _server(tmp, strategy: str, model, chunk: int) -> Server:
-    return Server(tmp, 3, "-m", str(model), "-md", str(model), "--layer-split", "0,0.5,0.5",
+def _server(tmp, strategy: str, model, chunk: int, split: str = "0,0.5,0.5") -> Server:
+    return Server(tmp, 3, "-m", str(model), "-md", str(model), "--layer-split", split,
                   "-c", "1024", "--prefill-chunk", str(chunk), "--api-key", KEY,
                   "--parallel", "2", "--strategy", strategy, "--refill-along")
 
@@ -144,5 +145,17 @@ def test_a_conversation_asked_at_once_on_qwen_with_64_token_chunks(tmp_path):
     try:
         srv.wait_ready()
         conversation_at_once(srv, (150, 90), 64)
+    finally:
+        srv.kill()
+
+
+@pytest.mark.smollm2
+def test_a_head_holding_layers_refills_behind_its_loop_too(smollm2, tmp_path):
+    """The head's own slice computes the refill's chunks behind its loop as the workers do
+    (engine/head/pipeline.py): the answers are a fresh evaluation's all the same."""
+    srv = _server(tmp_path, "pipeinfer", smollm2, 16, split="0.4,0.3,0.3")
+    try:
+        srv.wait_ready()
+        conversation_at_once(srv, (60, 45), 16)
     finally:
         srv.kill()

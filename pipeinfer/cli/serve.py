@@ -121,10 +121,11 @@ SERVE_HELP = """Serve the model over HTTP with an OpenAI-compatible API. Two way
                    "back at the end, instead of once the pipeline is idle. A next turn asked "
                    "at once then evaluates only what it adds (an answer's own cells come from "
                    "decode runs, which a fresh evaluation does not compute alike, so they are "
-                   "evaluated again either way), answers unchanged; but the answer decodes "
-                   "more slowly while its chunks hold the stages, and every rank has one more "
-                   "llama.cpp context per slot (-c cells of its layers, one chunk's compute "
-                   "buffer).")
+                   "evaluated again either way), answers unchanged. Every rank computes the "
+                   "chunks behind the answer's runs, at the lowest priority, in the time they "
+                   "leave it; a next turn asked at once waits for what is left of them. Every "
+                   "rank has one more llama.cpp context per slot (-c cells of its layers, one "
+                   "chunk's compute buffer) and one more thread.")
 @click.option("--cors-origin", "cors_origins", multiple=True,
               help="An origin (scheme://host[:port]) whose browser pages may call the API "
                    "(CORS); repeat for several. [default: any origin, *]")

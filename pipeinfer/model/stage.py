@@ -148,12 +148,15 @@ class Stage:
 
     @property
     def n_slots(self) -> int:
-        """Contexts that generate (refill contexts not counted)."""
+        """Contexts that generate (refill contexts, if any, follow them)."""
         return self.config.n_slots
 
+    @property
+    def has_refill_contexts(self) -> bool:
+        return self.config.refill_ctx > 0
+
     def slot(self, slot: int) -> "StageSlot":
-        """This stage seen through one of its contexts (what a draft model per request
-        uses)."""
+        """This stage seen through one of its contexts (what a draft model per request uses)."""
         self._slots[slot]  # (an IndexError now, not at the first decode)
         return StageSlot(self, slot)
 

@@ -6,7 +6,8 @@ and graveyard) live apart from the other lanes' and it computes exactly as it wo
 Its scheduler is the strategy's, unchanged; its actions go through a SlotPipeline, which tags
 decodes and KV operations with the slot. Run ids come from the head's one counter (they grow
 in issue order across lanes, as the ranks' cancellation rules need), and results, which come
-back in issue order, go to the lane that started the run.
+back in issue order (but for the refill contexts' runs, which the ranks compute behind the
+others: refill.py), go to the lane that started the run.
 
 Scheduling order per turn: a waiting result first (its lane starts the run of its new
 pending token at once, so every active request keeps its non-speculative run in flight: with

@@ -1,9 +1,11 @@
 """The head's view of the target pipeline: what a scheduler submits runs to.
 
 It embeds tokens, evaluates the head's own slice of layers (if it holds any), and hands the
-rest to a Transport: the MPI job's (transport/head_transport.HeadTransport), or stages in this process
-(worker/local.LocalTransport). Results come back as RunResults in the order runs were
-submitted. The scheduler never calls MPI.
+rest to a Transport: the MPI job's (transport/head_transport.HeadTransport), or stages in
+this process (worker/local.LocalTransport). Results come back as RunResults in the order runs were
+submitted, but for the runs of refill contexts, which every rank computes behind its other
+runs (worker/background.py; on the head too, when it holds layers and has workers after it).
+The scheduler never calls MPI.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from ...model.embedding import Embedder
 from ..transport.backoff import IdleBackoff, idle_backoff
 from ...model.stage import Stage
 from ...schedule.transaction import DecodeTx, KvOp, RunResult
+from ..worker.background import Background, on_refill_context
 from ..worker.core import apply_kv
 
 
@@ -42,13 +45,22 @@ class Pipeline:
         # the job's start sets them): the drafter's depth rule; empty: not measured
         self.row_costs: tuple[float, ...] = ()
         self._local: deque[RunResult] = deque()
-        self.busy_s = 0.0
+        self.loop_busy_s = 0.0   # computing here: in the loop's thread,
+        self.behind_s = 0.0      # ... and the refill contexts' runs in the background's
         self.in_flight = 0
         # Work done: runs evaluated here and results taken. `on_progress(count)` after each
         # (the front's heartbeat, serve/link.py: a long prompt's chunks all go out in
         # one turn of the head's loop, through the head's own slice first).
         self.progress = 0
         self.on_progress: Callable[[int], None] | None = None
+        self.behind = Background("head refills") if (
+            transport is not None and not whole_model
+            and getattr(stage, "has_refill_contexts", False)) else None
+
+    @property
+    def busy_s(self) -> float:
+        """Seconds the head has spent computing runs (embedding and its own slice)."""
+        return self.loop_busy_s + self.behind_s
 
     @property
     def n_stages(self) -> int:
@@ -69,10 +81,15 @@ class Pipeline:
                                     **extra)
         else:
             out = self.embed(tokens)
+            if self.behind is not None and tx.slot >= self.stage.n_slots:
+                self.in_flight += 1
+                self._progressed()
+                self.behind.submit(lambda: self._send_behind(tx, out))
+                return
             if self.stage is not None:
                 out = self.stage.decode(tx.positions, tx.seq_ids, embd=out, run_id=tx.run_id,
                                         slot=tx.slot)
-        self.busy_s += time.perf_counter() - t0
+        self.loop_busy_s += time.perf_counter() - t0
         self.in_flight += 1
         self._progressed()
         if self.transport is None:
@@ -81,17 +98,28 @@ class Pipeline:
         else:
             self.transport.send_decode(tx, out)
 
+    def _send_behind(self, tx: DecodeTx, x: np.ndarray) -> None:
+        """(The background's thread) a refill context's run: the head's slice, then on."""
+        t0 = time.perf_counter()
+        out = self.stage.decode(tx.positions, tx.seq_ids, embd=x, run_id=tx.run_id,
+                                slot=tx.slot)
+        self.behind_s += time.perf_counter() - t0
+        self.transport.send_decode(tx, out)
+
     def kv(self, ops: list[KvOp]) -> None:
         """Apply KV operations on every stage, after every run already started."""
         if not ops:
             return
+        if self.behind is not None and on_refill_context(ops, self.stage.n_slots):
+            self.behind.wait()
         if self.stage is not None:
             apply_kv(self.stage, ops, self.kept)
         if self.transport is not None:
             self.transport.send_kv(ops)
 
     def cancel(self, run_ids: list[int]) -> None:
-        # The head's own slice is never mid-decode here (the head is single-threaded).
+        # The head's own slice is never mid-decode here: its loop's runs are done when
+        # decode() returns, and the refill contexts' runs behind it are never cancelled.
         if run_ids and self.transport is not None:
             self.transport.send_cancel(run_ids)
 
@@ -133,4 +161,7 @@ class Pipeline:
         return result
 
     def shutdown(self) -> list[dict]:
+        if self.behind is not None:
+            self.behind.wait()
+            self.behind.close()
         return self.transport.shutdown() if self.transport is not None else []

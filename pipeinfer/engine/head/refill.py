@@ -26,7 +26,10 @@ first took the slot's exact cells (ctx_seed). Nothing else lies in that context,
 chunk lands right after its prefix, as in a fresh evaluation: computed in the slot's own
 context, behind the generation's decode cells, a 64-token batch gives other bits. When the
 generation ended, the slot takes the refill context's cells back (Lanes.reap), and the next
-turn, even asked at once, evaluates only what follows them.
+turn, even asked at once, evaluates only what follows them. Every rank computes those runs
+behind its others, at the lowest priority (worker/background.py): the answer's runs do not
+wait for a chunk at each stage, and the refill takes the time they leave (what is left of
+it when the answer ends, the next turn waits for).
 """
 
 from __future__ import annotations
@@ -76,8 +79,9 @@ class RefillJob(LaneJob):
                 self.pipe.cancel(list(self._out))
         elif isinstance(event, ResultArrived):
             self._out.remove(event.run_id)
-            # results come back in issue order; the cells count only while every chunk
-            # before came back computed (a cancelled run leaves holes on some ranks)
+            # a job's results come back in the order it issued its runs; the cells count
+            # only while every chunk before came back computed (a cancelled run leaves holes
+            # on some ranks)
             if event.result.cancelled:
                 self._broken = True
             elif not self._broken:

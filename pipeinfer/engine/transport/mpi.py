@@ -114,6 +114,7 @@ class Link:
         self._pending: list[tuple[Any, Any]] = []
         self._pace = ProgressPace()
         self._lock = threading.Lock()
+        self._posting = threading.Lock()   # one thread's messages of a `send` at a time
 
     # --- collectives used only at start-up and shutdown --------------------------------------
     # Blocking collectives spin while ranks wait for a slower one (the head reads the tokenizer
@@ -161,11 +162,15 @@ class Link:
 
     def send(self, dest: int, *messages: tuple[np.ndarray, Tag]) -> None:
         """Post `messages` to `dest` in order, then wake it once: woken earlier, it could
-        take the core from this rank before the rest is posted, and wait for it."""
+        take the core from this rank before the rest is posted, and wait for it. The
+        messages of one call are posted together: another thread's (a worker's background
+        runs) go before or after them, never between, as the receiver takes a transaction's
+        messages in order."""
         posted = []
-        for buf, tag in messages:
-            buf = np.ascontiguousarray(buf)
-            posted.append((self.comm.Isend(buf, dest=dest, tag=int(tag)), buf))
+        with self._posting:
+            for buf, tag in messages:
+                buf = np.ascontiguousarray(buf)
+                posted.append((self.comm.Isend(buf, dest=dest, tag=int(tag)), buf))
         with self._lock:
             self._pending += posted
             self._pace.reset()

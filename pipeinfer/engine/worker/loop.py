@@ -6,6 +6,10 @@ copies of KV cells its neighbours send it (replicas.py).
 Cancellations arrive from the head on a side thread (independent of the begin stream) and go
 to the core, which may abort the decode the main thread is in.
 
+The runs of refill contexts (a refill along a generation: engine/head/refill.py) are computed
+behind the main loop, by a thread of their own at the lowest priority
+(background.py), and forwarded when done; KV operations on those contexts wait for them.
+
 With wake-ups from both the previous rank and the head (transport/wakeup.py), the watcher
 waits for cancellations all the time, each thread sleeps until a message for it is sent, and
 an idle worker costs next to no CPU (while a decode runs the watcher also looks every
@@ -26,7 +30,8 @@ import numpy as np
 from ..transport import wakeup
 from ..transport.backoff import Backoff, IdleBackoff
 from ..transport.backoff import idle_backoff as backoff_for
-from .core import COMPUTED, StageCore
+from .background import Background, on_refill_context
+from .core import ABORTED, COMPUTED, SKIPPED, StageCore
 from ...report.metrics import peak_rss_mb, rss_mb
 from ..transport.mpi import CANCEL_END
 from ..transport.worker_link import WorkerLink
@@ -58,6 +63,12 @@ class Worker:
         self._stop = threading.Event()
         self._computing = _Computing()  # wakes the cancel watcher when a decode starts
         self.core = StageCore(stage, computing=self._computing, kept=kept)
+        # the refill contexts' runs: behind the main loop (None: the stage has no such)
+        # (stand-in stages of tests have no refill contexts)
+        refills = getattr(stage, "has_refill_contexts", False)
+        self._n_slots = stage.n_slots if refills else 0
+        self.behind = Background(f"rank {link.rank} refills") if refills else None
+        self.behind_core = StageCore(stage) if self.behind is not None else None
         self.replicas = kept if isinstance(kept, Replicas) else None
         self._replicas_from = list(self.replicas.senders) if self.replicas else []
         if self.replicas is not None:
@@ -79,6 +90,8 @@ class Worker:
         backoff = self._backoff(Channel.MAIN)
         try:
             while True:
+                if self.behind is not None:
+                    self.behind.check()
                 header = self.link.poll_begin()
                 if header is None:
                     if not self.woken:  # else the watcher waits for them
@@ -89,6 +102,7 @@ class Worker:
                 backoff.reset()
                 kind = TxType(int(header[0]))
                 if kind == TxType.SHUTDOWN:
+                    self._end_behind()
                     if not self.is_last:
                         self.link.forward(header)
                     self._end_replicas()
@@ -101,6 +115,8 @@ class Worker:
                     raise RuntimeError(f"unexpected transaction type {kind.name}")
                 handler(header)
         finally:
+            if self.behind is not None:
+                self.behind.close()
             self._stop.set()
             self._computing.set()
             wakeup.wake_self(Channel.CANCEL)
@@ -109,11 +125,10 @@ class Worker:
         while not self._cancels_ended:  # cancellations still on their way: take them
             if not self._poll_cancels():
                 backoff.wait()
-        stats = {"rank": self.link.rank, **self.core.stats, "rss_trace_mb": self._rss_trace_mb,
-                 "wall_s": time.monotonic() - started,
+        stats = {"rank": self.link.rank, **self._core_stats(),
+                 "rss_trace_mb": self._rss_trace_mb, "wall_s": time.monotonic() - started,
                  "cpu_s": time.process_time() - cpu0,  # every thread's, computing or not
-                 "peak_rss_mb": peak_rss_mb(),
-                 "spans": list(self.core.spans)}
+                 "peak_rss_mb": peak_rss_mb()}
         self.link.send_stats(stats)
         self.link.flush()
         return stats
@@ -124,8 +139,16 @@ class Worker:
         x = None
         if not int(header[4]) & DecodeFlag.SKIPPED:
             x = self.link.recv_payload(Tag.ACTIVATIONS, np.float32).reshape(tx.n_tokens, -1)
-        out, outcome = self.core.decode(tx, x)
-        if outcome == COMPUTED and self.core.stats[COMPUTED] % RSS_EVERY == 0:
+        if self.behind is not None and tx.slot >= self._n_slots:
+            self.behind.submit(lambda: self._apply(self.behind_core, header, meta, tx, x))
+        else:
+            self._apply(self.core, header, meta, tx, x)
+
+    def _apply(self, core: StageCore, header: np.ndarray, meta: np.ndarray, tx,
+               x: np.ndarray | None) -> None:
+        """Compute (or skip) a run on `core` and send what came of it on."""
+        out, outcome = core.decode(tx, x)
+        if outcome == COMPUTED and core.stats[COMPUTED] % RSS_EVERY == 0:
             self._rss_trace_mb.append(round(rss_mb(), 1))
         if self.is_last:
             self.link.send_result(tx.run_id, out, self.argmax_only, states=tx.states)
@@ -137,10 +160,28 @@ class Worker:
 
     def _kv(self, header: np.ndarray) -> None:
         buf = self.link.recv_payload(Tag.KV_OPS, np.int32)
-        self.core.kv(decode_kv_ops(buf))
+        ops = decode_kv_ops(buf)
+        if self.behind is not None and on_refill_context(ops, self._n_slots):
+            self.behind.wait()
+        self.core.kv(ops)
         if not self.is_last:
             self.link.forward(header, (buf, Tag.KV_OPS))
         self._take_replicas()
+
+    def _end_behind(self) -> None:
+        """At shutdown: the background's runs done (and sent on)."""
+        if self.behind is not None:
+            self.behind.wait()
+
+    def _core_stats(self) -> dict:
+        """The statistics and spans of the main loop's runs and the background's together."""
+        stats = dict(self.core.stats, spans=list(self.core.spans))
+        if self.behind_core is not None:
+            for key in (COMPUTED, SKIPPED, ABORTED, "busy_s"):
+                stats[key] += self.behind_core.stats[key]
+            stats["spans"] = sorted(stats["spans"] + list(self.behind_core.spans),
+                                    key=lambda span: span[1])
+        return stats
 
     # --- copies of cells to and from the neighbours (replicas.py) ------------------------
     def _take_replicas(self) -> bool:
@@ -168,7 +209,9 @@ class Worker:
     def _busy(self, header: np.ndarray) -> None:
         """A busy probe: this rank's PROBE_FIELDS appended (its busy and CPU seconds so far,
         its resident MB now), on to the next rank or the head."""
-        mine = (self.core.stats["busy_s"], time.process_time(), rss_mb())
+        busy_s = self.core.stats["busy_s"] + (self.behind_core.stats["busy_s"]
+                                              if self.behind_core is not None else 0.0)
+        mine = (busy_s, time.process_time(), rss_mb())
         busy = np.append(self.link.recv_payload(Tag.BUSY, np.float64), mine)
         if self.is_last:
             self.link.send_busy(busy)
@@ -210,6 +253,8 @@ class Worker:
                 self._cancels_ended = True
                 return True
             self.core.cancel(ids)
+            if self.behind_core is not None:
+                self.behind_core.cancel(ids)
             return True
         finally:
             self._cancel_lock.release()
