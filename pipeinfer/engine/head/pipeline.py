@@ -2,10 +2,10 @@
 
 It embeds tokens, evaluates the head's own slice of layers (if it holds any), and hands the
 rest to a Transport: the MPI job's (transport/head_transport.HeadTransport), or stages in
-this process (worker/local.LocalTransport). Results come back as RunResults in the order runs were
-submitted, but for the runs of refill contexts, which every rank computes behind its other
-runs (worker/background.py; on the head too, when it holds layers and has workers after it).
-The scheduler never calls MPI.
+this process (worker/local.LocalTransport). Results come back as RunResults in the order
+runs were submitted, but for the runs of refill contexts, which every rank computes behind
+its other runs (worker/background.py; on the head too, when it holds layers and has workers
+after it). The scheduler never calls MPI.
 """
 
 from __future__ import annotations
@@ -129,6 +129,8 @@ class Pipeline:
                                      and self.transport.result_waiting())
 
     def poll(self) -> RunResult | None:
+        if self.behind is not None:
+            self.behind.check()   # (a refill's run failed on the head: its result never comes)
         result = self._local.popleft() if self._local else (
             self.transport.poll_result() if self.transport is not None else None)
         if result is not None:

@@ -7,8 +7,8 @@ of milliseconds on a slow node), and the generation's own runs, a few tokens eac
 behind it at every stage in turn: the answer pays the chunk's time once per stage. Here a
 thread of the rank's own computes them at the lowest scheduling priority (SCHED_IDLE), so
 the main loop's runs take the core whenever they have work and the refill gets the time
-the stage would have idled. The bits are the same: a refill context holds only
-the refill's cells, and a context computes alike whichever thread calls it.
+the stage would have idled. The bits are the same: a refill context holds only the refill's
+cells, and a context computes alike whichever thread calls it.
 
 Work runs in the order given, one item at a time. `wait` returns once everything given so far
 is done: a KV operation on a refill context waits for it, so that it applies after the runs
