@@ -77,6 +77,8 @@ from pipeinfer.engine.worker.loop import Worker
 N_VOCAB = 4
 
 class FakeStage:
+    has_refill_contexts = False
+
     def decode(self, positions, seq_ids, *, embd=None, logit_rows=None, run_id=-1, slot=0):
         time.sleep(0.01)
         if run_id == 2:

@@ -54,8 +54,8 @@ class Pipeline:
         self.progress = 0
         self.on_progress: Callable[[int], None] | None = None
         self.behind = Background("head refills") if (
-            transport is not None and not whole_model
-            and getattr(stage, "has_refill_contexts", False)) else None
+            transport is not None and not whole_model and stage is not None
+            and stage.has_refill_contexts) else None
 
     @property
     def busy_s(self) -> float:
@@ -72,8 +72,10 @@ class Pipeline:
         return n
 
     def decode(self, tx: DecodeTx, tokens: Sequence[int]) -> None:
-        """Start a run. Returns once the head's own slice (if any) has been evaluated."""
+        """Start a run. Returns once the head's own slice (if any) has been evaluated (a
+        refill context's run: once handed to the background, which sends it on)."""
         t0 = time.perf_counter()
+        behind = self.behind is not None and tx.slot >= self.stage.n_slots   # a refill's
         if self.whole_model:
             extra = {"states": True} if tx.states else {}   # (an embedding's run)
             out = self.stage.decode(tx.positions, tx.seq_ids, tokens=tokens,
@@ -81,12 +83,7 @@ class Pipeline:
                                     **extra)
         else:
             out = self.embed(tokens)
-            if self.behind is not None and tx.slot >= self.stage.n_slots:
-                self.in_flight += 1
-                self._progressed()
-                self.behind.submit(lambda: self._send_behind(tx, out))
-                return
-            if self.stage is not None:
+            if self.stage is not None and not behind:
                 out = self.stage.decode(tx.positions, tx.seq_ids, embd=out, run_id=tx.run_id,
                                         slot=tx.slot)
         self.loop_busy_s += time.perf_counter() - t0
@@ -95,6 +92,8 @@ class Pipeline:
         if self.transport is None:
             self._local.append(RunResult(tx.run_id, None, states=out) if tx.states
                                else RunResult(tx.run_id, out))
+        elif behind:
+            self.behind.submit(lambda: self._send_behind(tx, out))
         else:
             self.transport.send_decode(tx, out)
 

@@ -64,11 +64,11 @@ class Worker:
         self._computing = _Computing()  # wakes the cancel watcher when a decode starts
         self.core = StageCore(stage, computing=self._computing, kept=kept)
         # the refill contexts' runs: behind the main loop (None: the stage has no such)
-        # (stand-in stages of tests have no refill contexts)
-        refills = getattr(stage, "has_refill_contexts", False)
+        refills = stage is not None and stage.has_refill_contexts
         self._n_slots = stage.n_slots if refills else 0
         self.behind = Background(f"rank {link.rank} refills") if refills else None
-        self.behind_core = StageCore(stage) if self.behind is not None else None
+        self.behind_core = StageCore(stage) if refills else None
+        self._cores = [self.core] + ([self.behind_core] if refills else [])
         self.replicas = kept if isinstance(kept, Replicas) else None
         self._replicas_from = list(self.replicas.senders) if self.replicas else []
         if self.replicas is not None:
@@ -176,11 +176,10 @@ class Worker:
     def _core_stats(self) -> dict:
         """The statistics and spans of the main loop's runs and the background's together."""
         stats = dict(self.core.stats, spans=list(self.core.spans))
-        if self.behind_core is not None:
+        for core in self._cores[1:]:
             for key in (COMPUTED, SKIPPED, ABORTED, "busy_s"):
-                stats[key] += self.behind_core.stats[key]
-            stats["spans"] = sorted(stats["spans"] + list(self.behind_core.spans),
-                                    key=lambda span: span[1])
+                stats[key] += core.stats[key]
+            stats["spans"] = sorted(stats["spans"] + list(core.spans), key=lambda span: span[1])
         return stats
 
     # --- copies of cells to and from the neighbours (replicas.py) ------------------------
@@ -209,9 +208,8 @@ class Worker:
     def _busy(self, header: np.ndarray) -> None:
         """A busy probe: this rank's PROBE_FIELDS appended (its busy and CPU seconds so far,
         its resident MB now), on to the next rank or the head."""
-        busy_s = self.core.stats["busy_s"] + (self.behind_core.stats["busy_s"]
-                                              if self.behind_core is not None else 0.0)
-        mine = (busy_s, time.process_time(), rss_mb())
+        mine = (sum(core.stats["busy_s"] for core in self._cores), time.process_time(),
+                rss_mb())
         busy = np.append(self.link.recv_payload(Tag.BUSY, np.float64), mine)
         if self.is_last:
             self.link.send_busy(busy)
@@ -252,9 +250,8 @@ class Worker:
             if len(ids) == 1 and int(ids[0]) == CANCEL_END:
                 self._cancels_ended = True
                 return True
-            self.core.cancel(ids)
-            if self.behind_core is not None:
-                self.behind_core.cancel(ids)
+            for core in self._cores:
+                core.cancel(ids)
             return True
         finally:
             self._cancel_lock.release()
